@@ -1,0 +1,30 @@
+"""keras_moe: sparse Mixture-of-Experts layers and models for Keras 3.
+
+The layers follow the Switch Transformer (Fedus et al., 2021) and GShard
+(Lepikhin et al., 2020) papers; see the README for the quick-starts.
+"""
+
+from keras_moe import losses
+from keras_moe import sharding
+from keras_moe.dispatch import EinsumDispatcher, GatherDispatcher, get_dispatcher
+from keras_moe.experts import FeedForwardExperts
+from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
+from keras_moe.metrics import router_metrics
+from keras_moe.moe import MoeLayer
+from keras_moe.routing import (
+    ExpertChoiceRouter,
+    Router,
+    RoutingInstructions,
+    SwitchRouter,
+    Top2Router,
+    TopKRouter,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts", "GShardFeedForward",
+    "GatherDispatcher", "MoeLayer", "Router", "RoutingInstructions", "SwitchFeedForward",
+    "SwitchRouter", "Top2Router", "TopKRouter", "get_dispatcher", "losses", "router_metrics",
+    "sharding",
+]

@@ -1,0 +1,157 @@
+"""Dispatch and combine: move tokens to expert buffers and expert outputs back.
+
+Both dispatchers consume the same `RoutingInstructions` and give the same
+numbers; they differ only in how they move data:
+
+- `EinsumDispatcher` builds one-hot dispatch/combine tensors `[G, S, E, C]`
+  and contracts them with einsums (GShard's formulation). Shapes are static
+  and the compiler can turn the group->expert resharding into an all-to-all,
+  which is what TPUs and GSPMD want. Cost grows with `S * E * C`.
+- `GatherDispatcher` computes, for every expert slot, which token fills it,
+  then gathers tokens into slots and scatter-adds slot outputs back into
+  tokens. Memory and time are O(tokens * d), which is what CPUs and GPUs want.
+
+Expert buffers are laid out `[E, G, C, d]` (experts first), so the experts'
+batched matmul needs no transpose and the expert axis can be sharded.
+"""
+
+from typing import NamedTuple
+
+from keras import ops
+
+from keras_moe import sharding
+
+DISPATCH_MODES = ("auto", "einsum", "gather")
+
+
+class DispatchPlan(NamedTuple):
+    """Per-call data a dispatcher derives from `RoutingInstructions`."""
+
+    num_groups: object
+    group_size: int
+    num_experts: int
+    capacity: int
+    dispatch_tensor: object = None  # einsum: [G, S, E, C] 0/1
+    combine_tensor: object = None  # einsum: [G, S, E, C] weights
+    slot_token: object = None  # gather: int32 [E*G*C], token index or G*S if empty
+    slot_weight: object = None  # gather: float32 [E*G*C]
+
+
+class EinsumDispatcher:
+    """One-hot einsum dispatch (TPU / GSPMD friendly).
+
+    Example:
+    >>> plan = EinsumDispatcher().plan(routing)
+    >>> expert_inputs = EinsumDispatcher().dispatch(x, plan)  # [E, G, C, d]
+    """
+
+    name = "einsum"
+
+    def plan(self, routing):
+        shape = ops.shape(routing.expert_index)
+        expert_hot = ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
+        slot_hot = ops.one_hot(routing.position, routing.capacity, dtype="float32")
+        kept_expert = expert_hot * routing.kept[..., None]
+        dispatch_tensor = ops.einsum("gske,gskc->gsec", kept_expert, slot_hot)
+        weighted_expert = expert_hot * routing.combine_weight[..., None]
+        combine_tensor = ops.einsum("gske,gskc->gsec", weighted_expert, slot_hot)
+        return DispatchPlan(
+            num_groups=shape[0],
+            group_size=routing.expert_index.shape[1],
+            num_experts=routing.num_experts,
+            capacity=routing.capacity,
+            dispatch_tensor=dispatch_tensor,
+            combine_tensor=combine_tensor,
+        )
+
+    def dispatch(self, x, plan):
+        dispatch_tensor = ops.cast(plan.dispatch_tensor, x.dtype)
+        expert_inputs = ops.einsum("gsec,gsd->egcd", dispatch_tensor, x)
+        return sharding.with_logical_constraint(
+            expert_inputs, ("expert", "batch", None, "embed")
+        )
+
+    def combine(self, expert_outputs, plan):
+        combine_tensor = ops.cast(plan.combine_tensor, expert_outputs.dtype)
+        y = ops.einsum("gsec,egcd->gsd", combine_tensor, expert_outputs)
+        return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+class GatherDispatcher:
+    """Gather/scatter dispatch by slot index (CPU / GPU friendly).
+
+    Example:
+    >>> plan = GatherDispatcher().plan(routing)
+    >>> expert_inputs = GatherDispatcher().dispatch(x, plan)  # [E, G, C, d]
+    """
+
+    name = "gather"
+
+    def plan(self, routing):
+        shape = ops.shape(routing.expert_index)
+        num_groups, group_size = shape[0], routing.expert_index.shape[1]
+        num_experts, capacity = routing.num_experts, routing.capacity
+        num_slots = num_experts * num_groups * capacity
+        kept = routing.kept > 0
+        group_ids = ops.reshape(ops.arange(num_groups, dtype="int32"), (-1, 1, 1))
+        token_ids = ops.reshape(ops.arange(group_size, dtype="int32"), (1, -1, 1))
+        slot = (routing.expert_index * num_groups + group_ids) * capacity + routing.position
+        # Dropped assignments write to one extra, discarded slot.
+        slot = ops.where(kept, slot, num_slots)
+        slot = ops.reshape(slot, (-1, 1))
+        flat_token = ops.broadcast_to(group_ids * group_size + token_ids, ops.shape(routing.kept))
+        # Store token index + 1 so that an empty slot reads 0 (scatter adds).
+        token_plus_one = ops.where(kept, flat_token + 1, 0)
+        slot_token = ops.scatter(slot, ops.reshape(token_plus_one, (-1,)), (num_slots + 1,))
+        slot_token = slot_token[:num_slots] - 1
+        num_tokens = num_groups * group_size
+        slot_token = ops.where(slot_token < 0, num_tokens, slot_token)
+        slot_weight = ops.scatter(
+            slot, ops.reshape(routing.combine_weight, (-1,)), (num_slots + 1,)
+        )[:num_slots]
+        return DispatchPlan(
+            num_groups=num_groups,
+            group_size=group_size,
+            num_experts=num_experts,
+            capacity=capacity,
+            slot_token=slot_token,
+            slot_weight=slot_weight,
+        )
+
+    def dispatch(self, x, plan):
+        d_model = x.shape[-1]
+        tokens = ops.reshape(x, (-1, d_model))
+        # Row G*S is a zero row that empty slots read.
+        tokens = ops.concatenate([tokens, ops.zeros((1, d_model), x.dtype)], axis=0)
+        expert_inputs = ops.take(tokens, plan.slot_token, axis=0)
+        expert_inputs = ops.reshape(
+            expert_inputs, (plan.num_experts, plan.num_groups, plan.capacity, d_model)
+        )
+        return sharding.with_logical_constraint(
+            expert_inputs, ("expert", "batch", None, "embed")
+        )
+
+    def combine(self, expert_outputs, plan):
+        d_model = expert_outputs.shape[-1]
+        outputs = ops.reshape(expert_outputs, (-1, d_model))
+        weighted = outputs * ops.cast(plan.slot_weight, outputs.dtype)[:, None]
+        num_tokens = plan.num_groups * plan.group_size
+        y = ops.segment_sum(weighted, plan.slot_token, num_segments=num_tokens + 1)
+        y = ops.reshape(y[:num_tokens], (plan.num_groups, plan.group_size, d_model))
+        return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+def get_dispatcher(mode):
+    """Returns the dispatcher for `mode` ("einsum", "gather" or "auto").
+
+    "auto" picks einsum on TPU and gather everywhere else.
+
+    Example:
+    >>> get_dispatcher("gather").name
+    'gather'
+    """
+    if mode not in DISPATCH_MODES:
+        raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {mode!r}.")
+    if mode == "auto":
+        mode = "einsum" if sharding.accelerator_platform() == "tpu" else "gather"
+    return EinsumDispatcher() if mode == "einsum" else GatherDispatcher()

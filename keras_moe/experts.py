@@ -1,0 +1,109 @@
+"""Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`."""
+
+import keras
+from keras import ops
+
+ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu")
+
+
+def _activation_fn(name):
+    base = name.replace("gated-", "")
+    if base == "gelu":
+        # T5.1.1 uses the tanh approximation ("gelu_new").
+        return lambda x: ops.gelu(x, approximate=True)
+    if base == "silu":
+        return ops.silu
+    return ops.relu
+
+
+def scaled_initializer(scale):
+    """Truncated normal with std sqrt(scale / fan_in) (Switch's scaled-down init)."""
+    return keras.initializers.VarianceScaling(
+        scale=scale, mode="fan_in", distribution="truncated_normal"
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class FeedForwardExperts(keras.layers.Layer):
+    """A stack of E independent feed-forward networks, run as batched matmuls.
+
+    Input and output are expert buffers `[E, G, C, d_model]` (from a
+    dispatcher). Expert `e` applies `wo[e] · act(wi[e] · x)`, or for gated
+    activations `wo[e] · (act(wi_0[e] · x) * (wi_1[e] · x))`.
+
+    Args:
+        num_experts: number of experts, >= 1.
+        d_ff: hidden size of each expert, >= 1.
+        activation: one of "relu", "gelu", "gated-gelu", "gated-relu", "gated-silu".
+        dropout_rate: dropout on the expert hidden activations ("expert
+            dropout", Switch §3), in [0, 1).
+        init_scale: scale of the truncated-normal fan-in init; 0.1 is the
+            Switch paper's reduced init.
+        seed: dropout seed.
+
+    Example:
+    >>> experts = FeedForwardExperts(num_experts=4, d_ff=32)
+    >>> y = experts(np.ones((4, 1, 2, 8), "float32"))  # [E, G, C, d]
+    >>> tuple(y.shape)
+    (4, 1, 2, 8)
+    """
+
+    def __init__(self, num_experts, d_ff, activation="relu", dropout_rate=0.0,
+                 init_scale=0.1, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        for name, value in (("num_experts", num_experts), ("d_ff", d_ff)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
+        if not 0.0 <= dropout_rate < 1.0:
+            raise ValueError(f"`dropout_rate` must be in [0, 1), got {dropout_rate!r}.")
+        if not init_scale > 0:
+            raise ValueError(f"`init_scale` must be > 0, got {init_scale!r}.")
+        self.num_experts = num_experts
+        self.d_ff = d_ff
+        self.activation = activation
+        self.dropout_rate = float(dropout_rate)
+        self.init_scale = float(init_scale)
+        self.seed = seed
+        self.gated = activation.startswith("gated-")
+        self._act = _activation_fn(activation)
+        self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        init = scaled_initializer(self.init_scale)
+        wi_shape = (self.num_experts, d_model, self.d_ff)
+        if self.gated:
+            self.wi_0 = self.add_weight(name="wi_0", shape=wi_shape, initializer=init)
+            self.wi_1 = self.add_weight(name="wi_1", shape=wi_shape, initializer=init)
+        else:
+            self.wi = self.add_weight(name="wi", shape=wi_shape, initializer=init)
+        self.wo = self.add_weight(
+            name="wo", shape=(self.num_experts, self.d_ff, d_model), initializer=init
+        )
+        self.built = True
+
+    def call(self, inputs, training=None):
+        shape = ops.shape(inputs)
+        d_model = inputs.shape[-1]
+        x = ops.reshape(inputs, (self.num_experts, -1, d_model))  # [E, G*C, d]
+        if self.gated:
+            hidden = self._act(ops.matmul(x, self.wi_0)) * ops.matmul(x, self.wi_1)
+        else:
+            hidden = self._act(ops.matmul(x, self.wi))
+        hidden = self.dropout(hidden, training=training)
+        y = ops.matmul(hidden, self.wo)
+        return ops.reshape(y, shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_experts=self.num_experts,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            dropout_rate=self.dropout_rate,
+            init_scale=self.init_scale,
+            seed=self.seed,
+        )
+        return config

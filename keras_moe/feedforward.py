@@ -1,0 +1,155 @@
+"""Ready-made MoE feed-forward layers: Switch (top-1) and GShard (top-2)."""
+
+import keras
+
+from keras_moe.experts import FeedForwardExperts
+from keras_moe.moe import MoeLayer
+from keras_moe.routing import SwitchRouter, Top2Router, default_router_initializer
+
+_MOE_ARGS = (
+    "group_size", "pad_to_group_size", "train_capacity_factor", "eval_capacity_factor",
+    "min_expert_capacity", "dispatch", "aux_loss_factor", "z_loss_factor", "causal",
+    "track_metrics", "return_metrics",
+)
+
+
+class _ExpertFeedForward(MoeLayer):
+    """Shared plumbing: builds router + experts from plain arguments."""
+
+    def __init__(self, router, num_experts, d_ff, activation, expert_dropout_rate,
+                 init_scale, seed, **kwargs):
+        experts = FeedForwardExperts(
+            num_experts=num_experts, d_ff=d_ff, activation=activation,
+            dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
+            name="experts", dtype=kwargs.get("dtype"),
+        )
+        super().__init__(router, experts, **kwargs)
+        self.d_ff = d_ff
+        self.activation = activation
+        self.expert_dropout_rate = expert_dropout_rate
+        self.init_scale = init_scale
+        self.seed = seed
+
+    def get_config(self):
+        config = keras.layers.Layer.get_config(self)
+        config.update(self._moe_config())
+        config.update(
+            num_experts=self.num_experts,
+            d_ff=self.d_ff,
+            activation=self.activation,
+            expert_dropout_rate=self.expert_dropout_rate,
+            init_scale=self.init_scale,
+            seed=self.seed,
+            jitter_noise=self.router.jitter_noise,
+            batch_prioritized_routing=self.router.batch_prioritized_routing,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class SwitchFeedForward(_ExpertFeedForward):
+    """Switch Transformer feed-forward layer: top-1 routing to `num_experts` FFNs.
+
+    A drop-in replacement for a Transformer's dense FFN block (without the
+    residual): `[batch, length, d_model] -> [batch, length, d_model]`.
+
+    Args:
+        num_experts: number of experts.
+        d_ff: hidden size of each expert.
+        activation: expert activation ("relu", "gelu", "gated-gelu", ...).
+        train_capacity_factor: capacity factor in training (paper: 1.0-1.25).
+        eval_capacity_factor: capacity factor in inference (paper: 2.0).
+        min_expert_capacity: lower bound on slots per expert per group.
+        group_size: tokens per routing group; None routes each sequence alone.
+        jitter_noise: router input jitter in training (paper: 1e-2), 0 disables.
+        expert_dropout_rate: dropout inside the experts.
+        init_scale: init scale of router and experts (paper: 0.1).
+        aux_loss_factor: load-balancing loss weight (paper: 1e-2).
+        z_loss_factor: router z-loss weight (ST-MoE: 1e-3).
+        dispatch: "auto", "einsum" or "gather".
+        batch_prioritized_routing: fill capacity by router confidence.
+        seed: seed for jitter and dropout.
+        **kwargs: the other `MoeLayer` arguments and Keras layer arguments.
+
+    Example:
+    >>> layer = keras_moe.SwitchFeedForward(num_experts=8, d_ff=64,
+    ...     train_capacity_factor=1.25, eval_capacity_factor=2.0)
+    >>> y = layer(np.random.rand(2, 16, 32).astype("float32"))
+    >>> tuple(y.shape)
+    (2, 16, 32)
+    """
+
+    def __init__(self, num_experts, d_ff, activation="relu", train_capacity_factor=1.25,
+                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size=None,
+                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=0.1,
+                 aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
+                 batch_prioritized_routing=False, seed=None, **kwargs):
+        router = SwitchRouter(
+            num_experts, jitter_noise=jitter_noise,
+            kernel_initializer=default_router_initializer(init_scale),
+            batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
+        )
+        super().__init__(
+            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale, seed,
+            train_capacity_factor=train_capacity_factor,
+            eval_capacity_factor=eval_capacity_factor,
+            min_expert_capacity=min_expert_capacity, group_size=group_size,
+            aux_loss_factor=aux_loss_factor, z_loss_factor=z_loss_factor,
+            dispatch=dispatch, **kwargs,
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class GShardFeedForward(_ExpertFeedForward):
+    """GShard feed-forward layer: top-2 routing with GShard's second-expert policy.
+
+    Capacity is `ceil(cf * 2 * S / E)` slots per expert, so the default
+    `train_capacity_factor=1.0` is GShard's `2N/E`.
+
+    Args:
+        num_experts: number of experts, >= 2.
+        d_ff: hidden size of each expert.
+        second_expert_policy: "random" (GShard), "all" or "threshold".
+        eval_second_expert_policy: "all" or "threshold".
+        second_expert_threshold: threshold of the policy (see `Top2Router`).
+        normalize_gates: "before_capacity" (GShard) or "after_capacity".
+        **kwargs: as for `SwitchFeedForward`.
+
+    Example:
+    >>> layer = keras_moe.GShardFeedForward(num_experts=8, d_ff=64)
+    >>> y = layer(np.random.rand(2, 16, 32).astype("float32"))
+    """
+
+    def __init__(self, num_experts, d_ff, activation="relu", second_expert_policy="random",
+                 eval_second_expert_policy="all", second_expert_threshold=None,
+                 normalize_gates="before_capacity", train_capacity_factor=1.0,
+                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size=None,
+                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=0.1,
+                 aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
+                 batch_prioritized_routing=False, seed=None, **kwargs):
+        router = Top2Router(
+            num_experts, second_expert_policy=second_expert_policy,
+            eval_second_expert_policy=eval_second_expert_policy,
+            second_expert_threshold=second_expert_threshold,
+            normalize_gates=normalize_gates, jitter_noise=jitter_noise,
+            kernel_initializer=default_router_initializer(init_scale),
+            batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
+        )
+        super().__init__(
+            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale, seed,
+            train_capacity_factor=train_capacity_factor,
+            eval_capacity_factor=eval_capacity_factor,
+            min_expert_capacity=min_expert_capacity, group_size=group_size,
+            aux_loss_factor=aux_loss_factor, z_loss_factor=z_loss_factor,
+            dispatch=dispatch, **kwargs,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            second_expert_policy=self.router.second_expert_policy,
+            eval_second_expert_policy=self.router.eval_second_expert_policy,
+            second_expert_threshold=self.router.second_expert_threshold,
+            normalize_gates=self.router.normalize_gates,
+        )
+        return config

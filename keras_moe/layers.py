@@ -1,0 +1,10 @@
+"""The layers users plug into their own models, under one import path.
+
+Example:
+>>> from keras_moe import layers
+>>> ffn = layers.SwitchFeedForward(num_experts=8, d_ff=2048)
+"""
+
+from keras_moe.experts import FeedForwardExperts  # noqa: F401
+from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: F401
+from keras_moe.moe import MoeLayer  # noqa: F401

@@ -1,0 +1,226 @@
+"""MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
+
+import keras
+from keras import ops
+
+from keras_moe import dispatch as dispatch_lib
+from keras_moe import metrics as metrics_lib
+from keras_moe import routing as routing_lib
+from keras_moe.experts import FeedForwardExperts
+
+
+def _check_capacity_factor(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class MoeLayer(keras.layers.Layer):
+    """A sparsely-activated feed-forward layer (the MoE branch only, no residual).
+
+    Tokens `[batch, length, d_model]` are split into groups (GShard), routed,
+    dispatched into expert buffers of fixed capacity, processed by the experts
+    and combined back. Tokens dropped for lack of capacity, and padding tokens,
+    get an output of exactly 0: put the layer in a residual branch so they pass
+    through unchanged. The load-balancing and z losses are added with
+    `add_loss`, scaled by their factors, so `model.fit` trains on them.
+
+    Args:
+        router: a `keras_moe.routing.Router`.
+        experts: a `keras_moe.FeedForwardExperts` with the same `num_experts`.
+        group_size: tokens per routing group. None: each sequence is a group.
+            Otherwise the batch's tokens are flattened and cut into groups of
+            this size; the token count must be divisible by it unless
+            `pad_to_group_size=True`.
+        pad_to_group_size: pad the tokens up to a multiple of `group_size` with
+            masked padding instead of raising.
+        train_capacity_factor: capacity factor in training, > 0.
+        eval_capacity_factor: capacity factor in inference, > 0.
+        min_expert_capacity: lower bound on slots per expert per group, >= 0.
+        dispatch: "auto" (einsum on TPU, gather elsewhere), "einsum" or "gather".
+        aux_loss_factor: weight of the load-balancing loss, >= 0 (Switch: 1e-2).
+        z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
+        causal: True for layers in a causal decoder; refuses routers that look
+            at future tokens (expert choice).
+        track_metrics: keep Keras metric trackers of the router statistics
+            (TensorFlow backend; on JAX use `return_metrics=True`).
+        return_metrics: return `(outputs, metrics_dict)` instead of `outputs`.
+
+    Example:
+    >>> layer = MoeLayer(
+    ...     keras_moe.SwitchRouter(num_experts=4),
+    ...     keras_moe.FeedForwardExperts(num_experts=4, d_ff=32),
+    ... )
+    >>> y = layer(np.random.rand(2, 8, 16).astype("float32"))
+    >>> tuple(y.shape)
+    (2, 8, 16)
+    """
+
+    def __init__(self, router, experts, group_size=None, pad_to_group_size=False,
+                 train_capacity_factor=1.25, eval_capacity_factor=2.0,
+                 min_expert_capacity=4, dispatch="auto", aux_loss_factor=1e-2,
+                 z_loss_factor=1e-3, causal=False, track_metrics=True,
+                 return_metrics=False, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(router, dict):
+            router = keras.saving.deserialize_keras_object(router)
+        if isinstance(experts, dict):
+            experts = keras.saving.deserialize_keras_object(experts)
+        if not isinstance(router, routing_lib.Router):
+            raise ValueError(f"`router` must be a keras_moe Router, got {type(router).__name__}.")
+        if not isinstance(experts, FeedForwardExperts):
+            raise ValueError(
+                f"`experts` must be a FeedForwardExperts layer, got {type(experts).__name__}."
+            )
+        if router.num_experts != experts.num_experts:
+            raise ValueError(
+                f"`router.num_experts` ({router.num_experts}) must equal "
+                f"`experts.num_experts` ({experts.num_experts})."
+            )
+        if group_size is not None and (
+            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+        ):
+            raise ValueError(f"`group_size` must be None or an integer >= 1, got {group_size!r}.")
+        _check_capacity_factor("train_capacity_factor", train_capacity_factor)
+        _check_capacity_factor("eval_capacity_factor", eval_capacity_factor)
+        if isinstance(min_expert_capacity, bool) or not isinstance(min_expert_capacity, int) \
+                or min_expert_capacity < 0:
+            raise ValueError(
+                f"`min_expert_capacity` must be an integer >= 0, got {min_expert_capacity!r}."
+            )
+        for name, value in (("aux_loss_factor", aux_loss_factor), ("z_loss_factor", z_loss_factor)):
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
+        if causal and not getattr(router, "is_causal_safe", True):
+            raise ValueError(
+                f"`router` {type(router).__name__} looks at every token of a group and "
+                "cannot be used in a causal layer (causal=True); use a token-choice "
+                "router such as SwitchRouter or Top2Router."
+            )
+        self.dispatcher = dispatch_lib.get_dispatcher(dispatch)
+        self.router = router
+        self.experts = experts
+        self.num_experts = router.num_experts
+        self.group_size = group_size
+        self.pad_to_group_size = bool(pad_to_group_size)
+        self.train_capacity_factor = float(train_capacity_factor)
+        self.eval_capacity_factor = float(eval_capacity_factor)
+        self.min_expert_capacity = min_expert_capacity
+        self.dispatch = dispatch
+        self.aux_loss_factor = float(aux_loss_factor)
+        self.z_loss_factor = float(z_loss_factor)
+        self.causal = bool(causal)
+        self.track_metrics = bool(track_metrics)
+        self.return_metrics = bool(return_metrics)
+        self.supports_masking = True
+        self._trackers = None
+        if self.track_metrics and keras.backend.backend() == "tensorflow":
+            self._trackers = metrics_lib.make_metric_trackers(self.name)
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        self.router.build((None, None, d_model))
+        self.experts.build((self.num_experts, None, None, d_model))
+        self.built = True
+
+    def capacity(self, group_size, training):
+        """Slots per expert per group for a group of `group_size` tokens."""
+        factor = self.train_capacity_factor if training else self.eval_capacity_factor
+        return self.router.expert_capacity(group_size, factor, self.min_expert_capacity)
+
+    def _to_groups(self, x, token_mask):
+        """[B, L, d] -> [G, S, d] and its mask; returns the padding added."""
+        d_model = x.shape[-1]
+        if self.group_size is None:
+            if x.shape[1] is None:
+                raise ValueError(
+                    "MoeLayer needs a static sequence length to compute expert capacity; "
+                    "give the input a fixed length or set `group_size`."
+                )
+            return x, token_mask, 0
+        tokens = ops.reshape(x, (-1, d_model))
+        mask = ops.reshape(token_mask, (-1,))
+        num_tokens = tokens.shape[0]
+        pad = 0
+        if num_tokens is not None and num_tokens % self.group_size:
+            if not self.pad_to_group_size:
+                raise ValueError(
+                    f"`group_size`={self.group_size} does not divide the {num_tokens} tokens "
+                    "of this batch; change `group_size` or set `pad_to_group_size=True`."
+                )
+            pad = self.group_size - num_tokens % self.group_size
+            tokens = ops.pad(tokens, ((0, pad), (0, 0)))
+            mask = ops.pad(mask, ((0, pad),))
+        groups = ops.reshape(tokens, (-1, self.group_size, d_model))
+        return groups, ops.reshape(mask, (-1, self.group_size)), pad
+
+    def call(self, inputs, mask=None, training=None):
+        input_shape = ops.shape(inputs)
+        if mask is None:
+            token_mask = ops.ones(input_shape[:-1], "float32")
+        else:
+            token_mask = ops.cast(mask, "float32")
+        groups, group_mask, pad = self._to_groups(inputs, token_mask)
+        capacity = self.capacity(groups.shape[1], training)
+
+        logits = self.router(groups, training=training)
+        routing = self.router.route(logits, group_mask, capacity, training=bool(training))
+        plan = self.dispatcher.plan(routing)
+        expert_inputs = self.dispatcher.dispatch(groups, plan)
+        expert_outputs = self.experts(expert_inputs, training=training)
+        outputs = self.dispatcher.combine(expert_outputs, plan)
+
+        if self.aux_loss_factor:
+            self.add_loss(self.aux_loss_factor * routing.aux_loss)
+        if self.z_loss_factor:
+            self.add_loss(self.z_loss_factor * routing.z_loss)
+
+        if self.group_size is not None:
+            outputs = ops.reshape(outputs, (-1, inputs.shape[-1]))
+            if pad:
+                outputs = outputs[:-pad]
+        outputs = ops.reshape(outputs, input_shape)
+        outputs = ops.cast(outputs, self.compute_dtype)
+
+        stats = None
+        if self._trackers is not None or self.return_metrics:
+            stats = metrics_lib.router_metrics(routing, group_mask)
+        if self._trackers is not None:
+            metrics_lib.update_metric_trackers(self._trackers, stats)
+        if self.return_metrics:
+            return outputs, stats
+        return outputs
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_spec(self, inputs, mask=None, training=None):
+        output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not self.return_metrics:
+            return output
+        stats = metrics_lib.router_metric_specs(self.num_experts)
+        return output, stats
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            router=keras.saving.serialize_keras_object(self.router),
+            experts=keras.saving.serialize_keras_object(self.experts),
+            **self._moe_config(),
+        )
+        return config
+
+    def _moe_config(self):
+        return dict(
+            group_size=self.group_size,
+            pad_to_group_size=self.pad_to_group_size,
+            train_capacity_factor=self.train_capacity_factor,
+            eval_capacity_factor=self.eval_capacity_factor,
+            min_expert_capacity=self.min_expert_capacity,
+            dispatch=self.dispatch,
+            aux_loss_factor=self.aux_loss_factor,
+            z_loss_factor=self.z_loss_factor,
+            causal=self.causal,
+            track_metrics=self.track_metrics,
+            return_metrics=self.return_metrics,
+        )

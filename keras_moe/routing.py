@@ -1,0 +1,499 @@
+"""Routers: decide which tokens go to which experts, and with what weight.
+
+A router is a small Keras layer that holds the router kernel and turns
+tokens `[G, S, d]` into float32 logits `[G, S, E]` (`router(x)`), plus a
+routing algorithm (`router.route(...)`) that turns those logits into
+`RoutingInstructions`. Routers never touch expert weights and never move
+activations: that is the dispatcher's job (`dispatch.py`).
+
+Conventions (all tensors are token-major, `K` routing choices per token):
+- `expert_index[g, s, k]`: the expert of token `s`'s k-th choice.
+- `position[g, s, k]`: its slot in that expert's buffer (valid where kept).
+- `kept[g, s, k]`: 1.0 if the assignment fits within capacity and the token
+  is real (not padding), else 0.0.
+- `combine_weight[g, s, k]`: the weight of that expert's output in the
+  token's output; exactly 0 where not kept.
+"""
+
+import math
+from typing import NamedTuple
+
+import keras
+from keras import ops
+
+from keras_moe import losses
+
+SECOND_EXPERT_POLICIES = ("all", "random", "threshold")
+NORMALIZE_GATES = ("before_capacity", "after_capacity")
+
+
+class RoutingInstructions(NamedTuple):
+    """Everything a dispatcher and the MoE layer need from routing.
+
+    Attributes:
+        expert_index: int32 [G, S, K].
+        position: int32 [G, S, K] slot in the expert's buffer.
+        combine_weight: float32 [G, S, K], 0 where not kept.
+        kept: float32 [G, S, K], 1 where the assignment is dispatched.
+        router_probs: float32 [G, S, E].
+        router_logits: float32 [G, S, E].
+        aux_loss: float32 scalar, unscaled load-balancing loss.
+        z_loss: float32 scalar, unscaled router z-loss.
+        capacity: Python int, slots per expert per group.
+        num_experts: Python int.
+    """
+
+    expert_index: object
+    position: object
+    combine_weight: object
+    kept: object
+    router_probs: object
+    router_logits: object
+    aux_loss: object
+    z_loss: object
+    capacity: int
+    num_experts: int
+
+
+def default_router_initializer(scale=0.1):
+    """Switch Transformer's scaled-down init: truncated normal, std sqrt(scale / fan_in)."""
+    return keras.initializers.VarianceScaling(
+        scale=scale, mode="fan_in", distribution="truncated_normal"
+    )
+
+
+def _check_positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
+
+
+class Router(keras.layers.Layer):
+    """Base router: float32 linear projection to expert logits, with jitter.
+
+    Subclasses implement `route()`. The layer defaults to `dtype="float32"`, so
+    under a `mixed_bfloat16` policy its matmul and softmax still run in float32
+    (the Switch paper's selective precision). Pass another `dtype` only to
+    study what happens without it.
+
+    Args:
+        num_experts: number of experts, >= 1.
+        jitter_noise: multiplicative noise amplitude applied in training to the
+            router's own copy of the input, `x * U(1 - eps, 1 + eps)`. The
+            experts always see the clean input. 0 disables it.
+        kernel_initializer: initializer of the `[d_model, num_experts]` kernel;
+            defaults to the Switch paper's 0.1-scaled truncated normal.
+        use_bias: whether the projection has a bias.
+        seed: seed for jitter and random routing decisions.
+    """
+
+    tokens_per_choice = None  # set by subclasses: K, or None if it depends on E
+
+    def __init__(
+        self,
+        num_experts,
+        jitter_noise=0.0,
+        kernel_initializer=None,
+        use_bias=False,
+        seed=None,
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        _check_positive_int("num_experts", num_experts)
+        if not (isinstance(jitter_noise, (int, float)) and 0.0 <= jitter_noise < 1.0):
+            raise ValueError(f"`jitter_noise` must be in [0, 1), got {jitter_noise!r}.")
+        self.num_experts = num_experts
+        self.jitter_noise = float(jitter_noise)
+        self.kernel_initializer = keras.initializers.get(
+            kernel_initializer or default_router_initializer()
+        )
+        self.use_bias = use_bias
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(d_model, self.num_experts),
+            initializer=self.kernel_initializer,
+        )
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=(self.num_experts,), initializer="zeros"
+            )
+        self.built = True
+
+    def call(self, inputs, training=None):
+        """Returns router logits [..., E] in the router's compute dtype (float32)."""
+        x = inputs
+        if training and self.jitter_noise > 0:
+            noise = keras.random.uniform(
+                ops.shape(x),
+                minval=1.0 - self.jitter_noise,
+                maxval=1.0 + self.jitter_noise,
+                dtype=self.compute_dtype,
+                seed=self.seed_generator,
+            )
+            x = x * noise
+        logits = ops.matmul(x, ops.cast(self.kernel, self.compute_dtype))
+        if self.use_bias:
+            logits = logits + ops.cast(self.bias, self.compute_dtype)
+        return logits
+
+    def num_choices(self):
+        """K, the number of routing choices per token in the instructions."""
+        raise NotImplementedError
+
+    def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
+        """Slots per expert per group: `max(min, ceil(cf * K * S / E))`."""
+        k = self.num_choices()
+        capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
+        return max(int(min_expert_capacity), capacity)
+
+    def route(self, logits, token_mask, capacity, training=False):
+        """Turns logits [G, S, E] into `RoutingInstructions`."""
+        raise NotImplementedError
+
+    def _finish(self, logits, probs, token_mask, expert_index, position, kept,
+                combine_weight, capacity, aux_loss):
+        logits = ops.cast(logits, "float32")
+        return RoutingInstructions(
+            expert_index=ops.cast(expert_index, "int32"),
+            position=ops.cast(position, "int32"),
+            combine_weight=ops.cast(combine_weight, "float32") * kept,
+            kept=kept,
+            router_probs=probs,
+            router_logits=logits,
+            aux_loss=aux_loss,
+            z_loss=losses.router_z_loss(logits, token_mask),
+            capacity=capacity,
+            num_experts=self.num_experts,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_experts=self.num_experts,
+            jitter_noise=self.jitter_noise,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            use_bias=self.use_bias,
+            seed=self.seed,
+        )
+        return config
+
+
+def _positions_in_expert(expert_index, active, num_experts, token_order=None):
+    """Slot of each (token, choice) in its expert's buffer.
+
+    Choices are served in priority order: every token's first choice before
+    any token's second choice (as in GShard and Switch), and within one choice
+    tokens in sequence order, or in `token_order` (batch-prioritised routing).
+
+    Args:
+        expert_index: int [G, S, K].
+        active: float [G, S, K], 1 where the choice asks for a slot.
+        num_experts: E.
+        token_order: optional int [G, S], a permutation of tokens per group,
+            highest priority first.
+
+    Returns:
+        float32 [G, S, K] positions (0-based; meaningless where inactive).
+    """
+    requests = ops.one_hot(expert_index, num_experts, dtype="float32")
+    requests = requests * active[..., None]  # [G, S, K, E]
+    if token_order is not None:
+        requests = ops.take_along_axis(requests, token_order[:, :, None, None], axis=1)
+    shape = ops.shape(requests)
+    choice_major = ops.transpose(requests, (0, 2, 1, 3))  # [G, K, S, E]
+    flat = ops.reshape(choice_major, (shape[0], -1, num_experts))
+    earlier = ops.cumsum(flat, axis=1) - flat
+    position = ops.sum(earlier * flat, axis=-1)
+    position = ops.transpose(ops.reshape(position, (shape[0], shape[2], shape[1])), (0, 2, 1))
+    if token_order is not None:
+        inverse = ops.argsort(token_order, axis=1)
+        position = ops.take_along_axis(position, inverse[:, :, None], axis=1)
+    return position
+
+
+def _keep_within_capacity(expert_index, active, num_experts, capacity, token_order=None):
+    position = _positions_in_expert(expert_index, active, num_experts, token_order)
+    kept = active * ops.cast(position < capacity, "float32")
+    return position, kept
+
+
+def _priority_order(probs, token_mask, batch_prioritized):
+    if not batch_prioritized:
+        return None
+    # Highest router confidence first; padding last.
+    score = ops.max(probs, axis=-1) - 2.0 * (1.0 - ops.cast(token_mask, "float32"))
+    return ops.argsort(-score, axis=1)
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class TopKRouter(Router):
+    """Token-choice router: each token picks its `k` highest-probability experts.
+
+    Combine weights are the router probabilities of the chosen experts
+    (optionally renormalised over the k choices). Experts take assignments in
+    priority order until their capacity is full; the rest are dropped.
+
+    Args:
+        num_experts: number of experts.
+        k: experts per token, 1 <= k <= num_experts.
+        normalize_top_k: renormalise the k chosen probabilities to sum to 1.
+        batch_prioritized_routing: serve tokens by router confidence rather
+            than sequence order when filling capacity (Riquelme et al., V-MoE).
+        **kwargs: see `Router`.
+
+    Example:
+    >>> router = TopKRouter(num_experts=4, k=2)
+    >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
+    >>> routing = router.route(logits, np.ones((1, 8)), capacity=4)
+    >>> tuple(routing.expert_index.shape)
+    (1, 8, 2)
+    """
+
+    def __init__(self, num_experts, k=1, normalize_top_k=False,
+                 batch_prioritized_routing=False, **kwargs):
+        super().__init__(num_experts, **kwargs)
+        _check_positive_int("k", k)
+        if k > num_experts:
+            raise ValueError(
+                f"`k` must be <= num_experts ({num_experts}), got k={k}."
+            )
+        self.k = k
+        self.normalize_top_k = bool(normalize_top_k)
+        self.batch_prioritized_routing = bool(batch_prioritized_routing)
+
+    def num_choices(self):
+        return self.k
+
+    def route(self, logits, token_mask, capacity, training=False):
+        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        mask = ops.cast(token_mask, "float32")
+        gates, expert_index = ops.top_k(probs, self.k)
+        if self.normalize_top_k:
+            gates = gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
+        active = ops.broadcast_to(mask[..., None], ops.shape(gates))
+        order = _priority_order(probs, mask, self.batch_prioritized_routing)
+        position, kept = _keep_within_capacity(
+            expert_index, active, self.num_experts, capacity, order
+        )
+        aux = losses.load_balancing_loss(probs, expert_index[..., 0], mask)
+        return self._finish(logits, probs, mask, expert_index, position, kept,
+                            gates, capacity, aux)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            k=self.k,
+            normalize_top_k=self.normalize_top_k,
+            batch_prioritized_routing=self.batch_prioritized_routing,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class SwitchRouter(TopKRouter):
+    """Switch Transformer top-1 router: combine weight = the chosen expert's probability.
+
+    Args:
+        num_experts: number of experts.
+        **kwargs: `batch_prioritized_routing` and the `Router` arguments.
+
+    Example:
+    >>> router = SwitchRouter(num_experts=8, jitter_noise=0.01)
+    >>> logits = router(np.random.rand(2, 16, 32).astype("float32"))
+    >>> routing = router.route(logits, np.ones((2, 16)), capacity=3)
+    >>> float(np.max(np.sum(routing.kept, axis=(1, 2))))  # <= E * capacity
+    16.0
+    """
+
+    def __init__(self, num_experts, **kwargs):
+        kwargs.pop("k", None)
+        kwargs.pop("normalize_top_k", None)
+        super().__init__(num_experts, k=1, normalize_top_k=False, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("k")
+        config.pop("normalize_top_k")
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class Top2Router(Router):
+    """GShard top-2 router (Lepikhin et al., Algorithm 1).
+
+    The top-1 expert always gets the token (capacity permitting). The second
+    expert gets it according to `second_expert_policy`:
+    - "all": always;
+    - "random": with probability `g2 / threshold` (GShard: threshold 0.5,
+      i.e. probability 2·g2), where g2 is the normalised second gate;
+    - "threshold": only if g2 > threshold.
+    Gates are renormalised to sum to 1 either before the capacity mask
+    (GShard) or over the assignments that survive it.
+
+    Args:
+        num_experts: number of experts, >= 2.
+        second_expert_policy: policy in training: "all", "random", "threshold".
+        eval_second_expert_policy: policy in inference; "random" is not
+            allowed here so that evaluation is deterministic.
+        second_expert_threshold: threshold for the policy; defaults to 0.5
+            for "random" and 0.2 for "threshold".
+        normalize_gates: "before_capacity" (GShard) or "after_capacity".
+        batch_prioritized_routing: serve tokens by router confidence.
+        **kwargs: see `Router`.
+
+    Example:
+    >>> router = Top2Router(num_experts=4, second_expert_policy="all")
+    >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
+    >>> routing = router.route(logits, np.ones((1, 8)), capacity=8)
+    >>> np.allclose(np.sum(routing.combine_weight, -1), 1.0)
+    True
+    """
+
+    def __init__(self, num_experts, second_expert_policy="random",
+                 eval_second_expert_policy="all", second_expert_threshold=None,
+                 normalize_gates="before_capacity", batch_prioritized_routing=False,
+                 **kwargs):
+        super().__init__(num_experts, **kwargs)
+        if num_experts < 2:
+            raise ValueError(f"`num_experts` must be >= 2 for top-2 routing, got {num_experts}.")
+        if second_expert_policy not in SECOND_EXPERT_POLICIES:
+            raise ValueError(
+                f"`second_expert_policy` must be one of {SECOND_EXPERT_POLICIES}, "
+                f"got {second_expert_policy!r}."
+            )
+        allowed_eval = ("all", "threshold")
+        if eval_second_expert_policy not in allowed_eval:
+            raise ValueError(
+                f"`eval_second_expert_policy` must be one of {allowed_eval}, "
+                f"got {eval_second_expert_policy!r}."
+            )
+        if normalize_gates not in NORMALIZE_GATES:
+            raise ValueError(
+                f"`normalize_gates` must be one of {NORMALIZE_GATES}, got {normalize_gates!r}."
+            )
+        if second_expert_threshold is not None and not 0.0 < second_expert_threshold <= 1.0:
+            raise ValueError(
+                f"`second_expert_threshold` must be in (0, 1], got {second_expert_threshold!r}."
+            )
+        self.second_expert_policy = second_expert_policy
+        self.eval_second_expert_policy = eval_second_expert_policy
+        self.second_expert_threshold = second_expert_threshold
+        self.normalize_gates = normalize_gates
+        self.batch_prioritized_routing = bool(batch_prioritized_routing)
+
+    def num_choices(self):
+        return 2
+
+    def _threshold(self, policy):
+        if self.second_expert_threshold is not None:
+            return self.second_expert_threshold
+        return 0.5 if policy == "random" else 0.2
+
+    def route(self, logits, token_mask, capacity, training=False):
+        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        mask = ops.cast(token_mask, "float32")
+        gates, expert_index = ops.top_k(probs, 2)
+        normalized = gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
+        policy = self.second_expert_policy if training else self.eval_second_expert_policy
+        second_gate = normalized[..., 1]
+        if policy == "all":
+            take_second = ops.ones_like(second_gate)
+        elif policy == "threshold":
+            take_second = ops.cast(second_gate > self._threshold(policy), "float32")
+        else:
+            draw = keras.random.uniform(ops.shape(second_gate), seed=self.seed_generator)
+            take_second = ops.cast(draw < second_gate / self._threshold(policy), "float32")
+        active = ops.stack([mask, mask * take_second], axis=-1)
+        order = _priority_order(probs, mask, self.batch_prioritized_routing)
+        position, kept = _keep_within_capacity(
+            expert_index, active, self.num_experts, capacity, order
+        )
+        if self.normalize_gates == "before_capacity":
+            weights = normalized
+        else:
+            surviving = gates * kept
+            weights = surviving / ops.maximum(ops.sum(surviving, axis=-1, keepdims=True), 1e-9)
+        aux = losses.load_balancing_loss(probs, expert_index[..., 0], mask)
+        return self._finish(logits, probs, mask, expert_index, position, kept,
+                            weights, capacity, aux)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            second_expert_policy=self.second_expert_policy,
+            eval_second_expert_policy=self.eval_second_expert_policy,
+            second_expert_threshold=self.second_expert_threshold,
+            normalize_gates=self.normalize_gates,
+            batch_prioritized_routing=self.batch_prioritized_routing,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class ExpertChoiceRouter(Router):
+    """Expert-choice routing (Zhou et al., 2022): each expert picks its top-C tokens.
+
+    Every expert is exactly full, so no load-balancing loss is needed (the aux
+    loss is 0); a token may be chosen by several experts or by none. Because an
+    expert's choice looks at every token of the group, this router is not
+    causal: `MoeLayer(causal=True)` refuses it. Capacity is
+    `ceil(cf * S / E)`, and at most `S` (an expert cannot pick more tokens
+    than the group has).
+
+    Args:
+        num_experts: number of experts.
+        **kwargs: see `Router`.
+
+    Example:
+    >>> router = ExpertChoiceRouter(num_experts=4)
+    >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
+    >>> routing = router.route(logits, np.ones((1, 8)), capacity=2)
+    >>> np.sum(routing.kept, axis=(0, 1)).tolist()  # each expert takes 2 tokens
+    [2.0, 2.0, 2.0, 2.0]
+    """
+
+    is_causal_safe = False
+
+    def num_choices(self):
+        return self.num_experts
+
+    def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
+        capacity = math.ceil(capacity_factor * group_size / self.num_experts)
+        return min(group_size, max(int(min_expert_capacity), capacity))
+
+    def route(self, logits, token_mask, capacity, training=False):
+        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        mask = ops.cast(token_mask, "float32")
+        shape = ops.shape(probs)
+        num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts
+        # Padding scores below any real token, so experts pick it only when
+        # the group has fewer real tokens than the capacity; it is unkept then.
+        scores = probs - 2.0 * (1.0 - mask[..., None])
+        _, chosen_tokens = ops.top_k(ops.transpose(scores, (0, 2, 1)), capacity)  # [G, E, C]
+        group_ids = ops.reshape(ops.arange(num_groups, dtype="int32"), (-1, 1, 1))
+        expert_ids = ops.reshape(ops.arange(num_experts, dtype="int32"), (1, -1, 1))
+        flat = (group_ids * num_experts + expert_ids) * group_size + ops.cast(chosen_tokens, "int32")
+        flat = ops.reshape(flat, (-1, 1))
+        slots = ops.broadcast_to(
+            ops.reshape(ops.arange(capacity, dtype="float32"), (1, 1, -1)),
+            ops.shape(chosen_tokens),
+        )
+        total = num_groups * num_experts * group_size
+        chosen = ops.scatter(flat, ops.ones((ops.shape(flat)[0],), "float32"), (total,))
+        position = ops.scatter(flat, ops.reshape(slots, (-1,)), (total,))
+        chosen = ops.transpose(ops.reshape(chosen, (num_groups, num_experts, group_size)), (0, 2, 1))
+        position = ops.transpose(
+            ops.reshape(position, (num_groups, num_experts, group_size)), (0, 2, 1)
+        )
+        kept = chosen * mask[..., None]
+        expert_index = ops.broadcast_to(
+            ops.reshape(ops.arange(num_experts, dtype="int32"), (1, 1, -1)), ops.shape(probs)
+        )
+        aux = ops.zeros((), "float32")
+        return self._finish(logits, probs, mask, expert_index, position, kept,
+                            probs, capacity, aux)
