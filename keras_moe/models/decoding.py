@@ -1,0 +1,118 @@
+"""Greedy and beam search for `EncoderDecoder`, with or without a key/value cache.
+
+Greedy search is beam search with one beam. Beams that emitted EOS are
+frozen (they only extend with padding at no cost) and keep competing with the
+live beams; the search stops when every beam of every example has finished
+or `max_length` tokens were produced. The bookkeeping runs in NumPy; the
+model runs eagerly one step at a time.
+
+With the cache, each step feeds one token per sequence; MoE layers then see
+one-token groups, which are never over capacity. Cached and uncached decoding
+therefore give the same tokens whenever the uncached (whole-prefix) forward
+pass drops no token, i.e. with `eval_capacity_factor` / `min_expert_capacity`
+large enough for the decoded length (the defaults, cf = 2.0, min 4, are
+enough for short outputs). `group_size` groups tokens across the batch and
+can break this equality.
+"""
+
+import numpy as np
+from keras import ops
+
+METHODS = ("greedy", "beam")
+
+
+def _log_softmax(logits):
+    logits = logits.astype(np.float64)
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+
+
+def _reorder(caches, index):
+    out = []
+    for cache in caches:
+        k, v = cache["self"]
+        out.append({"self": (ops.take(k, index, axis=0), ops.take(v, index, axis=0)),
+                    "cross": cache["cross"]})
+    return out
+
+
+def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
+             length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False):
+    """Decodes output token ids for a batch of inputs.
+
+    Args:
+        model: an `EncoderDecoder`.
+        encoder_input_tokens: int `[B, L]`, 0-padded.
+        max_length: most tokens to produce, >= 1.
+        method: "greedy" or "beam".
+        num_beams: beams for beam search, >= 1.
+        length_penalty: alpha of the GNMT length normalisation
+            `score / ((5 + len) / 6) ** alpha` used to pick the final beam
+            (0 = plain log-probability).
+        use_cache: keep keys/values between steps (True) or recompute the
+            whole prefix at every step (False; slower, for checking).
+        eos_id: end-of-sequence id; defaults to `model.config.eos_id` (1).
+        return_scores: also return the log-probability of each output.
+
+    Returns:
+        int32 `[B, T]` with `T <= max_length`: the tokens after the start
+        token, EOS included, 0 after it. With `return_scores`, also float `[B]`.
+
+    Example:
+    >>> tokens = generate(model, np.array([[5, 6, 1]]), max_length=8, method="beam")
+    """
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"`max_length` must be an integer >= 1, got {max_length!r}.")
+    if method == "beam" and (not isinstance(num_beams, int) or num_beams < 1):
+        raise ValueError(f"`num_beams` must be an integer >= 1, got {num_beams!r}.")
+    config = model.config
+    eos = config.eos_id if eos_id is None else eos_id
+    pad = config.pad_id
+    enc = np.asarray(ops.convert_to_numpy(encoder_input_tokens)).astype(np.int32)
+    batch = enc.shape[0]
+    beams = 1 if method == "greedy" else num_beams
+    enc = np.repeat(enc, beams, axis=0)
+    enc_out, enc_mask = model.encode(enc, training=False)
+    caches = model.init_cache(enc_out, max_length) if use_cache else None
+
+    seqs = np.full((batch, beams, 1), config.decoder_start_id, np.int32)
+    scores = np.full((batch, beams), -np.inf)
+    scores[:, 0] = 0.0
+    finished = np.zeros((batch, beams), bool)
+    for t in range(max_length):
+        flat = seqs.reshape(batch * beams, -1)
+        if use_cache:
+            logits, caches = model.decode_step(flat[:, -1], t, caches, enc_mask)
+        else:
+            logits = model.decode(flat, enc_out, enc_mask, training=False)[:, -1]
+        logp = _log_softmax(np.asarray(ops.convert_to_numpy(logits)))
+        vocab = logp.shape[-1]
+        logp = logp.reshape(batch, beams, vocab)
+        frozen = np.full(vocab, -np.inf)
+        frozen[pad] = 0.0
+        logp = np.where(finished[..., None], frozen, logp)
+        cand = (scores[..., None] + logp).reshape(batch, beams * vocab)
+        order = np.argsort(-cand, axis=-1, kind="stable")[:, :beams]
+        beam_index, token = order // vocab, order % vocab
+        scores = np.take_along_axis(cand, order, axis=-1)
+        rows = np.arange(batch)[:, None]
+        seqs = np.concatenate([seqs[rows, beam_index], token[..., None].astype(np.int32)], -1)
+        finished = finished[rows, beam_index] | (token == eos)
+        if use_cache and beams > 1:
+            caches = _reorder(caches, (rows * beams + beam_index).reshape(-1))
+        if finished.all():
+            break
+    out = seqs[:, :, 1:]
+    if length_penalty:
+        is_eos = out == eos
+        lengths = np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, out.shape[-1])
+        ranked = scores / ((5.0 + lengths) / 6.0) ** length_penalty
+    else:
+        ranked = scores
+    best = np.argmax(ranked, axis=-1)
+    tokens = out[np.arange(batch), best]
+    if return_scores:
+        return tokens, scores[np.arange(batch), best]
+    return tokens

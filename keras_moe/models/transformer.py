@@ -1,0 +1,417 @@
+"""T5.1.1 / Switch / GShard encoder-decoder as a Keras model."""
+
+import keras
+from keras import ops
+
+from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
+from keras_moe.models.attention import NEG_INF, T5Attention
+from keras_moe.models.config import T5Config
+from keras_moe.models.layers import DenseFeedForward, RMSNorm
+from keras_moe.models.position_bias import RelativePositionBias
+from keras_moe.moe import MoeLayer
+from keras_moe.routing import SwitchRouter, default_router_initializer
+from keras_moe.experts import FeedForwardExperts
+
+FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
+            "encoder_positions", "decoder_segment_ids", "decoder_positions")
+
+
+def _as_config(config):
+    if isinstance(config, T5Config):
+        return config
+    if isinstance(config, dict):
+        return T5Config.from_dict(config)
+    raise ValueError(f"`config` must be a T5Config or a dict, got {type(config).__name__}.")
+
+
+def make_ffn(config, sparse, causal, name):
+    """The FFN of one layer: dense, or a Switch / GShard MoE layer."""
+    if not sparse:
+        return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate, name=name)
+    args = dict(
+        activation=config.expert_activation or config.activation,
+        train_capacity_factor=config.train_capacity_factor,
+        eval_capacity_factor=config.eval_capacity_factor,
+        min_expert_capacity=config.min_expert_capacity,
+        group_size=config.group_size,
+        pad_to_group_size=config.group_size is not None,
+        jitter_noise=config.jitter_noise,
+        expert_dropout_rate=config.expert_dropout_rate,
+        init_scale=config.router_init_scale,
+        aux_loss_factor=config.aux_loss_factor,
+        z_loss_factor=config.z_loss_factor,
+        dispatch=config.dispatch,
+        causal=causal,
+        track_metrics=config.track_router_metrics,
+        name=name,
+    )
+    d_ff = config.expert_d_ff or config.d_ff
+    if config.moe_type == "gshard":
+        if config.router_bias:
+            raise ValueError("`router_bias` is only supported with moe_type='switch'.")
+        return GShardFeedForward(config.num_experts, d_ff, **args)
+    if not config.router_bias:
+        return SwitchFeedForward(config.num_experts, d_ff, **args)
+    router = SwitchRouter(
+        config.num_experts, jitter_noise=config.jitter_noise, use_bias=True,
+        kernel_initializer=default_router_initializer(config.router_init_scale), name="router")
+    experts = FeedForwardExperts(
+        config.num_experts, d_ff, activation=args["activation"],
+        dropout_rate=config.expert_dropout_rate, init_scale=config.router_init_scale,
+        name="experts")
+    for key in ("activation", "jitter_noise", "expert_dropout_rate", "init_scale"):
+        args.pop(key)
+    return MoeLayer(router, experts, **args)
+
+
+class _Block(keras.layers.Layer):
+    def __init__(self, config, layer_index, **kwargs):
+        super().__init__(**kwargs)
+        self.config = _as_config(config)
+        self.layer_index = layer_index
+
+    def get_config(self):
+        base = super().get_config()
+        base.update(config=self.config.to_dict(), layer_index=self.layer_index)
+        return base
+
+    def _ffn_branch(self, x, token_mask, training):
+        h = self.ffn_norm(x)
+        if self.is_sparse:
+            h = self.ffn(h, mask=token_mask, training=training)
+        else:
+            h = self.ffn(h, training=training)
+        return x + self.dropout(h, training=training)
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class EncoderBlock(_Block):
+    """Pre-norm T5 encoder layer: self-attention then (dense or MoE) FFN, each residual.
+
+    Args:
+        config: `T5Config` (or its dict).
+        layer_index: index of the layer in the encoder (decides dense vs sparse).
+
+    Example:
+    >>> block = EncoderBlock(T5Config(d_model=16, num_heads=2, d_kv=8, d_ff=32), 0)
+    """
+
+    def __init__(self, config, layer_index, **kwargs):
+        super().__init__(config, layer_index, **kwargs)
+        c = self.config
+        self.is_sparse = layer_index in c.resolved_encoder_sparse_layers()
+        self.attention_norm = RMSNorm(c.layer_norm_epsilon, name="attention_norm")
+        self.attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate, name="attention")
+        self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
+        self.ffn = make_ffn(c, self.is_sparse, causal=False, name="ffn")
+        self.dropout = keras.layers.Dropout(c.dropout_rate)
+
+    def build(self, input_shape):
+        shape = (None, None, self.config.d_model)
+        for layer in (self.attention_norm, self.attention, self.ffn_norm, self.ffn):
+            layer.build(shape)
+        self.built = True
+
+    def call(self, x, bias, token_mask=None, training=None):
+        h = self.attention(self.attention_norm(x), bias=bias, training=training)
+        x = x + self.dropout(h, training=training)
+        return self._ffn_branch(x, token_mask, training)
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class DecoderBlock(_Block):
+    """Pre-norm T5 decoder layer: causal self-attention, cross-attention, FFN.
+
+    MoE FFNs are built with `causal=True`.
+
+    Args:
+        config: `T5Config` (or its dict).
+        layer_index: index of the layer in the decoder.
+
+    Example:
+    >>> block = DecoderBlock(T5Config(d_model=16, num_heads=2, d_kv=8, d_ff=32), 0)
+    """
+
+    def __init__(self, config, layer_index, **kwargs):
+        super().__init__(config, layer_index, **kwargs)
+        c = self.config
+        self.is_sparse = layer_index in c.resolved_decoder_sparse_layers()
+        self.self_attention_norm = RMSNorm(c.layer_norm_epsilon, name="self_attention_norm")
+        self.self_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
+                                          name="self_attention")
+        self.cross_attention_norm = RMSNorm(c.layer_norm_epsilon, name="cross_attention_norm")
+        self.cross_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
+                                           name="cross_attention")
+        self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
+        self.ffn = make_ffn(c, self.is_sparse, causal=True, name="ffn")
+        self.dropout = keras.layers.Dropout(c.dropout_rate)
+
+    def build(self, input_shape):
+        shape = (None, None, self.config.d_model)
+        for layer in (self.self_attention_norm, self.self_attention, self.cross_attention_norm,
+                      self.cross_attention, self.ffn_norm, self.ffn):
+            layer.build(shape)
+        self.built = True
+
+    def call(self, x, self_bias, encoder_outputs, cross_bias, token_mask=None, cache=None,
+             cache_index=None, training=None):
+        """`cache`: None or dict(self=(k, v), cross=(k, v)); returns (x, new_cache) with a cache."""
+        h = self.self_attention_norm(x)
+        if cache is None:
+            h = self.self_attention(h, bias=self_bias, training=training)
+        else:
+            h, self_kv = self.self_attention(h, bias=self_bias, cache=cache["self"],
+                                             cache_index=cache_index, training=training)
+        x = x + self.dropout(h, training=training)
+        h = self.cross_attention_norm(x)
+        if cache is None:
+            h = self.cross_attention(h, kv=encoder_outputs, bias=cross_bias, training=training)
+        else:
+            h, _ = self.cross_attention(h, bias=cross_bias, cache=cache["cross"],
+                                        training=training)
+        x = x + self.dropout(h, training=training)
+        x = self._ffn_branch(x, token_mask, training)
+        if cache is None:
+            return x
+        return x, {"self": self_kv, "cross": cache["cross"]}
+
+
+def _mask_to_bias(mask):
+    return ops.where(mask, 0.0, NEG_INF)
+
+
+def _positions(tokens, positions):
+    if positions is not None:
+        return ops.cast(positions, "int32")
+    return ops.arange(ops.shape(tokens)[1], dtype="int32")[None, :]
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class EncoderDecoder(keras.Model):
+    """T5.1.1-style encoder-decoder with optional Switch / GShard MoE FFN layers.
+
+    Pre-norm RMS layer norms, T5 relative position bias (bidirectional in the
+    encoder, causal in the decoder, computed once per stack and shared by its
+    layers), bias-free multi-head attention, dense or MoE FFNs, shared input
+    embedding, tied (scaled by `d_model ** -0.5`) or untied output logits.
+
+    Inputs follow seqio's `EncDecFeatureConverter`: a dict with
+    `encoder_input_tokens` and `decoder_input_tokens` `[B, L]` (int, 0 = padding,
+    the decoder starts with id 0), and, for packed examples,
+    `encoder_segment_ids`, `encoder_positions`, `decoder_segment_ids`,
+    `decoder_positions`. Packed segments never attend to each other and
+    relative positions come from `*_positions`. Other keys are ignored, so a
+    whole seqio feature dict may be passed. Padding is masked in attention and
+    passed as `mask` to the MoE layers (it takes no expert capacity).
+
+    Calling the model returns float32 logits `[B, L_dec, vocab_size]`; the MoE
+    layers add their aux and z losses to `model.losses`.
+
+    Args:
+        config: a `T5Config` (or its dict).
+
+    Example:
+    >>> model = EncoderDecoder(T5Config(vocab_size=64, d_model=32, num_heads=4,
+    ...     d_kv=8, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
+    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2,
+    ...     decoder_sparse_step=2))
+    >>> model.compile(**model.compile_defaults())
+    >>> logits = model({"encoder_input_tokens": np.ones((2, 7), "int32"),
+    ...                 "decoder_input_tokens": np.zeros((2, 5), "int32")})
+    >>> tokens = model.generate(np.ones((2, 7), "int32"), max_length=5)
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        self.config = c = _as_config(config)
+        self.token_embedding = keras.layers.Embedding(
+            c.vocab_size, c.d_model, embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
+            name="token_embedding")
+        self.encoder_position_bias = RelativePositionBias(
+            c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
+            bidirectional=True, name="encoder_position_bias")
+        self.decoder_position_bias = RelativePositionBias(
+            c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
+            bidirectional=False, name="decoder_position_bias")
+        self.encoder_layers = [EncoderBlock(c, i, name=f"encoder_layer_{i}")
+                               for i in range(c.num_encoder_layers)]
+        self.decoder_layers = [DecoderBlock(c, i, name=f"decoder_layer_{i}")
+                               for i in range(c.num_decoder_layers)]
+        self.encoder_norm = RMSNorm(c.layer_norm_epsilon, name="encoder_norm")
+        self.decoder_norm = RMSNorm(c.layer_norm_epsilon, name="decoder_norm")
+        self.dropout = keras.layers.Dropout(c.dropout_rate)
+        self.lm_head = None
+        if not c.tie_word_embeddings:
+            self.lm_head = keras.layers.Dense(
+                c.vocab_size, use_bias=False, name="lm_head",
+                kernel_initializer=keras.initializers.RandomNormal(stddev=c.d_model ** -0.5))
+        self._build_all()
+
+    def _build_all(self):
+        shape = (None, None, self.config.d_model)
+        self.token_embedding.build((None, None))
+        self.encoder_position_bias.build()
+        self.decoder_position_bias.build()
+        for layer in self.encoder_layers + self.decoder_layers:
+            layer.build(shape)
+        self.encoder_norm.build(shape)
+        self.decoder_norm.build(shape)
+        if self.lm_head is not None:
+            self.lm_head.build(shape)
+        self.built = True
+
+    def build(self, input_shape=None):
+        self.built = True
+
+    # ------------------------------------------------------------------ masks
+    def encoder_masks(self, tokens, segment_ids=None):
+        """Token mask `[B, L]` (bool) and attention mask `[B, 1, L, L]`."""
+        if segment_ids is not None:
+            token_mask = ops.not_equal(segment_ids, 0)
+        else:
+            token_mask = ops.not_equal(tokens, self.config.pad_id)
+        attn = token_mask[:, None, None, :]
+        if segment_ids is not None:
+            attn = ops.logical_and(
+                attn, ops.equal(segment_ids[:, :, None], segment_ids[:, None, :])[:, None])
+        return token_mask, attn
+
+    def decoder_token_mask(self, tokens, segment_ids=None):
+        if segment_ids is not None:
+            return ops.not_equal(segment_ids, 0)
+        first = ops.equal(ops.arange(ops.shape(tokens)[1])[None, :], 0)
+        return ops.logical_or(ops.not_equal(tokens, self.config.pad_id), first)
+
+    # ------------------------------------------------------------------ stacks
+    def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+               training=None):
+        """Encoder outputs `[B, L, d]` and the encoder token mask `[B, L]`."""
+        tokens = ops.cast(encoder_input_tokens, "int32")
+        token_mask, attn_mask = self.encoder_masks(tokens, encoder_segment_ids)
+        positions = _positions(tokens, encoder_positions)
+        bias = self.encoder_position_bias(positions, positions) + _mask_to_bias(attn_mask)
+        x = self.dropout(self.token_embedding(tokens), training=training)
+        for layer in self.encoder_layers:
+            x = layer(x, bias, token_mask=token_mask, training=training)
+        x = self.dropout(self.encoder_norm(x), training=training)
+        return x, token_mask
+
+    def logits(self, x):
+        """Decoder outputs `[..., d]` -> float32 logits `[..., vocab]`."""
+        if self.lm_head is None:
+            x = x * (self.config.d_model ** -0.5)
+            out = ops.matmul(x, ops.transpose(ops.cast(self.token_embedding.embeddings, x.dtype)))
+        else:
+            out = self.lm_head(x)
+        return ops.cast(out, "float32")
+
+    def decode(self, decoder_input_tokens, encoder_outputs, encoder_mask, decoder_segment_ids=None,
+               decoder_positions=None, encoder_segment_ids=None, training=None):
+        """Teacher-forced decoder: logits `[B, L_dec, vocab]`."""
+        tokens = ops.cast(decoder_input_tokens, "int32")
+        length = ops.shape(tokens)[1]
+        token_mask = self.decoder_token_mask(tokens, decoder_segment_ids)
+        idx = ops.arange(length)
+        self_mask = ops.greater_equal(idx[:, None], idx[None, :])[None, None]
+        if decoder_segment_ids is not None:
+            same = ops.equal(decoder_segment_ids[:, :, None], decoder_segment_ids[:, None, :])
+            self_mask = ops.logical_and(self_mask, same[:, None])
+        positions = _positions(tokens, decoder_positions)
+        self_bias = self.decoder_position_bias(positions, positions) + _mask_to_bias(self_mask)
+        cross_mask = encoder_mask[:, None, None, :]
+        if decoder_segment_ids is not None and encoder_segment_ids is not None:
+            same = ops.equal(decoder_segment_ids[:, :, None], encoder_segment_ids[:, None, :])
+            cross_mask = ops.logical_and(cross_mask, same[:, None])
+        cross_bias = _mask_to_bias(cross_mask)
+        x = self.dropout(self.token_embedding(tokens), training=training)
+        for layer in self.decoder_layers:
+            x = layer(x, self_bias, encoder_outputs, cross_bias, token_mask=token_mask,
+                      training=training)
+        x = self.dropout(self.decoder_norm(x), training=training)
+        return self.logits(x)
+
+    def call(self, inputs, training=None):
+        if not isinstance(inputs, dict):
+            raise ValueError(
+                "EncoderDecoder expects a dict with `encoder_input_tokens` and "
+                f"`decoder_input_tokens`, got {type(inputs).__name__}.")
+        enc_seg = inputs.get("encoder_segment_ids")
+        dec_seg = inputs.get("decoder_segment_ids")
+        enc_out, enc_mask = self.encode(inputs["encoder_input_tokens"], enc_seg,
+                                        inputs.get("encoder_positions"), training=training)
+        return self.decode(inputs["decoder_input_tokens"], enc_out, enc_mask, dec_seg,
+                           inputs.get("decoder_positions"), enc_seg, training=training)
+
+    # ------------------------------------------------------------ incremental
+    def init_cache(self, encoder_outputs, max_length):
+        """Per-layer caches: empty self-attention k/v `[B, T, H, d_kv]` and cross k/v."""
+        batch = ops.shape(encoder_outputs)[0]
+        c = self.config
+        caches = []
+        for layer in self.decoder_layers:
+            zeros = ops.zeros((batch, max_length, c.num_heads, c.head_dim), encoder_outputs.dtype)
+            caches.append({"self": (zeros, zeros),
+                           "cross": layer.cross_attention.compute_kv(encoder_outputs)})
+        return caches
+
+    def decode_step(self, tokens, index, caches, encoder_mask):
+        """One cached decoding step: `tokens [B]` at position `index` -> logits `[B, V]`, caches."""
+        max_length = ops.shape(caches[0]["self"][0])[1]
+        x = self.token_embedding(ops.cast(tokens, "int32")[:, None])
+        keys = ops.arange(max_length, dtype="int32")[None, :]
+        query = ops.full((1, 1), index, dtype="int32")
+        self_bias = self.decoder_position_bias(query, keys) + _mask_to_bias(
+            ops.less_equal(keys, index)[:, None, None, :])
+        cross_bias = _mask_to_bias(encoder_mask[:, None, None, :])
+        new_caches = []
+        for layer, cache in zip(self.decoder_layers, caches):
+            x, cache = layer(x, self_bias, None, cross_bias, token_mask=None, cache=cache,
+                             cache_index=index, training=False)
+            new_caches.append(cache)
+        return self.logits(self.decoder_norm(x))[:, 0], new_caches
+
+    # ------------------------------------------------------------------ API
+    def generate(self, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
+                 length_penalty=0.0, use_cache=True, eos_id=None):
+        """Decodes token ids `[B, <= max_length]` (see `keras_moe.models.decoding.generate`)."""
+        from keras_moe.models import decoding
+
+        return decoding.generate(self, encoder_input_tokens, max_length=max_length,
+                                 method=method, num_beams=num_beams,
+                                 length_penalty=length_penalty, use_cache=use_cache,
+                                 eos_id=eos_id)
+
+    def compile_defaults(self, learning_rate=1e-3, optimizer=None):
+        """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
+        from keras_moe.models import losses
+
+        return losses.compile_defaults(learning_rate=learning_rate, optimizer=optimizer)
+
+    def _targets_from_x(self, x, y, sample_weight):
+        if y is None and isinstance(x, dict) and "decoder_target_tokens" in x:
+            y = x["decoder_target_tokens"]
+            if sample_weight is None:
+                sample_weight = x.get("decoder_loss_weights")
+        if y is not None and sample_weight is None:
+            sample_weight = ops.cast(ops.not_equal(y, self.config.pad_id), "float32")
+        return y, sample_weight
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        y, sample_weight = self._targets_from_x(x, y, sample_weight)
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+        return super().compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                    training=training)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        y, sample_weight = self._targets_from_x(x, y, sample_weight)
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+        return super().compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
