@@ -71,6 +71,10 @@ class T5Config:
         tie_word_embeddings: project the output with the input embedding
             (T5 v1.0); the decoder output is then scaled by `d_model ** -0.5`
             first. False (T5.1.1) uses a separate `lm_head`.
+        scale_decoder_outputs: multiply the decoder output by
+            `d_model ** -0.5` before the logits; None follows
+            `tie_word_embeddings` (T5 v1.0 behaviour). Only needed for
+            checkpoints that tie without scaling (HF transformers >= 5 T5).
         moe_type: None (dense model), "switch" (top-1) or "gshard" (top-2).
         num_experts: experts per MoE layer.
         expert_d_ff: hidden size of each expert (defaults to `d_ff`).
@@ -109,6 +113,7 @@ class T5Config:
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     tie_word_embeddings: bool = False
+    scale_decoder_outputs: Optional[bool] = None
     moe_type: Optional[str] = None
     num_experts: int = 0
     expert_d_ff: Optional[int] = None
@@ -185,6 +190,12 @@ class T5Config:
                 )
             minimum = 2 if self.moe_type == "gshard" else 1
             _check_int("num_experts", self.num_experts, minimum)
+
+    @property
+    def scales_decoder_outputs(self):
+        if self.scale_decoder_outputs is None:
+            return bool(self.tie_word_embeddings)
+        return bool(self.scale_decoder_outputs)
 
     @property
     def head_dim(self):

@@ -298,8 +298,9 @@ class EncoderDecoder(keras.Model):
 
     def logits(self, x):
         """Decoder outputs `[..., d]` -> float32 logits `[..., vocab]`."""
-        if self.lm_head is None:
+        if self.config.scales_decoder_outputs:
             x = x * (self.config.d_model ** -0.5)
+        if self.lm_head is None:
             out = ops.matmul(x, ops.transpose(ops.cast(self.token_embedding.embeddings, x.dtype)))
         else:
             out = self.lm_head(x)

@@ -1,0 +1,5 @@
+"""Checkpoint import/export: HuggingFace T5 (v1.1) and SwitchTransformers safetensors."""
+
+from keras_moe.convert.hf import config_from_hf, config_to_hf, from_hf, load_hf_weights, to_hf
+
+__all__ = ["config_from_hf", "config_to_hf", "from_hf", "load_hf_weights", "to_hf"]

@@ -1,0 +1,341 @@
+"""Import and export HuggingFace `T5ForConditionalGeneration` / `SwitchTransformersForConditionalGeneration`.
+
+Reads a local folder with `config.json` and `*.safetensors` (sharded or not)
+using NumPy and safetensors only: no torch at run time.
+
+How HF SwitchTransformers semantics map to ours (transformers 5.x):
+- Placement: HF makes layer i sparse iff `i % step == 1 or step == 1`
+  (`*_sparse_step` in config.json, else `num_layers // num_sparse_*_layers`).
+  We convert that into explicit `encoder_sparse_layers` / `decoder_sparse_layers`,
+  so the imported model has exactly HF's sparse layers (including HF's quirk
+  of one sparse layer when `num_sparse_*_layers = 0` and `num_layers > 1`).
+- Capacity: HF routes each sequence as one group with a fixed
+  `expert_capacity` slots per expert, in sequence order. We use
+  `group_size=None` (one group per sequence) and get exactly that capacity with
+  `min_expert_capacity=expert_capacity` and a tiny capacity factor
+  (`capacity="hf"`, the default). `capacity="factor"` keeps our factor-based
+  capacity (`T5Config` defaults, or your overrides) for fine-tuning.
+- Dropped tokens: HF (5.x) gives them a zero MoE output, as we do; the
+  residual carries them.
+- Padding: HF ignores `router_ignore_padding_tokens` in its forward pass, so
+  padding tokens take capacity there; we pass the padding mask and they take
+  none. With right padding (T5's) padding comes after every real token in the
+  priority order, so real tokens are routed identically; only the outputs at
+  padding positions differ (HF: expert output; ours: 0).
+- Router: `router_bias` -> `router_bias`; `router_jitter_noise` ->
+  `jitter_noise` (training only in both); router in float32 in both.
+- Losses: `router_aux_loss_coef` -> `aux_loss_factor`, `router_z_loss_coef` ->
+  `z_loss_factor`. HF only adds them when asked for router logits.
+- Logits: tied checkpoints (no `lm_head.weight`) project with the shared
+  embedding; the `d_model ** -0.5` scaling follows `scale_decoder_outputs`
+  (T5, transformers >= 5) or `tie_word_embeddings` (older T5, Switch).
+- Activations: "relu", "gated-gelu" / "gelu_new" (tanh GELU), "gated-relu",
+  "gated-silu" / "silu". HF's exact-erf "gelu" is not supported (ours is tanh).
+"""
+
+import glob
+import json
+import math
+import os
+
+import numpy as np
+
+from keras_moe.models.config import T5Config, hf_sparse_layers
+from keras_moe.models.transformer import EncoderDecoder
+
+_GATED = {"gated-gelu": "gated-gelu", "gated-gelu_new": "gated-gelu", "gated-relu": "gated-relu",
+          "gated-silu": "gated-silu"}
+_PLAIN = {"relu": "relu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "silu": "silu"}
+
+
+def _activation(cfg):
+    proj = cfg.get("feed_forward_proj")
+    if proj is None:  # SwitchTransformers
+        proj = cfg.get("dense_act_fn", "relu")
+    if proj in _GATED:
+        return _GATED[proj]
+    if proj in _PLAIN:
+        act = _PLAIN[proj]
+        if act == "silu":
+            raise ValueError("`feed_forward_proj` 'silu' (ungated) is not supported.")
+        return act
+    raise ValueError(
+        f"`feed_forward_proj`/`dense_act_fn` {proj!r} is not supported; use one of "
+        f"{sorted(_GATED) + sorted(_PLAIN)} (HF's exact-erf 'gelu' differs from our tanh GELU).")
+
+
+def _hf_step(cfg, side):
+    num = cfg["num_layers"] if side == "encoder" else cfg.get("num_decoder_layers") or cfg["num_layers"]
+    step = cfg.get(f"{side}_sparse_step")
+    if step is None:
+        sparse = cfg.get(f"num_sparse_{side}_layers", 0)
+        step = num // sparse if sparse > 0 else num
+    return num, step
+
+
+def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
+    """`T5Config` for a HF config dict (`config.json` contents).
+
+    Args:
+        cfg: dict from `config.json` (model_type "t5" or "switch_transformers").
+        has_lm_head: whether the checkpoint has its own `lm_head.weight`.
+        capacity: "hf" (exactly HF's `expert_capacity`) or "factor".
+        **overrides: `T5Config` fields to set.
+
+    Example:
+    >>> config = config_from_hf(json.load(open("config.json")))
+    """
+    model_type = cfg.get("model_type", "t5")
+    if model_type not in ("t5", "switch_transformers"):
+        raise ValueError(f"`model_type` must be 't5' or 'switch_transformers', got {model_type!r}.")
+    if capacity not in ("hf", "factor"):
+        raise ValueError(f"`capacity` must be 'hf' or 'factor', got {capacity!r}.")
+    tie = not has_lm_head
+    if model_type == "t5":
+        scale = cfg.get("scale_decoder_outputs", cfg.get("tie_word_embeddings", True) is not False)
+    else:
+        scale = cfg.get("tie_word_embeddings", True) is not False
+    num_dec = cfg.get("num_decoder_layers") or cfg["num_layers"]
+    args = dict(
+        vocab_size=cfg["vocab_size"], d_model=cfg["d_model"], num_heads=cfg["num_heads"],
+        d_kv=cfg["d_kv"], d_ff=cfg["d_ff"], num_encoder_layers=cfg["num_layers"],
+        num_decoder_layers=num_dec, activation=_activation(cfg),
+        dropout_rate=cfg.get("dropout_rate", 0.1),
+        layer_norm_epsilon=cfg.get("layer_norm_epsilon", 1e-6),
+        relative_attention_num_buckets=cfg.get("relative_attention_num_buckets", 32),
+        relative_attention_max_distance=cfg.get("relative_attention_max_distance", 128),
+        tie_word_embeddings=tie, scale_decoder_outputs=bool(scale),
+        pad_id=cfg.get("pad_token_id", 0) or 0, eos_id=_first(cfg.get("eos_token_id", 1)),
+        decoder_start_id=cfg.get("decoder_start_token_id", 0) or 0,
+    )
+    if model_type == "switch_transformers":
+        enc = hf_sparse_layers(*_hf_step(cfg, "encoder"))
+        dec = hf_sparse_layers(*_hf_step(cfg, "decoder"))
+        args.update(
+            moe_type="switch", num_experts=cfg["num_experts"],
+            encoder_sparse_layers=enc, decoder_sparse_layers=dec,
+            jitter_noise=cfg.get("router_jitter_noise", 0.01),
+            router_bias=bool(cfg.get("router_bias", False)),
+            aux_loss_factor=cfg.get("router_aux_loss_coef", 1e-3),
+            z_loss_factor=cfg.get("router_z_loss_coef", 1e-3),
+            group_size=None,
+        )
+        if capacity == "hf":
+            args.update(min_expert_capacity=int(cfg.get("expert_capacity", 64)),
+                        train_capacity_factor=1e-6, eval_capacity_factor=1e-6)
+    args.update(overrides)
+    return T5Config(**args)
+
+
+def _first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def load_hf_weights(path):
+    """All tensors of the `*.safetensors` files in `path` as a dict of NumPy arrays."""
+    from safetensors.numpy import load_file
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors file in {path!r}.")
+    weights = {}
+    for name in files:
+        weights.update(load_file(name))
+    return weights
+
+
+def _attention(prefix, attn):
+    return [(f"{prefix}.q.weight", attn.query, "T"), (f"{prefix}.k.weight", attn.key, "T"),
+            (f"{prefix}.v.weight", attn.value, "T"), (f"{prefix}.o.weight", attn.output_kernel, "T")]
+
+
+def _ffn(prefix, block, weights, style):
+    ffn = block.ffn
+    if block.is_sparse:
+        out = [(f"{prefix}.mlp.router.classifier.weight", ffn.router.kernel, "T")]
+        if ffn.router.use_bias:
+            out.append((f"{prefix}.mlp.router.classifier.bias", ffn.router.bias, "id"))
+        names = ("wi_0", "wi_1", "wo") if ffn.experts.gated else ("wi", "wo")
+        for n in names:
+            out.append((f"{prefix}.mlp.experts.expert_{{e}}.{n}.weight", getattr(ffn.experts, n),
+                        "experts"))
+        return out
+    mlp = style
+    if weights is not None:
+        mlp = "mlp" if any(k.startswith(f"{prefix}.mlp.") for k in weights) else "DenseReluDense"
+    names = ("wi_0", "wi_1", "wo") if ffn.gated else ("wi", "wo")
+    return [(f"{prefix}.{mlp}.{n}.weight", getattr(ffn, n), "T") for n in names]
+
+
+def _weight_map(model, weights=None, style="DenseReluDense"):
+    """(hf_name, keras variable, how) triples; how in {"T", "id", "experts"}."""
+    out = [("shared.weight", model.token_embedding.embeddings, "id")]
+    if model.lm_head is not None:
+        out.append(("lm_head.weight", model.lm_head.kernel, "T"))
+    for side, layers, bias, norm in (
+            ("encoder", model.encoder_layers, model.encoder_position_bias, model.encoder_norm),
+            ("decoder", model.decoder_layers, model.decoder_position_bias, model.decoder_norm)):
+        out.append((f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                    bias.embeddings, "id"))
+        out.append((f"{side}.final_layer_norm.weight", norm.scale, "id"))
+        for i, block in enumerate(layers):
+            p = f"{side}.block.{i}.layer"
+            if side == "encoder":
+                out.append((f"{p}.0.layer_norm.weight", block.attention_norm.scale, "id"))
+                out += _attention(f"{p}.0.SelfAttention", block.attention)
+                out.append((f"{p}.1.layer_norm.weight", block.ffn_norm.scale, "id"))
+                out += _ffn(f"{p}.1", block, weights, style)
+            else:
+                out.append((f"{p}.0.layer_norm.weight", block.self_attention_norm.scale, "id"))
+                out += _attention(f"{p}.0.SelfAttention", block.self_attention)
+                out.append((f"{p}.1.layer_norm.weight", block.cross_attention_norm.scale, "id"))
+                out += _attention(f"{p}.1.EncDecAttention", block.cross_attention)
+                out.append((f"{p}.2.layer_norm.weight", block.ffn_norm.scale, "id"))
+                out += _ffn(f"{p}.2", block, weights, style)
+    return out
+
+
+def from_hf(path, capacity="hf", dtype=None, **overrides):
+    """Builds a keras_moe model from a HF T5 (v1.1) or SwitchTransformers folder.
+
+    Args:
+        path: folder with `config.json` and `*.safetensors`.
+        capacity: "hf" to reproduce HF's fixed `expert_capacity`, or "factor"
+            to use capacity factors (see module docstring).
+        dtype: Keras dtype policy for the model (default: the global policy).
+        **overrides: `T5Config` fields to change (e.g. `dropout_rate=0.0`).
+
+    Returns:
+        an `EncoderDecoder`; `model(features)` returns the logits.
+
+    Example:
+    >>> model = from_hf("/ckpt/switch-base-8")
+    >>> model.generate(tokens, max_length=16)
+    """
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    weights = load_hf_weights(path)
+    has_lm_head = "lm_head.weight" in weights and not np.array_equal(
+        weights["lm_head.weight"], weights.get("shared.weight"))
+    config = config_from_hf(cfg, has_lm_head=has_lm_head, capacity=capacity, **overrides)
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    model = EncoderDecoder(config, **kwargs)
+    if "shared.weight" not in weights and "encoder.embed_tokens.weight" in weights:
+        weights["shared.weight"] = weights["encoder.embed_tokens.weight"]
+    used = set()
+    for name, variable, how in _weight_map(model, weights):
+        if how == "experts":
+            keys = [name.format(e=e) for e in range(config.num_experts)]
+            missing = [k for k in keys if k not in weights]
+            if missing:
+                raise ValueError(f"checkpoint is missing {missing[:3]}...")
+            value = np.stack([weights[k].T for k in keys])
+            used.update(keys)
+        else:
+            if name not in weights:
+                raise ValueError(f"checkpoint is missing weight {name!r}.")
+            value = weights[name].T if how == "T" else weights[name]
+            used.add(name)
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"{name}: shape {value.shape} does not fit {tuple(variable.shape)}.")
+        variable.assign(value.astype(variable.dtype))
+    ignorable = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+    unused = sorted(k for k in weights if k not in used and k not in ignorable
+                    and "EncDecAttention.relative_attention_bias" not in k)
+    if unused:
+        raise ValueError(f"checkpoint weights not used by the model: {unused[:5]}...")
+    return model
+
+
+def _hf_step_for(layers, num_layers):
+    layers = tuple(layers)
+    for step in range(0, num_layers + 1):
+        if hf_sparse_layers(num_layers, step) == layers:
+            return step
+    raise ValueError(
+        f"sparse layers {layers} cannot be expressed with HF's `sparse_step` rule "
+        "(`i % step == 1 or step == 1`); HF cannot load this placement.")
+
+
+def config_to_hf(config, expert_capacity=None):
+    """HF `config.json` dict for a `T5Config` (inverse of `config_from_hf`)."""
+    act = config.activation
+    out = dict(
+        vocab_size=config.vocab_size, d_model=config.d_model, d_kv=config.head_dim,
+        d_ff=config.d_ff, num_layers=config.num_encoder_layers,
+        num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
+        relative_attention_num_buckets=config.relative_attention_num_buckets,
+        relative_attention_max_distance=config.relative_attention_max_distance,
+        dropout_rate=config.dropout_rate, layer_norm_epsilon=config.layer_norm_epsilon,
+        pad_token_id=config.pad_id, eos_token_id=config.eos_id,
+        decoder_start_token_id=config.decoder_start_id, is_encoder_decoder=True,
+    )
+    enc = config.resolved_encoder_sparse_layers()
+    dec = config.resolved_decoder_sparse_layers()
+    if not enc and not dec:
+        if config.tie_word_embeddings is False:
+            raise ValueError(
+                "HF transformers >= 5 always ties T5's lm_head to the input embedding; "
+                "an untied model cannot be exported as model_type 't5'.")
+        out.update(model_type="t5", architectures=["T5ForConditionalGeneration"],
+                   feed_forward_proj="gated-gelu" if act == "gated-gelu" else act,
+                   tie_word_embeddings=True,
+                   scale_decoder_outputs=config.scales_decoder_outputs)
+        return out
+    if config.moe_type != "switch" or act.startswith("gated-"):
+        raise ValueError("only Switch models with ungated experts can be exported to HF.")
+    if config.tie_word_embeddings != config.scales_decoder_outputs:
+        raise ValueError("HF SwitchTransformers scales the output iff embeddings are tied.")
+    if config.expert_d_ff not in (None, config.d_ff):
+        raise ValueError("HF SwitchTransformers needs `expert_d_ff == d_ff`.")
+    enc_step = _hf_step_for(enc, config.num_encoder_layers)
+    dec_step = _hf_step_for(dec, config.num_decoder_layers)
+    if expert_capacity is None:
+        expert_capacity = config.min_expert_capacity
+    out.update(
+        model_type="switch_transformers",
+        architectures=["SwitchTransformersForConditionalGeneration"],
+        dense_act_fn={"gelu": "gelu_new"}.get(act, act), num_experts=config.num_experts,
+        expert_capacity=int(expert_capacity), encoder_sparse_step=enc_step,
+        decoder_sparse_step=dec_step,
+        num_sparse_encoder_layers=len(enc), num_sparse_decoder_layers=len(dec),
+        router_bias=config.router_bias, router_jitter_noise=config.jitter_noise,
+        router_aux_loss_coef=config.aux_loss_factor, router_z_loss_coef=config.z_loss_factor,
+        router_dtype="float32", tie_word_embeddings=config.tie_word_embeddings,
+    )
+    return out
+
+
+def to_hf(model, path, expert_capacity=None):
+    """Writes `config.json` and `model.safetensors` that HF transformers can load.
+
+    Args:
+        model: an `EncoderDecoder`.
+        path: output folder (created).
+        expert_capacity: HF's fixed capacity for Switch models; default
+            `config.min_expert_capacity` (exact for models from `from_hf`).
+
+    Example:
+    >>> to_hf(model, "/tmp/export")
+    """
+    from safetensors.numpy import save_file
+
+    cfg = config_to_hf(model.config, expert_capacity)
+    style = "mlp" if cfg["model_type"] == "switch_transformers" else "DenseReluDense"
+    tensors = {}
+    for name, variable, how in _weight_map(model, None, style):
+        value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable,
+                           np.float32)
+        if how == "experts":
+            for e in range(model.config.num_experts):
+                tensors[name.format(e=e)] = np.ascontiguousarray(value[e].T)
+        else:
+            tensors[name] = np.ascontiguousarray(value.T if how == "T" else value)
+    os.makedirs(path, exist_ok=True)
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+del math
