@@ -18,10 +18,21 @@ build_model = gin.external_configurable(builder.build_model, name="build_model",
 
 
 def add_search_paths():
+    """Adds the gin folders to gin's include search path (idempotent).
+
+    They go before gin's default '' (current directory) prefix when possible,
+    so gin does not log a "Path not found" error for every include.
+    """
     import os
 
-    for folder in builder.gin_dirs():
-        if os.path.isdir(folder) and folder not in gin.config._LOCATION_PREFIXES:
+    prefixes = getattr(gin.config, "_LOCATION_PREFIXES", None)
+    for folder in reversed(builder.gin_dirs()):
+        if not os.path.isdir(folder):
+            continue
+        if isinstance(prefixes, list):
+            if folder not in prefixes:
+                prefixes.insert(0, folder)
+        else:  # pragma: no cover - future gin versions
             gin.add_config_file_search_path(folder)
 
 
