@@ -1,0 +1,117 @@
+import gin
+import pytest
+
+from keras_moe.models import T5Config, count_params, hf_sparse_layers, sparse_layers_from_step
+from keras_moe.models import EncoderDecoder
+from keras_moe.moe import MoeLayer
+from keras_moe.models.layers import DenseFeedForward
+from tests.models.helpers import tiny_config, tiny_switch_config
+
+
+@pytest.mark.parametrize("step,expected", [
+    (0, ()), (1, (0, 1, 2, 3, 4, 5)), (2, (1, 3, 5)), (3, (2, 5)), (6, (5,)), (7, ()),
+])
+def test_sparse_step_rule(step, expected):
+    assert sparse_layers_from_step(6, step) == expected
+
+
+def test_hf_rule_differs_for_step_three_and_none():
+    assert hf_sparse_layers(6, 2) == sparse_layers_from_step(6, 2)
+    assert hf_sparse_layers(6, 1) == sparse_layers_from_step(6, 1)
+    assert hf_sparse_layers(6, 3) == (1, 4)
+    assert hf_sparse_layers(6, 6) == (1,)  # HF's "zero sparse layers" quirk
+
+
+def _sparse_flags(model):
+    enc = [isinstance(b.ffn, MoeLayer) for b in model.encoder_layers]
+    dec = [isinstance(b.ffn, MoeLayer) for b in model.decoder_layers]
+    return enc, dec
+
+
+@pytest.mark.parametrize("kwargs,enc,dec", [
+    (dict(encoder_sparse_step=1, decoder_sparse_step=1), [1, 1, 1], [1, 1]),
+    (dict(encoder_sparse_step=2, decoder_sparse_step=2), [0, 1, 0], [0, 1]),
+    (dict(encoder_sparse_step=2, decoder_sparse_step=0), [0, 1, 0], [0, 0]),
+    (dict(encoder_sparse_layers=[0, 2], decoder_sparse_layers=[0]), [1, 0, 1], [1, 0]),
+    (dict(encoder_sparse_step=1, encoder_sparse_layers=[2], decoder_sparse_step=1),
+     [0, 0, 1], [1, 1]),
+])
+def test_built_model_placement(kwargs, enc, dec):
+    model = EncoderDecoder(tiny_config(num_encoder_layers=3, moe_type="switch", num_experts=2,
+                                       **kwargs))
+    got_enc, got_dec = _sparse_flags(model)
+    assert got_enc == [bool(x) for x in enc]
+    assert got_dec == [bool(x) for x in dec]
+    for block in model.decoder_layers:
+        if isinstance(block.ffn, MoeLayer):
+            assert block.ffn.causal
+        else:
+            assert isinstance(block.ffn, DenseFeedForward)
+    for block in model.encoder_layers:
+        if isinstance(block.ffn, MoeLayer):
+            assert not block.ffn.causal
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(d_model=16, num_heads=3, d_kv=None), "num_heads"),
+    (dict(activation="swish"), "activation"),
+    (dict(expert_activation="tanh", moe_type="switch", num_experts=2, encoder_sparse_step=1),
+     "expert_activation"),
+    (dict(moe_type="switch", num_experts=2, encoder_sparse_layers=[2]), "encoder_sparse_layers"),
+    (dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[-1]), "decoder_sparse_layers"),
+    (dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[1, 1]),
+     "decoder_sparse_layers"),
+    (dict(moe_type="top3", num_experts=2, encoder_sparse_step=1), "moe_type"),
+    (dict(encoder_sparse_step=2), "moe_type"),
+    (dict(moe_type="switch", num_experts=0, encoder_sparse_step=1), "num_experts"),
+    (dict(moe_type="gshard", num_experts=1, encoder_sparse_step=1), "num_experts"),
+    (dict(encoder_sparse_step=-1), "encoder_sparse_step"),
+    (dict(dropout_rate=1.0), "dropout_rate"),
+])
+def test_bad_configs_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        tiny_config(**kwargs)
+
+
+def test_d_kv_independent_of_heads():
+    config = tiny_config(d_model=16, num_heads=3, d_kv=5)
+    model = EncoderDecoder(config)
+    assert tuple(model.encoder_layers[0].attention.query.shape) == (16, 15)
+    assert tiny_config(d_model=16, num_heads=4, d_kv=None).head_dim == 4
+
+
+@pytest.mark.parametrize("config", [
+    tiny_config(),
+    tiny_config(tie_word_embeddings=True, activation="relu"),
+    tiny_switch_config(),
+    tiny_switch_config(moe_type="gshard", activation="gated-gelu", expert_d_ff=8,
+                       expert_activation="relu"),
+    tiny_switch_config(router_bias=True, tie_word_embeddings=True),
+], ids=["dense", "tied-relu", "switch", "gshard", "router-bias"])
+def test_analytic_count_matches_keras(config):
+    assert count_params(config) == EncoderDecoder(config).count_params()
+
+
+PUBLISHED = {  # name: (published parameter count, relative tolerance)
+    "t5_1_1_small": (77e6, 0.02),
+    "t5_1_1_base": (248e6, 0.01),
+    "t5_1_1_large": (783e6, 0.01),
+    "switch_base_128": (7.4e9, 0.02),
+    "switch_large_128": (26.3e9, 0.02),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_parameter_counts(name):
+    from keras_moe.models import gin_configurables
+
+    gin.clear_config()
+    try:
+        gin_configurables.parse_gin([name])
+        config = gin.query_parameter("build_model.config").scoped_configurable_fn()
+    finally:
+        gin.clear_config()
+    count = count_params(config)
+    published, tol = PUBLISHED[name]
+    print(f"{name}: {count:,} parameters (published ~{published:,.0f})")
+    assert abs(count - published) / published < tol
