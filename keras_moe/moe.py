@@ -119,8 +119,10 @@ class MoeLayer(keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        self.router.build((None, None, d_model))
-        self.experts.build((self.num_experts, None, None, d_model))
+        if not self.router.built:
+            self.router.build((None, None, d_model))
+        if not self.experts.built:
+            self.experts.build((self.num_experts, None, None, d_model))
         self.built = True
 
     def capacity(self, group_size, training):

@@ -110,6 +110,7 @@ class Router(keras.layers.Layer):
         self.use_bias = use_bias
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True  # logits keep the tokens' mask
 
     def build(self, input_shape):
         d_model = input_shape[-1]
