@@ -142,6 +142,8 @@ def strip_rest(text):
 _POD_SKIP = frozenset(["=over", "=back", "=cut", "=pod", "=encoding", "=for"])
 _POD_DOUBLE = re.compile(r"([A-Z])<{2,}\s+(.*?)\s+>{2,}", re.S)
 _POD_SINGLE = re.compile(r"([A-Z])<([^<>]*)>")
+# Last resort for codes whose text holds a lone "<" (e.g. "<-- HERE").
+_POD_LOOSE = re.compile(r"\b([BCEFILSXZ])<([^>]*)>")
 
 
 def _pod_code(code, content):
@@ -169,7 +171,7 @@ def _pod_inline(text):
   while previous != text:
     previous = text
     text = _POD_SINGLE.sub(lambda m: _pod_code(m.group(1), m.group(2)), text)
-  return text
+  return _POD_LOOSE.sub(lambda m: _pod_code(m.group(1), m.group(2)), text)
 
 
 def strip_pod(text):
@@ -186,7 +188,7 @@ def strip_pod(text):
     'NAME\\n\\nUse print.'
   """
   paras, skip_until = [], None
-  for para in re.split(r"\n[ \t]*\n", text.expandtabs(8)):
+  for para in re.split(r"\n(?:[ \t]*\n)+", text.expandtabs(8)):
     if not para.strip():
       continue
     first = para.split(None, 1)[0] if para.strip() else ""
