@@ -59,7 +59,7 @@ _DEFAULT_VARIABLE_AXES = (
     # device routes its own tokens to all experts).
     (r".*router/kernel", {2: ("embed", None)}),
     # Relative position bias [num_buckets, heads].
-    (r".*relative_attention_bias(/embeddings)?", {2: (None, "heads")}),
+    (r".*(relative_attention_bias|position_bias)(/embeddings)?", {2: (None, "heads")}),
     # Token embeddings [vocab, d_model].
     (r"(.*/)?(token_embedding|shared_embedding|token_embeddings|embedding(_\d+)?)(/embeddings)?",
      {2: ("vocab", "embed")}),

@@ -278,17 +278,24 @@ def with_logical_constraint(x, logical_axes):
         distribution = keras.distribution.distribution()
         if distribution is None:
             return x
-        mesh, shape = distribution.device_mesh, tuple(x.shape)
-        layout = layouts.tensor_layout(logical_axes, mesh, _ACTIVE_RULES, shape)
-        if "expert" in logical_axes and layout.axes[tuple(logical_axes).index("expert")]:
-            # GShard's two steps: lay the expert buffer out like tokens first
-            # (expert dim replicated, group dim over every device), then
-            # reshard it to experts. Without the first step XLA may all-gather
-            # the tokens instead of exchanging them with an all-to-all.
-            token_axes = tuple(None if a == "expert" else a for a in logical_axes)
-            token_layout = layouts.tensor_layout(token_axes, mesh, _ACTIVE_RULES, shape)
-            x = keras.distribution.distribute_tensor(x, token_layout)
-        return keras.distribution.distribute_tensor(x, layout)
-    if backend == "tensorflow" and _TF_SPMD is not None:
-        return _tf_mesh_split(x, logical_axes)
-    return x
+        mesh = distribution.device_mesh
+
+        def constrain(t, axes):
+            layout = layouts.tensor_layout(axes, mesh, _ACTIVE_RULES, tuple(t.shape))
+            return keras.distribution.distribute_tensor(t, layout)
+
+        mesh_shape = dict(zip(mesh.axis_names, mesh.shape))
+    elif backend == "tensorflow" and _TF_SPMD is not None:
+        constrain = _tf_mesh_split
+        mesh_shape = dict(zip(_TF_SPMD[1], _TF_SPMD[0].shape))
+    else:
+        return x
+    logical_axes = tuple(logical_axes)
+    spec = layouts.logical_to_mesh_axes(logical_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape))
+    if "expert" in logical_axes and spec[logical_axes.index("expert")]:
+        # GShard's two steps: lay the expert buffer out like tokens first
+        # (expert dim replicated, group dim over every device), then reshard
+        # it to experts. Without the first step XLA may all-gather the
+        # tokens instead of exchanging them with an all-to-all.
+        x = constrain(x, tuple(None if a == "expert" else a for a in logical_axes))
+    return constrain(x, logical_axes)

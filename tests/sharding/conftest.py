@@ -1,0 +1,64 @@
+"""Runs the JAX and TensorFlow multi-device check scripts once per session.
+
+Both scripts need a fresh process (backend and device count are fixed when
+the framework initialises), so they run as subprocesses. They start together
+on first use and run in parallel; each test waits for the one it needs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = {
+    "jax": ("jax_checks.py", {"KERAS_BACKEND": "jax",
+                              "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+                              "JAX_PLATFORMS": "cpu"}),
+    "tf": ("tf_checks.py", {"KERAS_BACKEND": "tensorflow"}),
+}
+TIMEOUT_S = 420
+
+
+class _Run:
+    def __init__(self, script, extra_env):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, script)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._result = None
+
+    def result(self):
+        if self._result is None:
+            try:
+                stdout, stderr = self.proc.communicate(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                stdout, stderr = self.proc.communicate()
+            lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+            if self.proc.returncode != 0 or not lines:
+                pytest.fail(f"check script failed (rc={self.proc.returncode}):\n"
+                            f"{stdout[-3000:]}\n{stderr[-6000:]}")
+            self._result = json.loads(lines[-1][len("RESULT "):])
+        return self._result
+
+
+@pytest.fixture(scope="session")
+def _sharding_runs():
+    runs = {name: _Run(script, env) for name, (script, env) in SCRIPTS.items()}
+    yield runs
+    for run in runs.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def jax_result(_sharding_runs):
+    return _sharding_runs["jax"].result()
+
+
+@pytest.fixture(scope="session")
+def tf_result(_sharding_runs):
+    return _sharding_runs["tf"].result()
