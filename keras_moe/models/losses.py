@@ -41,7 +41,7 @@ class NegLogPerplexity(keras.metrics.Mean):
         return {"name": self.name, "dtype": self.dtype}
 
 
-def compile_defaults(learning_rate=1e-3, optimizer=None):
+def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile=False):
     """`model.compile(**compile_defaults())`: Adafactor, T5 loss, weighted metrics.
 
     Accuracy and negative log perplexity are weighted by the loss weights
@@ -50,6 +50,9 @@ def compile_defaults(learning_rate=1e-3, optimizer=None):
     Args:
         learning_rate: Adafactor learning rate (ignored if `optimizer` is given).
         optimizer: any Keras optimizer.
+        jit_compile: XLA for the train step. Off by default: on CPU, TF's XLA
+            compile of an MoE step is very slow (see STACK_FACTS); turn it on
+            for TPU.
 
     Example:
     >>> model.compile(**compile_defaults(learning_rate=1e-2))
@@ -59,6 +62,7 @@ def compile_defaults(learning_rate=1e-3, optimizer=None):
     return dict(
         optimizer=optimizer,
         loss=token_cross_entropy(),
+        jit_compile=jit_compile,
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
                           NegLogPerplexity()],
     )

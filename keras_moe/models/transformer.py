@@ -382,11 +382,12 @@ class EncoderDecoder(keras.Model):
                                  length_penalty=length_penalty, use_cache=use_cache,
                                  eos_id=eos_id)
 
-    def compile_defaults(self, learning_rate=1e-3, optimizer=None):
+    def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
         from keras_moe.models import losses
 
-        return losses.compile_defaults(learning_rate=learning_rate, optimizer=optimizer)
+        return losses.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
+                                       jit_compile=jit_compile)
 
     def _targets_from_x(self, x, y, sample_weight):
         if y is None and isinstance(x, dict) and "decoder_target_tokens" in x:

@@ -40,22 +40,30 @@ def test_loss_is_normalised_by_weight_sum(rng):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("as_dict", [False, True], ids=["tuple", "dict"])
-def test_fit_on_tf_data(as_dict):
+def test_fit_on_tf_data():
+    """fit on a dataset of whole seqio feature dicts; evaluate on (x, y, w) tuples."""
     keras.utils.set_random_seed(0)
-    model = build_model(tiny_switch_config(), compile=True, learning_rate=1e-2)
-    ds = tf.data.Dataset.from_tensor_slices(_features(np.random.default_rng(1), n=32))
-    if not as_dict:
-        ds = ds.map(seqio_to_keras)
-    ds = ds.batch(8)
-    history = model.fit(ds, epochs=4, verbose=0)
+    model = build_model(tiny_switch_config())
+    model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(1e-2)))
+    ds = tf.data.Dataset.from_tensor_slices(_features(np.random.default_rng(1), n=32)).batch(8)
+    history = model.fit(ds, epochs=3, verbose=0)
     logs = history.history
     for key in ("loss", "accuracy", "neg_log_perplexity"):
         assert key in logs, logs.keys()
     assert logs["loss"][-1] < logs["loss"][0]
     assert logs["neg_log_perplexity"][-1] > logs["neg_log_perplexity"][0]
-    result = model.evaluate(ds, verbose=0, return_dict=True)
-    assert np.isfinite(result["loss"])
+    as_dict = model.evaluate(ds, verbose=0, return_dict=True)
+    as_tuple = model.evaluate(ds.map(seqio_to_keras), verbose=0, return_dict=True)
+    for key in ("loss", "accuracy", "neg_log_perplexity"):
+        np.testing.assert_allclose(as_tuple[key], as_dict[key], rtol=1e-5)
+    # The logged loss is the weighted token loss plus the MoE losses.
+    batch = next(iter(ds.map(seqio_to_keras)))
+    logits = model(batch[0])
+    moe = float(sum(ops.convert_to_numpy(l) for l in model.losses))
+    ce = float(token_cross_entropy()(batch[1], logits, sample_weight=batch[2]))
+    one = model.evaluate(ds.map(seqio_to_keras).take(1), verbose=0, return_dict=True)
+    np.testing.assert_allclose(one["loss"], ce + moe, rtol=1e-4)
+    assert moe > 0
 
 
 def test_keras_round_trip(tmp_path):
@@ -115,22 +123,25 @@ def test_beam_scores_at_least_greedy(decode_model):
 
 def test_eos_stops_decoding():
     model = EncoderDecoder(tiny_config(vocab_size=24))
-    kernel = np.zeros((16, 24), "float32")
-    model.lm_head.kernel.assign(kernel)
-    model.decoder_norm.scale.assign(np.zeros(16, "float32"))
-    # All logits are 0 -> argmax is token 0; make EOS win instead.
-    model.lm_head.kernel.assign(kernel)
-    bias_model = model
+    assert model.generate(ENC, max_length=3).shape == (2, 3)
+    original = model.logits
+    step = {"n": 0}
 
-    orig = bias_model.logits
+    def eos_at_second_step(x):  # row 0 emits EOS at step 1, row 1 at step 2
+        out = original(x)
+        step["n"] += 1
+        boost = np.zeros((2, 24), "float32")
+        if step["n"] == 2:
+            boost[0, 1] = 1e4
+        if step["n"] == 3:
+            boost[1, 1] = 1e4
+        return out + ops.reshape(boost, (2,) + (1,) * (len(out.shape) - 2) + (24,))
 
-    def logits_with_eos(x):
-        out = orig(x)
-        return out + ops.one_hot(ops.full(ops.shape(out)[:-1], 1, "int32"), 24) * 5.0
-
-    bias_model.logits = logits_with_eos
-    tokens = bias_model.generate(ENC, max_length=5)
-    np.testing.assert_array_equal(tokens, [[1], [1]])
+    model.logits = eos_at_second_step
+    tokens = model.generate(ENC, max_length=6)
+    assert step["n"] == 3 and tokens.shape == (2, 3)  # stopped once both rows finished
+    assert tokens[0, 1] == 1 and tokens[0, 2] == 0  # padding after EOS
+    assert tokens[1, 2] == 1
 
 
 def test_generate_rejects_bad_arguments(decode_model):
