@@ -1,0 +1,57 @@
+"""Shared helpers for the benchmarks: timing, environment facts, result files."""
+
+import json
+import os
+import platform
+import statistics
+import time
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def environment():
+    """Facts that make a result interpretable later."""
+    import keras
+    import tensorflow as tf
+
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "keras": keras.__version__,
+        "backend": keras.backend.backend(),
+        "tensorflow": tf.__version__,
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def interleaved_medians(functions, repeats, warmup=2):
+    """Times each callable `repeats` times, interleaving them so that machine
+    noise hits all of them alike. Returns {name: {"median": s, "spread": s}}."""
+    for fn in functions.values():
+        for _ in range(warmup):
+            fn()
+    samples = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {
+        name: {
+            "median": statistics.median(values),
+            "spread": (max(values) - min(values)) / 2,
+            "samples": values,
+        }
+        for name, values in samples.items()
+    }
+
+
+def write_result(name, payload):
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    return path
