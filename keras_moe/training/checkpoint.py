@@ -1,0 +1,227 @@
+"""Atomic step checkpoints with retention, and the preemption backup.
+
+A checkpoint `ckpt-<step>` is two files in one folder:
+  * `ckpt-<step>.weights.h5`: `model.save_weights` (model and optimizer
+    variables, so the step counter `optimizer.iterations` comes back too);
+  * `ckpt-<step>.json`: metadata written last, which commits the checkpoint
+    (step, batches of the training stream consumed, time).
+Both are written to a temporary name in the same folder, flushed with fsync
+and renamed, so a crash at any moment leaves the previous checkpoint intact;
+a weights file without its json is ignored and cleaned up. A `checkpoint`
+index file (also written atomically) names the newest one.
+"""
+
+import glob
+import json
+import os
+import re
+import time
+
+import keras
+
+from keras_moe.training.errors import TrainingConfigError
+
+_NAME = re.compile(r"^ckpt-(\d+)\.json$")
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path):
+    with open(path, "rb+") as f:
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path, text):
+    """Writes `text` to `path` via a fsynced temporary file and a rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(folder)
+
+
+class CheckpointManager:
+    """Saves, lists, prunes and restores `ckpt-<step>` checkpoints in `directory`.
+
+    Args:
+        directory: checkpoint folder (created on first save).
+        keep: how many newest checkpoints to keep (>= 1).
+
+    Example:
+    >>> manager = CheckpointManager("/tmp/run/checkpoints", keep=3)
+    >>> manager.save(model, step=100, batches_consumed=100)
+    >>> manager.latest()["step"]
+    100
+    """
+
+    def __init__(self, directory, keep=3):
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise TrainingConfigError(f"`keep_checkpoints` must be an integer >= 1, got {keep!r}.")
+        self.directory = directory
+        self.keep = keep
+
+    def weights_path(self, step):
+        return os.path.join(self.directory, f"ckpt-{step:08d}.weights.h5")
+
+    def meta_path(self, step):
+        return os.path.join(self.directory, f"ckpt-{step:08d}.json")
+
+    def save(self, model, step, batches_consumed=None, extra=None):
+        """Writes checkpoint `step` atomically and prunes old ones; returns its metadata."""
+        os.makedirs(self.directory, exist_ok=True)
+        step = int(step)
+        final = self.weights_path(step)
+        tmp = os.path.join(self.directory, f".tmp-{os.getpid()}-ckpt-{step:08d}.weights.h5")
+        model.save_weights(tmp, overwrite=True)
+        _fsync_file(tmp)
+        os.replace(tmp, final)
+        meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
+                                                      else batches_consumed),
+                "weights": os.path.basename(final), "time": time.time()}
+        if extra:
+            meta.update(extra)
+        atomic_write_text(self.meta_path(step), json.dumps(meta, indent=1, sort_keys=True))
+        atomic_write_text(os.path.join(self.directory, "checkpoint"),
+                          json.dumps({"latest": os.path.basename(self.meta_path(step))}))
+        self._prune()
+        return meta
+
+    def all(self):
+        """Committed checkpoints' metadata, oldest first (json present, weights present)."""
+        out = []
+        for path in glob.glob(os.path.join(self.directory, "ckpt-*.json")):
+            if not _NAME.match(os.path.basename(path)):
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    meta = json.load(f)
+            except (OSError, ValueError):
+                continue  # A torn json can only come from outside this class.
+            weights = os.path.join(self.directory, meta.get("weights", ""))
+            if not os.path.isfile(weights):
+                continue
+            meta["path"] = weights
+            out.append(meta)
+        return sorted(out, key=lambda m: m["step"])
+
+    def latest(self):
+        """Metadata (with "path") of the newest committed checkpoint, or None."""
+        found = self.all()
+        return found[-1] if found else None
+
+    def _prune(self):
+        committed = self.all()
+        for meta in committed[:-self.keep]:
+            for path in (meta["path"], self.meta_path(meta["step"])):
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+        keep = {os.path.basename(m["path"]) for m in committed[-self.keep:]}
+        # Orphans: weights whose json never got written (a crash between the two).
+        for path in glob.glob(os.path.join(self.directory, "ckpt-*.weights.h5")):
+            if os.path.basename(path) not in keep:
+                stem = os.path.basename(path)[:-len(".weights.h5")]
+                if not os.path.exists(os.path.join(self.directory, stem + ".json")):
+                    os.remove(path)
+        for path in glob.glob(os.path.join(self.directory, ".tmp-*")):
+            try:
+                if time.time() - os.path.getmtime(path) > 60:
+                    os.remove(path)
+            except OSError:
+                pass
+
+
+def restore(model, meta):
+    """Loads a checkpoint (model + optimizer variables) into a built, compiled model.
+
+    Raises `TrainingConfigError` naming the checkpoint when it does not fit the model.
+    """
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    try:
+        model.load_weights(meta["path"])
+    except (ValueError, KeyError, OSError) as e:
+        raise TrainingConfigError(
+            f"checkpoint {meta['path']} does not match this model/optimizer ({e}). "
+            "Use a fresh --model_dir, or the gin config the checkpoint was trained with "
+            "(its operative_config.gin).") from None
+
+
+class StepCheckpoint(keras.callbacks.Callback):
+    """Saves a checkpoint every `every` optimizer steps (and at the end of training).
+
+    Args:
+        manager: a `CheckpointManager`.
+        every: steps between checkpoints (>= 1).
+        enabled: False on non-chief workers (they save nothing).
+    """
+
+    def __init__(self, manager, every, enabled=True, log=None):
+        super().__init__()
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise TrainingConfigError(f"`checkpoint_every` must be an integer >= 1, got {every!r}.")
+        self.manager = manager
+        self.every = every
+        self.enabled = enabled
+        self.last_saved = None
+        self.log = log or (lambda m: print(f"[keras_moe] {m}", flush=True))
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _save(self, step):
+        if self.enabled and step != self.last_saved:
+            self.manager.save(self.model, step)
+            self.last_saved = step
+            self.log(f"saved checkpoint {self.manager.weights_path(step)}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        if step % self.every == 0:
+            self._save(step)
+
+    def on_train_end(self, logs=None):
+        self._save(self._step())
+
+
+class PreemptionBackup(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` whose backups are atomic step checkpoints.
+
+    Saving follows BackupAndRestore (`save_freq` batches or "epoch"; the backup
+    is deleted when `fit` finishes). Restoring is done by the trainer before
+    `fit`, from the newest of the backup and the step checkpoints, together
+    with the data position; so `on_train_begin` here does not load anything.
+    """
+
+    def __init__(self, backup_dir, save_freq="epoch", enabled=True):
+        super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=True)
+        self.manager = CheckpointManager(backup_dir, keep=1)
+        self.enabled = enabled
+
+    def on_train_begin(self, logs=None):
+        pass
+
+    def _save_model(self):
+        if self.enabled:
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            self.manager.save(self.model, step)
+
+    def on_train_end(self, logs=None):
+        if self.enabled:
+            super().on_train_end(logs)

@@ -1,0 +1,68 @@
+"""`keras-moe-train`: gin-configured training with `model.fit` (TensorFlow backend).
+
+Example:
+  keras-moe-train --gin_file=tiny_local.gin --model_dir=/tmp/keras_moe_tiny
+  keras-moe-train --gin_file=pretrain_c4.gin --gin_bindings='STRATEGY = "tpu"' \\
+      --gin_bindings='TPU_NAME = "local"' --model_dir=/mnt/runs/c4
+"""
+
+import argparse
+import os
+import sys
+
+
+def set_tf_environment():
+    """Environment for a TF-backend run, set before seqio imports jax.
+
+    JAX (pulled in by seqio) must not claim the TPU or GPU of a TF job, so
+    `JAX_PLATFORMS=cpu` (also applied to an already imported jax).
+    """
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if os.environ["KERAS_BACKEND"] == "tensorflow":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        jax = sys.modules.get("jax")
+        if jax is not None:
+            try:
+                jax.config.update("jax_platforms", "cpu")
+            except Exception:  # noqa: BLE001 - backends already initialised
+                pass
+
+
+def build_parser(prog="keras-moe-train"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="gin file (path or name in gin/runs, gin/models); repeatable")
+    parser.add_argument("--gin_bindings", action="append", default=[],
+                        help="gin binding, e.g. 'BATCH_SIZE = 32'; repeatable")
+    parser.add_argument("--model_dir", required=True, help="output folder (resumes if it holds "
+                        "checkpoints)")
+    return parser
+
+
+def main(argv=None):
+    set_tf_environment()
+    args = build_parser().parse_args(argv)
+    from keras_moe.training.errors import TrainingConfigError
+
+    if not args.gin_file:
+        args.gin_file = ["tiny_local.gin"]
+    try:
+        from keras_moe.training import config
+        from keras_moe.training import gin_configurables
+        from keras_moe.training import trainer
+
+        config.parse_gin(args.gin_file, args.gin_bindings)
+        trainer.prepare_model_dir(args.model_dir)
+        summary = gin_configurables.train(args.model_dir,
+                                          write_config=config.write_operative_config)
+    except TrainingConfigError as e:
+        print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(trainer.format_summary(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

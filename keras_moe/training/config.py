@@ -1,0 +1,101 @@
+"""gin files by name, binding checks, and the operative config in the model dir."""
+
+import os
+
+from keras_moe.training.errors import TrainingConfigError
+
+
+def gin_search_dirs():
+    """Folders searched for gin files, in order.
+
+    `<package>/gin_files/` and `<repo>/gin/` (with their `runs/` and `models/`
+    sub-folders), after the current directory.
+    """
+    from keras_moe.models import gin_dirs
+
+    out = []
+    for folder in gin_dirs():
+        for sub in ("", "runs", "models"):
+            path = os.path.join(folder, sub) if sub else folder
+            if os.path.isdir(path) and path not in out:
+                out.append(path)
+    return out
+
+
+def resolve_gin_file(name):
+    """Path of a gin file given as a path or a name ("tiny_local.gin", "runs/tiny_local").
+
+    Example:
+    >>> resolve_gin_file("tiny_local.gin")  # .../gin/runs/tiny_local.gin
+    """
+    if os.path.isfile(name):
+        return os.path.abspath(name)
+    candidate = name if name.endswith(".gin") else name + ".gin"
+    if os.path.isfile(candidate):
+        return os.path.abspath(candidate)
+    for folder in gin_search_dirs():
+        path = os.path.join(folder, candidate)
+        if os.path.isfile(path):
+            return path
+    raise TrainingConfigError(
+        f"gin file {name!r} not found (looked in the current folder and {gin_search_dirs()}).")
+
+
+def _macros():
+    import gin
+
+    return {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}
+
+
+def _split_bindings(bindings):
+    out = []
+    for item in bindings or ():
+        for line in str(item).splitlines():
+            if line.strip() and not line.strip().startswith("#"):
+                out.append(line.strip())
+    return out
+
+
+def parse_gin(files, bindings=()):
+    """Parses gin files (names or paths) then bindings, with clear errors.
+
+    A binding of an undefined macro (`BATCH_SIZ = 4`, a typo gin would accept
+    silently) or of an unknown configurable/parameter raises
+    `TrainingConfigError` naming it and listing the known macros.
+    """
+    import gin
+
+    import keras_moe.training.gin_configurables  # noqa: F401
+    from keras_moe.models import gin_configurables as model_gin
+
+    model_gin.add_search_paths()  # includes are relative to the gin/ folders
+    paths = [resolve_gin_file(f) for f in files or ()]
+    try:
+        for path in paths:
+            gin.parse_config_file(path)
+    except (ValueError, IOError, SyntaxError) as e:
+        raise TrainingConfigError(f"bad gin file: {e}") from None
+    known = _macros()
+    for binding in _split_bindings(bindings):
+        lhs = binding.split("=", 1)[0].strip()
+        if "=" not in binding:
+            raise TrainingConfigError(f"gin binding {binding!r} is not of the form NAME = VALUE.")
+        if "." not in lhs and "/" not in lhs and lhs not in known:
+            raise TrainingConfigError(
+                f"gin binding {binding!r}: macro {lhs!r} is not defined by the gin files "
+                f"{files}; known macros: {sorted(known)}.")
+        try:
+            gin.parse_config(binding)
+        except (ValueError, SyntaxError) as e:
+            raise TrainingConfigError(f"gin binding {binding!r}: {e}") from None
+
+
+def write_operative_config(model_dir):
+    """Writes `gin.operative_config_str()` to `model_dir/operative_config.gin` atomically."""
+    import gin
+
+    from keras_moe.training.checkpoint import atomic_write_text
+
+    path = os.path.join(model_dir, "operative_config.gin")
+    atomic_write_text(path, gin.operative_config_str())
+    return path

@@ -1,0 +1,86 @@
+"""seqio task/mixture -> a repeated `tf.data` stream of Keras `(x, y, sample_weight)`."""
+
+from keras_moe.training.errors import TrainingConfigError
+
+
+class EmptyDatasetError(TrainingConfigError):
+    """The requested task/split produced no batch."""
+
+
+def check_feature_lengths(feature_lengths):
+    if not isinstance(feature_lengths, dict) or set(feature_lengths) != {"inputs", "targets"}:
+        raise TrainingConfigError(
+            'TASK_FEATURE_LENGTHS must be a dict {"inputs": int, "targets": int}, '
+            f"got {feature_lengths!r}.")
+    for key, value in feature_lengths.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TrainingConfigError(
+                f"TASK_FEATURE_LENGTHS[{key!r}] must be a positive integer, got {value!r}.")
+
+
+def get_task(name):
+    """The seqio task or mixture `name` (after `import tasks`); clear error if unknown."""
+    import tasks  # noqa: F401  (registers the tasks)
+    from tasks import pipeline
+
+    if not isinstance(name, str) or not name:
+        raise TrainingConfigError(f"MIXTURE_OR_TASK_NAME must be a non-empty string, got {name!r}.")
+    try:
+        return pipeline.get_task_or_mixture(name)
+    except ValueError as e:
+        raise TrainingConfigError(f"unknown task or mixture: {e}") from None
+
+
+def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, shuffle=True,
+                 seed=0, repeat=True, skip_batches=0, shard_info=None):
+    """Batched Keras inputs of a seqio task: `(inputs_dict, targets, loss_weights)`.
+
+    The stream is deterministic given `seed` (seqio seeds its shuffles and
+    random preprocessors), so `skip_batches` reproduces the data position of
+    a resumed run exactly.
+
+    Args:
+        task: registered task or mixture name.
+        feature_lengths: {"inputs": int, "targets": int}.
+        split: dataset split.
+        batch_size: global batch size.
+        pack: seqio packing.
+        shuffle: shuffle (seeded).
+        seed: seed of shuffles and preprocessors.
+        repeat: repeat forever (training) or one pass (eval).
+        skip_batches: batches to skip at the start (resume).
+        shard_info: optional `seqio.ShardInfo` (multi-host input).
+
+    Returns:
+        a `tf.data.Dataset`.
+    """
+    import tensorflow as tf
+
+    import tasks
+    from keras_moe.models import seqio_to_keras
+
+    check_feature_lengths(feature_lengths)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TrainingConfigError(f"BATCH_SIZE must be a positive integer, got {batch_size!r}.")
+    get_task(task)
+    try:
+        ds = tasks.get_dataset(task, dict(feature_lengths), split=split, batch_size=batch_size,
+                               shuffle=shuffle, seed=seed, pack=pack,
+                               num_epochs=None if repeat else 1, shard_info=shard_info)
+    except tasks.SourceMissingError as e:
+        raise TrainingConfigError(f"data of task {task!r} is missing: {e}") from None
+    except ValueError as e:
+        raise TrainingConfigError(f"cannot build dataset {task!r} split {split!r}: {e}") from None
+    ds = ds.map(seqio_to_keras, num_parallel_calls=tf.data.AUTOTUNE)
+    if skip_batches:
+        ds = ds.skip(int(skip_batches))
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def check_not_empty(ds, task, split):
+    """Raises `EmptyDatasetError` when `ds` yields no batch; returns the first batch."""
+    for batch in ds.take(1):
+        return batch
+    raise EmptyDatasetError(
+        f"task {task!r} split {split!r} produced no batch of the requested size "
+        "(empty split, or fewer examples than BATCH_SIZE).")

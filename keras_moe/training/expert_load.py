@@ -1,0 +1,94 @@
+"""Per-MoE-layer expert load: measured with a short eval pass, plotted with matplotlib."""
+
+import numpy as np
+
+
+def moe_layers(model):
+    """`{path: MoeLayer}` of every MoE layer of `model`, in model order."""
+    from keras_moe.moe import MoeLayer
+
+    out = {}
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, MoeLayer):
+            out[layer.path or layer.name] = layer
+    return out
+
+
+def measure_expert_load(model, batches):
+    """Mean expert load fraction `[E]` per MoE layer over `batches` (eval mode).
+
+    Each MoE layer is run with `return_metrics=True` for the pass (its call is
+    wrapped and restored afterwards), so the numbers are the layer's own
+    `expert_load` statistics.
+
+    Args:
+        model: a built `EncoderDecoder` (or any model with MoE layers).
+        batches: iterable of Keras `(x, y, sample_weight)` or `x` batches.
+
+    Returns:
+        `{layer path: np.ndarray [E]}` (each row sums to 1 when tokens were routed).
+    """
+    layers = moe_layers(model)
+    sums = {path: None for path in layers}
+    saved = {}
+    for path, layer in layers.items():
+        original = layer.call
+        saved[path] = layer.__dict__.get("call")
+
+        def call(inputs, mask=None, training=None, _layer=layer, _orig=original, _path=path):
+            _layer.return_metrics = True
+            try:
+                outputs, stats = _orig(inputs, mask=mask, training=training)
+            finally:
+                _layer.return_metrics = False
+            load = np.asarray(stats["expert_load"], np.float64)
+            sums[_path] = load if sums[_path] is None else sums[_path] + load
+            return outputs
+
+        layer.call = call
+    try:
+        for batch in batches:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            model(x, training=False)
+    finally:
+        for path, layer in layers.items():
+            if saved[path] is None:
+                layer.__dict__.pop("call", None)
+            else:
+                layer.__dict__["call"] = saved[path]
+    out = {}
+    for path, total in sums.items():
+        if total is not None:
+            out[path] = total / max(total.sum(), 1e-12)
+    return out
+
+
+def plot_expert_load(loads, path, title="Expert load per MoE layer"):
+    """Writes a bar chart per MoE layer (fraction of routed tokens per expert) to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    names = list(loads)
+    n = max(len(names), 1)
+    fig, axes = plt.subplots(n, 1, figsize=(7, 2.2 * n), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        load = np.asarray(loads[name])
+        experts = np.arange(len(load))
+        ax.bar(experts, load, color="tab:blue")
+        ax.axhline(1.0 / len(load), color="tab:red", linestyle="--", linewidth=1,
+                   label="uniform")
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("fraction")
+        ax.set_xticks(experts)
+        ax.set_ylim(0, max(float(load.max()) * 1.15, 2.0 / len(load)))
+    if not names:
+        axes[0, 0].text(0.5, 0.5, "no MoE layers", ha="center", va="center")
+    axes[-1, 0].set_xlabel("expert")
+    axes[0, 0].legend(loc="upper right", fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,71 @@
+"""`tf.distribute` strategy from one setting (gin `STRATEGY`, `TPU_NAME`).
+
+- "default": the default (no-op) strategy, one device.
+- "mirrored": `MirroredStrategy` over the local GPUs (or the given devices).
+- "multi_worker": `MultiWorkerMirroredStrategy`, cluster from `TF_CONFIG`.
+- "tpu": `TPUStrategy` on a Cloud TPU VM (`tpu_name` "local", a TPU name, or
+  None for the resolver's default).
+
+Keras' TF trainer runs `model.fit` under the strategy: the dataset's batch is
+the global batch, split across replicas; the training loss (including the MoE
+aux and z losses added with `add_loss`) is scaled by `1 / num_replicas` per
+replica and the gradients summed, so the update equals the single-device one
+when every replica has the same number of loss-weighted tokens.
+"""
+
+import json
+import os
+
+from keras_moe.training.errors import TrainingConfigError
+
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+
+
+def make_strategy(name="default", tpu_name=None, devices=None):
+    """Builds the strategy named `name`.
+
+    Args:
+        name: one of `STRATEGIES`.
+        tpu_name: for "tpu": "local" on a TPU VM, a TPU name, or None.
+        devices: for "mirrored": optional device list (e.g. ["/cpu:0", "/cpu:1"]).
+
+    Returns:
+        a `tf.distribute.Strategy`.
+    """
+    import tensorflow as tf
+
+    if name not in STRATEGIES:
+        raise TrainingConfigError(f"STRATEGY must be one of {STRATEGIES}, got {name!r}.")
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices=list(devices) if devices else None)
+    if name == "multi_worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise TrainingConfigError(
+                'STRATEGY="multi_worker" needs the TF_CONFIG environment variable '
+                '({"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}).')
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except ValueError as e:
+            raise TrainingConfigError(f"TF_CONFIG is not valid JSON: {e}") from None
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_name)
+    if tpu_name not in ("local",):
+        tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy):
+    """True on the worker that writes checkpoints, logs and plots."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or type(strategy).__name__.startswith("TPU"):
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    cluster = resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and "chief" not in cluster

@@ -1,0 +1,364 @@
+"""The training job: strategy, data, model, optimizer, `model.fit`, checkpoints, plot.
+
+`train(model_dir, ...)` is gin-configurable (see `gin_configurables`); every
+argument can be bound in a run file, e.g. `train.batch_size = %BATCH_SIZE`.
+"""
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training.errors import TrainingConfigError
+
+
+def _log(message):
+    print(f"[keras_moe] {message}", flush=True)
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TrainingConfigError(f"`train.{name}` must be an integer >= {minimum}, got {value!r}.")
+
+
+def prepare_model_dir(model_dir):
+    """Creates `model_dir` if needed and checks it is a writable folder."""
+    if not model_dir or not isinstance(model_dir, str):
+        raise TrainingConfigError(f"--model_dir must be a folder path, got {model_dir!r}.")
+    if model_dir.startswith("gs://"):
+        raise TrainingConfigError(
+            f"--model_dir {model_dir!r}: gs:// paths are not supported by the atomic "
+            "checkpoint writer; use a local or mounted (gcsfuse) folder.")
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise TrainingConfigError(f"--model_dir {model_dir!r} exists and is not a folder.")
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise TrainingConfigError(f"--model_dir {model_dir!r} is not writable: {e}") from None
+    return os.path.abspath(model_dir)
+
+
+def build_compiled_model(optimizer=None, jit_compile=False, steps_per_execution=1):
+    """`keras_moe.models.build_model()` (as bound in gin), compiled with the T5 loss."""
+    from keras_moe import models
+    from keras_moe.training.schedules import make_optimizer
+
+    try:
+        model = models.build_model()
+    except (TypeError, ValueError) as e:
+        raise TrainingConfigError(f"cannot build the model from the gin config: {e}") from None
+    if optimizer is None:
+        optimizer = make_optimizer()
+    kwargs = model.compile_defaults(optimizer=optimizer, jit_compile=jit_compile)
+    model.compile(steps_per_execution=steps_per_execution, **kwargs)
+    return model
+
+
+def load_init_checkpoint(model, path):
+    """Initialises the model weights (not the optimizer) from `path`.
+
+    `path` may be a `.weights.h5` file, a keras_moe model dir or checkpoint
+    folder (its newest checkpoint), or a Hugging Face T5/SwitchTransformers
+    folder (`config.json` + `*.safetensors`, via `keras_moe.convert.from_hf`).
+    """
+    from keras_moe import models
+
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        from keras_moe.convert import from_hf
+
+        source = from_hf(path)
+        kind = "Hugging Face checkpoint"
+    else:
+        weights = path
+        if os.path.isdir(path):
+            for folder in (os.path.join(path, "checkpoints"), path):
+                meta = ckpt_lib.CheckpointManager(folder).latest()
+                if meta:
+                    weights = meta["path"]
+                    break
+            else:
+                raise TrainingConfigError(f"init_checkpoint {path!r} holds no checkpoint.")
+        if not os.path.isfile(weights):
+            raise TrainingConfigError(f"init_checkpoint {path!r} does not exist.")
+        source = models.build_model()
+        try:
+            source.load_weights(weights)
+        except (ValueError, KeyError, OSError) as e:
+            raise TrainingConfigError(
+                f"init_checkpoint {weights} does not fit the configured model: {e}") from None
+        kind = "checkpoint"
+        path = weights
+    src, dst = source.weights, model.weights
+    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(src, dst)):
+        raise TrainingConfigError(
+            f"init_checkpoint {path!r} ({kind}) has a different architecture than the "
+            "configured model; bind the same model gin file.")
+    for a, b in zip(src, dst):
+        b.assign(a.value)
+    _log(f"initialised the model from {kind} {path}")
+
+
+def _has_tensorboard():
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fit_segments(start, total, steps_per_epoch):
+    """[(initial_epoch, epochs, steps_per_epoch, start_step)] covering steps start..total."""
+    calls = []
+    step = start
+    while step < total:
+        n = min(steps_per_epoch - step % steps_per_epoch, total - step)
+        epoch = step // steps_per_epoch
+        if calls and n == steps_per_epoch and calls[-1][2] == steps_per_epoch \
+                and calls[-1][1] == epoch:
+            first, _, spe, s0 = calls[-1]
+            calls[-1] = (first, epoch + 1, spe, s0)
+        else:
+            calls.append((epoch, epoch + 1, n, step))
+        step += n
+    return calls
+
+
+def train(model_dir, task="embedded_span_corruption",
+          feature_lengths=None, batch_size=16, train_steps=100, steps_per_epoch=None,
+          checkpoint_every=50, keep_checkpoints=3, backup_every=None, log_every=10,
+          pack=True, shuffle=True, seed=0, strategy="default", tpu_name=None,
+          mirrored_devices=None, optimizer=None, jit_compile=False, steps_per_execution=1,
+          init_checkpoint=None, eval_split="validation", summary_batches=4,
+          expert_load_every=0, tensorboard=True, verbose="auto", write_config=None):
+    """Trains the gin-configured model on a seqio task; returns a summary dict.
+
+    Args:
+        model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
+            expert_load.png, summary.json).
+        task: seqio task or mixture name (`MIXTURE_OR_TASK_NAME`).
+        feature_lengths: {"inputs": int, "targets": int} (`TASK_FEATURE_LENGTHS`).
+        batch_size: global batch size (`BATCH_SIZE`), split across replicas.
+        train_steps: total optimizer steps (`TRAIN_STEPS`).
+        steps_per_epoch: steps per Keras epoch (console/TensorBoard epoch
+            summaries); default `checkpoint_every`.
+        checkpoint_every: steps between checkpoints.
+        keep_checkpoints: newest checkpoints kept.
+        backup_every: steps between preemption backups (BackupAndRestore);
+            None: at every epoch end.
+        log_every: steps between log lines / TensorBoard scalars.
+        pack, shuffle, seed: seqio input options.
+        strategy: "default", "mirrored", "multi_worker" or "tpu" (`STRATEGY`).
+        tpu_name: TPU for "tpu" (`TPU_NAME`): "local" on a TPU VM, or a name.
+        mirrored_devices: devices for "mirrored" (default: all local GPUs/CPU).
+        optimizer: a Keras optimizer (gin: `@make_optimizer()`); default Adafactor + rsqrt.
+        jit_compile: XLA for the train step (keep off on CPU; Keras turns it
+            off under tf.distribute strategies anyway).
+        steps_per_execution: train steps per tf.function call (TPU: e.g. 100).
+        init_checkpoint: weights to start from when model_dir has no checkpoint
+            (see `load_init_checkpoint`).
+        eval_split: split for the start/end loss in the summary and the plot
+            (falls back to the training split if missing).
+        summary_batches: batches of that split for the summary loss and the
+            expert-load plot (0 = skip both).
+        expert_load_every: steps between expert-load TensorBoard scalars (0 = never).
+        tensorboard: add `keras.callbacks.TensorBoard`.
+        verbose: `fit` verbosity ("auto": progress bar on a terminal).
+        write_config: callable(model_dir) writing the operative gin config (the CLI's).
+
+    Returns:
+        dict with steps, losses, paths.
+    """
+    import tensorflow as tf
+
+    from keras_moe.training import callbacks as cb_lib
+    from keras_moe.training import data as data_lib
+    from keras_moe.training import expert_load as load_lib
+    from keras_moe.training import strategy as strategy_lib
+
+    t_start = time.time()
+    # Validate cheap arguments before anything touches TF or the model dir.
+    if feature_lengths is None:
+        feature_lengths = {"inputs": 128, "targets": 32}
+    data_lib.check_feature_lengths(feature_lengths)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("train_steps", train_steps, 1)
+    _check_int("checkpoint_every", checkpoint_every, 1)
+    _check_int("keep_checkpoints", keep_checkpoints, 1)
+    _check_int("log_every", log_every, 1)
+    _check_int("summary_batches", summary_batches, 0)
+    _check_int("steps_per_execution", steps_per_execution, 1)
+    steps_per_epoch = checkpoint_every if steps_per_epoch is None else steps_per_epoch
+    _check_int("steps_per_epoch", steps_per_epoch, 1)
+    if backup_every is not None:
+        _check_int("backup_every", backup_every, 1)
+    model_dir = prepare_model_dir(model_dir)
+
+    strat = strategy_lib.make_strategy(strategy, tpu_name=tpu_name, devices=mirrored_devices)
+    chief = strategy_lib.is_chief(strat)
+    replicas = strat.num_replicas_in_sync
+    if batch_size % replicas:
+        raise TrainingConfigError(
+            f"BATCH_SIZE={batch_size} is not divisible by the {replicas} replicas of "
+            f"STRATEGY={strategy!r}.")
+    _log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
+         f"global batch {batch_size} = {batch_size // replicas} per replica")
+    data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
+
+    with strat.scope():
+        model = build_compiled_model(optimizer, jit_compile, steps_per_execution)
+        model.optimizer.build(model.trainable_variables)
+
+    # Resume: the newest of the step checkpoints and the preemption backup.
+    manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), keep_checkpoints)
+    backup_dir = os.path.join(model_dir, "backup")
+    candidates = [m for m in (manager.latest(), ckpt_lib.CheckpointManager(backup_dir).latest())
+                  if m]
+    resumed = None
+    if candidates:
+        resumed = max(candidates, key=lambda m: m["step"])
+        ckpt_lib.restore(model, resumed)
+    elif init_checkpoint:
+        load_init_checkpoint(model, init_checkpoint)
+    start_step = int(model.optimizer.iterations.numpy())
+    if resumed is not None:
+        if start_step != resumed["step"]:
+            raise TrainingConfigError(
+                f"checkpoint {resumed['path']} restored step {start_step}, its metadata says "
+                f"{resumed['step']}; the checkpoint is inconsistent.")
+        _log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
+             f"(skipping {resumed['batches_consumed']} consumed batches)")
+    else:
+        _log("no checkpoint in model_dir: starting from step 0")
+    skip = resumed["batches_consumed"] if resumed else 0
+
+    def dataset(skip_batches):
+        return data_lib.make_dataset(task, feature_lengths, "train", batch_size, pack=pack,
+                                     shuffle=shuffle, seed=seed, repeat=True,
+                                     skip_batches=skip_batches)
+
+    data_lib.check_not_empty(dataset(0), task, "train")
+    summary_data = None
+    if summary_batches:
+        try:
+            summary_data = data_lib.make_dataset(task, feature_lengths, eval_split, batch_size,
+                                                 pack=pack, shuffle=False, seed=seed,
+                                                 repeat=False).take(summary_batches)
+            data_lib.check_not_empty(summary_data, task, eval_split)
+            summary_split = eval_split
+        except TrainingConfigError:
+            summary_data = dataset(0).take(summary_batches)
+            summary_split = "train"
+        summary_data = summary_data.cache()
+
+    # Everything validated: now the model dir gets written.
+    if chief and write_config is not None:
+        write_config(model_dir)
+    log_root = os.path.join(model_dir, "logs") if chief else tempfile.mkdtemp(prefix="kmoe-logs-")
+    tokens_per_step = batch_size * (feature_lengths["inputs"] + feature_lengths["targets"])
+    probe = None
+    if summary_data is not None and expert_load_every:
+        probe = next(iter(summary_data))
+    logger = cb_lib.TrainingLogger(os.path.join(log_root, "train"), tokens_per_step, log_every,
+                                   total_steps=train_steps, probe_batch=probe,
+                                   expert_load_every=expert_load_every, enabled=chief)
+    callbacks = [
+        logger,
+        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=_log),
+        ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
+    ]
+    if tensorboard and not _has_tensorboard():
+        _log("the tensorboard package is not installed: no TensorBoard logs "
+             "(pip install tensorboard)")
+        tensorboard = False
+        logger.log_dir = None
+    if tensorboard:
+        import keras
+
+        callbacks.append(keras.callbacks.TensorBoard(log_root, update_freq=log_every,
+                                                     write_graph=False))
+
+    def eval_loss():
+        if summary_data is None:
+            return None
+        with warnings.catch_warnings():  # "ran out of data": the summary set is finite.
+            warnings.simplefilter("ignore")
+            out = model.evaluate(summary_data, verbose=0, return_dict=True)
+        return {k: float(v) for k, v in out.items()}
+
+    eval_start = eval_loss() if start_step == 0 else None
+    if verbose == "auto":
+        verbose = 1 if sys.stdout.isatty() else 2
+    t_train = time.time()
+    for initial_epoch, epochs, spe, first_step in _fit_segments(start_step, train_steps,
+                                                                 steps_per_epoch):
+        model.fit(dataset(skip + first_step - start_step), initial_epoch=initial_epoch,
+                  epochs=epochs, steps_per_epoch=spe, callbacks=callbacks, verbose=verbose)
+    train_seconds = time.time() - t_train
+    end_step = int(model.optimizer.iterations.numpy())
+    eval_end = eval_loss()
+
+    plot_path = None
+    if chief and summary_data is not None:
+        loads = load_lib.measure_expert_load(model, summary_data)
+        if loads:
+            plot_path = os.path.join(model_dir, "expert_load.png")
+            load_lib.plot_expert_load(loads, plot_path,
+                                      title=f"Expert load at step {end_step} ({summary_split})")
+            ckpt_lib.atomic_write_text(
+                os.path.join(model_dir, "expert_load.json"),
+                json.dumps({k: [float(x) for x in v] for k, v in loads.items()}, indent=1))
+
+    history = logger.history
+    latest = manager.latest()
+    summary = {
+        "task": task, "strategy": strategy, "replicas": replicas,
+        "start_step": start_step, "end_step": end_step,
+        "resumed_from": resumed["path"] if resumed else None,
+        "first_step_loss": history[0][1] if history and start_step == 0 else None,
+        "last_epoch_loss": history[-1][1] if history else None,
+        "eval_split": summary_split if summary_data is not None else None,
+        "eval_start": eval_start, "eval_end": eval_end,
+        "train_seconds": train_seconds, "wall_seconds": time.time() - t_start,
+        "checkpoint": latest["path"] if latest else None,
+        "tensorboard": log_root, "expert_load_plot": plot_path,
+        "operative_config": os.path.join(model_dir, "operative_config.gin"),
+        "history": history,
+    }
+    if chief:
+        ckpt_lib.atomic_write_text(os.path.join(model_dir, "summary.json"),
+                                   json.dumps(summary, indent=1))
+    return summary
+
+
+def format_summary(summary):
+    """Human-readable end-of-run summary."""
+    lines = ["", "=" * 72, "keras_moe training summary", "=" * 72]
+    lines.append(f"task            {summary['task']}  (strategy {summary['strategy']}, "
+                 f"{summary['replicas']} replica(s))")
+    resumed = f"  (resumed from {summary['resumed_from']})" if summary["resumed_from"] else ""
+    lines.append(f"steps           {summary['start_step']} -> {summary['end_step']}{resumed}")
+    if summary["first_step_loss"] is not None:
+        lines.append(f"train loss      first step {summary['first_step_loss']:.4f}, "
+                     f"last epoch mean {summary['last_epoch_loss']:.4f}")
+    elif summary["last_epoch_loss"] is not None:
+        lines.append(f"train loss      last epoch mean {summary['last_epoch_loss']:.4f}")
+    if summary["eval_end"]:
+        start = summary["eval_start"]
+        before = f"{start['loss']:.4f} -> " if start else ""
+        lines.append(f"{summary['eval_split']} loss{' ' * max(1, 6 - len(summary['eval_split']))}"
+                     f"{before}{summary['eval_end']['loss']:.4f} "
+                     f"(accuracy {summary['eval_end'].get('accuracy', math.nan):.3f})")
+    lines.append(f"time            {summary['train_seconds']:.0f} s training, "
+                 f"{summary['wall_seconds']:.0f} s in total")
+    lines.append(f"checkpoint      {summary['checkpoint']}")
+    lines.append(f"tensorboard     tensorboard --logdir {summary['tensorboard']}")
+    lines.append(f"expert load     {summary['expert_load_plot']}")
+    lines.append(f"gin config      {summary['operative_config']}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
