@@ -1,5 +1,7 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
+import threading
+
 import keras
 from keras import ops
 
@@ -117,6 +119,21 @@ class MoeLayer(keras.layers.Layer):
         if self.track_metrics and keras.backend.backend() == "tensorflow":
             self._trackers = metrics_lib.make_metric_trackers(self.name)
 
+    # Keras keeps a layer's `add_loss` results in one list per layer. Under
+    # MirroredStrategy every replica runs `call` in its own thread, and
+    # expert-parallel experts make replicas wait for each other in the middle
+    # of `call`, so one shared list would mix the replicas' losses. Each
+    # thread gets its own list instead (one thread: the usual behaviour).
+    @property
+    def _losses(self):
+        per_thread = self.__dict__.setdefault("_per_thread_losses", {})
+        return per_thread.setdefault(threading.get_ident(), [])
+
+    @_losses.setter
+    def _losses(self, value):
+        per_thread = self.__dict__.setdefault("_per_thread_losses", {})
+        per_thread[threading.get_ident()] = list(value)
+
     def build(self, input_shape):
         d_model = input_shape[-1]
         if not self.router.built:
@@ -167,15 +184,15 @@ class MoeLayer(keras.layers.Layer):
 
         logits = self.router(groups, training=training)
         routing = self.router.route(logits, group_mask, capacity, training=bool(training))
-        plan = self.dispatcher.plan(routing)
-        expert_inputs = self.dispatcher.dispatch(groups, plan)
-        expert_outputs = self.experts(expert_inputs, training=training)
-        outputs = self.dispatcher.combine(expert_outputs, plan)
-
         if self.aux_loss_factor:
             self.add_loss(self.aux_loss_factor * routing.aux_loss)
         if self.z_loss_factor:
             self.add_loss(self.z_loss_factor * routing.z_loss)
+
+        plan = self.dispatcher.plan(routing)
+        expert_inputs = self.dispatcher.dispatch(groups, plan)
+        expert_outputs = self.experts(expert_inputs, training=training)
+        outputs = self.dispatcher.combine(expert_outputs, plan)
 
         if self.group_size is not None:
             outputs = ops.reshape(outputs, (-1, inputs.shape[-1]))

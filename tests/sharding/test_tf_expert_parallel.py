@@ -34,3 +34,16 @@ def test_fit_matches_single_device(tf_result):
 
 def test_indivisible_experts_error(tf_result):
     assert "divisible by the number of replicas (8)" in (tf_result["indivisible_error"] or "")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_replica_sees_only_its_own_aux_losses(tf_result, case):
+    res = tf_result[case]
+    assert res["num_losses"] == res["ref_num_losses"] == 2
+    assert abs(res["loss"] - res["ref_loss"]) <= 1e-6 * max(1.0, abs(res["ref_loss"]))
+
+
+def test_fit_logs_the_single_device_loss(tf_result):
+    fit = tf_result["fit"]
+    for got, want in zip(fit["loss"], fit["ref_loss"]):
+        assert abs(got - want) <= 1e-5 * max(1.0, abs(want))
