@@ -29,6 +29,10 @@ How HF SwitchTransformers semantics map to ours (transformers 5.x):
 - Logits: tied checkpoints (no `lm_head.weight`) project with the shared
   embedding; the `d_model ** -0.5` scaling follows `scale_decoder_outputs`
   (T5, transformers >= 5) or `tie_word_embeddings` (older T5, Switch).
+- Embeddings: one input embedding shared by encoder and decoder. HF (5.x)
+  unties `encoder/decoder.embed_tokens` from `shared` when
+  `tie_word_embeddings=False`; such a checkpoint is refused with a ValueError
+  unless they are equal (as in the published checkpoints).
 - Activations: "relu", "gated-gelu" / "gelu_new" (tanh GELU), "gated-relu",
   "gated-silu" / "silu". HF's exact-erf "gelu" is not supported (ours is tanh).
 """
@@ -214,6 +218,7 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
     """
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
+    config_from_hf(cfg)  # fail early on an unsupported config
     weights = load_hf_weights(path)
     has_lm_head = "lm_head.weight" in weights and not np.array_equal(
         weights["lm_head.weight"], weights.get("shared.weight"))
@@ -222,6 +227,11 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
     model = EncoderDecoder(config, **kwargs)
     if "shared.weight" not in weights and "encoder.embed_tokens.weight" in weights:
         weights["shared.weight"] = weights["encoder.embed_tokens.weight"]
+    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if key in weights and not np.array_equal(weights[key], weights["shared.weight"]):
+            raise ValueError(
+                f"{key} differs from shared.weight: separate encoder/decoder input embeddings "
+                "are not supported (T5 and Switch checkpoints share one).")
     used = set()
     for name, variable, how in _weight_map(model, weights):
         if how == "experts":
