@@ -84,3 +84,17 @@ def check_not_empty(ds, task, split):
     raise EmptyDatasetError(
         f"task {task!r} split {split!r} produced no batch of the requested size "
         "(empty split, or fewer examples than BATCH_SIZE).")
+
+
+def finite(ds):
+    """`ds` (finite) cached, with its cardinality asserted.
+
+    Keras 3.15's `evaluate` on a finite dataset of unknown cardinality (what
+    seqio returns) runs one extra, empty step and averages a 0 into `loss`
+    (5 batches: loss x 5/6); a known cardinality avoids that.
+    """
+    import tensorflow as tf
+
+    ds = ds.cache()
+    count = sum(1 for _ in ds)
+    return ds.apply(tf.data.experimental.assert_cardinality(count))

@@ -254,7 +254,7 @@ def train(model_dir, task="embedded_span_corruption",
         except TrainingConfigError:
             summary_data = dataset(0).take(summary_batches)
             summary_split = "train"
-        summary_data = summary_data.cache()
+        summary_data = data_lib.finite(summary_data)
 
     # Everything validated: now the model dir gets written.
     if chief and write_config is not None:

@@ -1,0 +1,138 @@
+"""Evaluation of a trained checkpoint: loss / neg-log-perplexity, and BLEU for translation."""
+
+import json
+import os
+import warnings
+
+import numpy as np
+
+from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training.errors import TrainingConfigError
+
+
+def is_translation(task_name):
+    """True when the task (or any task of the mixture) has a BLEU metric."""
+    import seqio
+
+    task = seqio.get_mixture_or_task(task_name)
+    subtasks = getattr(task, "tasks", None) or [task]
+    for sub in subtasks:
+        for fn in getattr(sub, "metric_fns", ()) or ():
+            name = getattr(fn, "__name__", "") or getattr(getattr(fn, "func", None),
+                                                           "__name__", "")
+            if "bleu" in name.lower():
+                return True
+    return False
+
+
+def _strip(ids, eos_id=1):
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == eos_id:
+            break
+        if i != 0:
+            out.append(i)
+    return out
+
+
+def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_decode_length=None,
+                method="greedy", num_beams=4, batch_size=16):
+    """Greedy/beam decodes `num_examples` examples and scores them with sacrebleu.
+
+    Returns (score dict, list of (input, prediction, reference) strings).
+    """
+    import sacrebleu
+    import seqio
+
+    task = seqio.get_mixture_or_task(task_name)
+    ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,
+                          seed=0, use_cached=False)
+    vocab = task.output_features["targets"].vocabulary
+    in_vocab = task.output_features["inputs"].vocabulary
+    length = feature_lengths["inputs"]
+    max_len = max_decode_length or feature_lengths["targets"]
+    examples = list(ds.take(num_examples).as_numpy_iterator())
+    if not examples:
+        raise TrainingConfigError(f"task {task_name!r} split {split!r} has no examples to decode.")
+    preds, refs, inputs = [], [], []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        tokens = np.zeros((len(chunk), length), np.int32)
+        for row, ex in enumerate(chunk):
+            ids = ex["inputs"][:length]
+            tokens[row, :len(ids)] = ids
+        out = np.asarray(model.generate(tokens, max_length=max_len, method=method,
+                                        num_beams=num_beams))
+        for row, ex in enumerate(chunk):
+            preds.append(vocab.decode(_strip(out[row])))
+            ref = ex.get("targets_pretokenized")
+            refs.append(ref.decode("utf-8") if isinstance(ref, bytes) else
+                        vocab.decode(_strip(ex["targets"])))
+            inputs.append(in_vocab.decode(_strip(ex["inputs"])))
+    bleu = sacrebleu.corpus_bleu(preds, [refs])
+    return {"bleu": float(bleu.score), "decoded_examples": len(preds)}, list(
+        zip(inputs, preds, refs))
+
+
+def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, decode=None,
+             decode_examples=32, max_decode_length=None, method="greedy", num_beams=4,
+             task=None):
+    """Evaluates the newest (or the given) checkpoint of `model_dir`.
+
+    The model, task, feature lengths and batch size come from the parsed gin
+    config (normally `model_dir/operative_config.gin`).
+
+    Returns:
+        dict: loss, accuracy, neg_log_perplexity (token-weighted, padding
+        excluded) and, for translation tasks (or `decode=True`), bleu.
+    """
+    import gin
+
+    from keras_moe.training import data as data_lib
+    from keras_moe.training.trainer import build_compiled_model
+
+    bindings = gin.get_bindings("train")
+    task = task or bindings.get("task")
+    feature_lengths = bindings.get("feature_lengths")
+    batch_size = bindings.get("batch_size", 16)
+    if not task or not feature_lengths:
+        raise TrainingConfigError(
+            "the gin config does not bind train.task and train.feature_lengths; pass "
+            "--gin_file (e.g. the run's operative_config.gin).")
+    if checkpoint is None:
+        meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
+        if meta is None:
+            raise TrainingConfigError(f"no checkpoint in {model_dir}/checkpoints.")
+    else:
+        if not os.path.isfile(checkpoint):
+            raise TrainingConfigError(f"checkpoint {checkpoint!r} does not exist.")
+        meta = {"path": checkpoint, "step": None}
+    model = build_compiled_model(bindings.get("optimizer"))
+    ckpt_lib.restore(model, meta)
+    step = int(model.optimizer.iterations.numpy())
+    ds = data_lib.make_dataset(task, feature_lengths, split, batch_size,
+                               pack=bindings.get("pack", True), shuffle=False, seed=0,
+                               repeat=False).take(eval_batches)
+    data_lib.check_not_empty(ds, task, split)
+    ds = data_lib.finite(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = model.evaluate(ds, verbose=0, return_dict=True)
+    results = {k: float(v) for k, v in results.items()}
+    results.update(checkpoint=meta["path"], step=step, task=task, split=split)
+    if decode is None:
+        decode = is_translation(task)
+    if decode:
+        scores, samples = decode_bleu(model, task, feature_lengths, split, decode_examples,
+                                      max_decode_length, method, num_beams)
+        results.update(scores)
+        results["samples"] = [{"input": i, "prediction": p, "reference": r}
+                              for i, p, r in samples[:5]]
+    return results
+
+
+def write_results(model_dir, results):
+    path = os.path.join(model_dir, f"eval_{results['split']}_step{results['step']}.json")
+    ckpt_lib.atomic_write_text(path, json.dumps(results, indent=1))
+    return path

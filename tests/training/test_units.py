@@ -1,0 +1,141 @@
+"""Schedules, checkpoint files, fit segments, gin lookup and errors (no training)."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training import config
+from keras_moe.training import trainer
+from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
+
+
+def test_inverse_sqrt_schedule_matches_t5_formula():
+    schedule = InverseSqrtSchedule(scale=1.0, warmup_steps=10000)
+    for step in (0, 1, 5000, 10000, 40000, 1000000):
+        expected = 1.0 / math.sqrt(max(step, 10000))
+        assert float(schedule(step)) == pytest.approx(expected, rel=1e-6)
+        assert schedule.value(step) == pytest.approx(expected, rel=1e-12)
+    capped = InverseSqrtSchedule(2.0, 100, max_learning_rate=0.05)
+    assert float(capped(400)) == pytest.approx(0.05)
+    assert float(capped(6400)) == pytest.approx(2.0 / 80)
+    with pytest.raises(TrainingConfigError, match="warmup_steps"):
+        InverseSqrtSchedule(1.0, 0)
+
+
+def test_make_optimizer_kinds_and_errors():
+    assert type(make_optimizer()).__name__ == "Adafactor"
+    adam = make_optimizer("adam", learning_rate=1e-3, schedule="constant")
+    assert type(adam).__name__ == "Adam"
+    assert float(np.asarray(adam.learning_rate)) == pytest.approx(1e-3)
+    with pytest.raises(TrainingConfigError, match="make_optimizer.name"):
+        make_optimizer("rmsprop")
+    with pytest.raises(TrainingConfigError, match="learning_rate"):
+        make_optimizer("adam", learning_rate="fast")
+
+
+@pytest.mark.parametrize("start,total,spe,expected", [
+    (0, 30, 10, [(0, 3, 10, 0)]),
+    (15, 30, 10, [(1, 2, 5, 15), (2, 3, 10, 20)]),
+    (0, 25, 10, [(0, 2, 10, 0), (2, 3, 5, 20)]),
+    (30, 30, 10, []),
+])
+def test_fit_segments_cover_exactly_the_remaining_steps(start, total, spe, expected):
+    segments = trainer._fit_segments(start, total, spe)
+    assert segments == expected
+    steps = sum((epochs - initial) * n for initial, epochs, n, _ in segments)
+    assert steps == total - start
+
+
+class _FakeModel:
+    """save_weights/load_weights stand-in: writes a small file."""
+
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    def save_weights(self, path, overwrite=True):
+        if self.fail:
+            with open(path, "w") as f:
+                f.write("partial")
+            raise OSError("disk full")
+        with open(path, "w") as f:
+            f.write("weights")
+
+
+def test_checkpoint_retention_and_latest(tmp_path):
+    manager = ckpt_lib.CheckpointManager(str(tmp_path), keep=2)
+    for step in (10, 20, 30):
+        manager.save(_FakeModel(), step)
+    assert [m["step"] for m in manager.all()] == [20, 30]
+    assert manager.latest()["step"] == 30
+    assert sorted(os.listdir(tmp_path)) == [
+        "checkpoint", "ckpt-00000020.json", "ckpt-00000020.weights.h5",
+        "ckpt-00000030.json", "ckpt-00000030.weights.h5"]
+    assert json.load(open(tmp_path / "checkpoint"))["latest"] == "ckpt-00000030.json"
+
+
+def test_a_failed_save_keeps_the_last_good_checkpoint(tmp_path):
+    manager = ckpt_lib.CheckpointManager(str(tmp_path), keep=1)
+    manager.save(_FakeModel(), 10)
+    with pytest.raises(OSError):
+        manager.save(_FakeModel(fail=True), 20)
+    assert manager.latest()["step"] == 10
+    assert open(manager.latest()["path"]).read() == "weights"
+    # A crash between the weights and the json: weights without metadata are not a checkpoint.
+    open(manager.weights_path(30), "w").write("weights")
+    assert manager.latest()["step"] == 10
+    manager.save(_FakeModel(), 40)  # Cleans the orphan up.
+    assert not os.path.exists(manager.weights_path(30))
+    assert [m["step"] for m in manager.all()] == [40]
+
+
+def test_gin_files_resolve_by_name():
+    from tests.training.helpers import REPO
+
+    path = config.resolve_gin_file("tiny_local.gin")
+    assert os.path.realpath(path) == os.path.join(REPO, "gin", "runs", "tiny_local.gin")
+    assert config.resolve_gin_file("runs/tiny_local") == path
+    assert config.resolve_gin_file("switch_tiny").endswith("switch_tiny.gin")
+    with pytest.raises(TrainingConfigError, match="no_such_run.gin"):
+        config.resolve_gin_file("no_such_run.gin")
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("BATCH_SIZ = 4", "macro 'BATCH_SIZ' is not defined"),
+    ("train.no_such_arg = 4", "no_such_arg"),
+    ("no_such_configurable.x = 1", "no_such_configurable"),
+    ("BATCH_SIZE 4", "NAME = VALUE"),
+])
+def test_bad_gin_bindings_are_named(binding, message):
+    import gin
+
+    gin.clear_config()
+    with pytest.raises(TrainingConfigError, match=message):
+        config.parse_gin(["tiny_local.gin"], [binding])
+    gin.clear_config()
+
+
+def test_all_run_files_parse():
+    import gin
+
+    for name in ("tiny_local", "pretrain_c4", "pretrain_docs", "translate_bible_x2en",
+                 "finetune"):
+        gin.clear_config()
+        config.parse_gin([name + ".gin"])
+        bindings = gin.get_bindings("train")
+        assert bindings["task"] and bindings["batch_size"] > 0, name
+    gin.clear_config()
+
+
+def test_bad_model_dir(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(TrainingConfigError, match="not a folder"):
+        trainer.prepare_model_dir(str(a_file))
+    with pytest.raises(TrainingConfigError, match="gs://"):
+        trainer.prepare_model_dir("gs://bucket/run")
+    assert a_file.read_text() == "x"
