@@ -85,16 +85,23 @@ class FeedForwardExperts(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        shape = ops.shape(inputs)
-        d_model = inputs.shape[-1]
-        x = ops.reshape(inputs, (self.num_experts, -1, d_model))  # [E, G*C, d]
-        if self.gated:
-            hidden = self._act(ops.matmul(x, self.wi_0)) * ops.matmul(x, self.wi_1)
+        if keras.backend.backend() == "jax":
+            # Einsums on the 4-D buffer: with the group axis sharded, a reshape
+            # to [E, G*C, d] would force GSPMD to rematerialise the buffer.
+            x = inputs
+            project = lambda a, w: ops.einsum("egci,eio->egco", a, w)  # noqa: E731
         else:
-            hidden = self._act(ops.matmul(x, self.wi))
+            # TensorFlow: batched matmuls on [E, G*C, d] are faster than einsum,
+            # whose gradient adds transposes (measured 1.3-1.4x on CPU).
+            x = ops.reshape(inputs, (self.num_experts, -1, inputs.shape[-1]))
+            project = ops.matmul
+        if self.gated:
+            hidden = self._act(project(x, self.wi_0)) * project(x, self.wi_1)
+        else:
+            hidden = self._act(project(x, self.wi))
         hidden = self.dropout(hidden, training=training)
-        y = ops.matmul(hidden, self.wo)
-        return ops.reshape(y, shape)
+        y = project(hidden, self.wo)
+        return ops.reshape(y, ops.shape(inputs))
 
     def get_config(self):
         config = super().get_config()
