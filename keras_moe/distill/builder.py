@@ -1,0 +1,116 @@
+"""`build_distiller`: teacher from a checkpoint, dense student initialised from it, `Distiller`."""
+
+import os
+
+from keras_moe.distill.distiller import Distiller
+from keras_moe.distill.init_from_teacher import dense_student_config, init_student_from_teacher
+
+
+def _log(message):
+    print(f"[keras_moe.distill] {message}", flush=True)
+
+
+def resolve_checkpoint(path):
+    """`.weights.h5` file of `path`: the file itself, or the newest checkpoint of a
+    keras-moe-train model dir (`<dir>/checkpoints`) or checkpoint folder.
+
+    Example:
+    >>> resolve_checkpoint("/tmp/keras_moe_tiny")  # .../checkpoints/ckpt-00000300.weights.h5
+    """
+    from keras_moe.training.checkpoint import CheckpointManager
+
+    if os.path.isdir(path):
+        for folder in (os.path.join(path, "checkpoints"), path):
+            meta = CheckpointManager(folder).latest()
+            if meta:
+                return meta["path"]
+        raise ValueError(f"`teacher_checkpoint` {path!r} is a folder without a checkpoint "
+                         "(ckpt-*.json + ckpt-*.weights.h5, or checkpoints/ of a model dir).")
+    if not os.path.isfile(path):
+        raise ValueError(f"`teacher_checkpoint` {path!r} does not exist.")
+    return path
+
+
+def load_teacher(teacher_checkpoint, teacher_config=None):
+    """The teacher `EncoderDecoder` with trained weights.
+
+    Args:
+        teacher_checkpoint: a Hugging Face T5/SwitchTransformers folder
+            (`config.json` + safetensors; the architecture comes from it), or a
+            keras_moe `.weights.h5` / checkpoint folder / model dir (then
+            `teacher_config` gives the architecture it was trained with).
+        teacher_config: `T5Config` of a keras_moe checkpoint.
+
+    Example:
+    >>> teacher = load_teacher("/tmp/keras_moe_tiny", T5Config(...))
+    """
+    from keras_moe import models
+
+    if not isinstance(teacher_checkpoint, str) or not teacher_checkpoint:
+        raise ValueError(f"`teacher_checkpoint` must be a path, got {teacher_checkpoint!r}.")
+    if os.path.isdir(teacher_checkpoint) and \
+            os.path.isfile(os.path.join(teacher_checkpoint, "config.json")):
+        from keras_moe.convert import from_hf
+
+        _log(f"teacher: Hugging Face checkpoint {teacher_checkpoint}")
+        return from_hf(teacher_checkpoint)
+    if teacher_config is None:
+        raise ValueError("`teacher_config` is required with a keras_moe `teacher_checkpoint` "
+                         f"({teacher_checkpoint!r}): the architecture it was trained with.")
+    weights = resolve_checkpoint(teacher_checkpoint)
+    teacher = models.builder.build_model(teacher_config)
+    try:
+        teacher.load_weights(weights)
+    except (ValueError, KeyError, OSError) as e:
+        raise ValueError(f"`teacher_checkpoint` {weights} does not fit `teacher_config` "
+                         f"(bind the gin model file it was trained with): {e}") from None
+    _log(f"teacher: {weights}")
+    return teacher
+
+
+def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config=None,
+                    alpha=0.25, temperature=1.0, scale_soft_loss=True, init_student=True,
+                    expert_init="none", teacher=None, student_overrides=None):
+    """Builds a `Distiller` (gin-configurable as `build_distiller`).
+
+    Args:
+        teacher_checkpoint: trained teacher (see `load_teacher`).
+        teacher_config: the teacher's `T5Config` (gin: `@T5Config()`, i.e. the
+            architecture of the model gin file the teacher was trained with).
+        student_config: the student's `T5Config`; None: the teacher's with
+            every MoE layer dense (`dense_student_config`), updated with
+            `student_overrides`.
+        alpha: weight of the soft (teacher) term, in [0, 1] (paper: 0.25).
+        temperature: softmax temperature of the soft targets, > 0.
+        scale_soft_loss: multiply the soft term by `temperature ** 2`.
+        init_student: copy the teacher's non-expert weights into the student.
+        expert_init: "none" (paper), "mean" or "expert0" for the FFNs at
+            expert positions (see `init_student_from_teacher`).
+        teacher: an already built teacher (instead of `teacher_checkpoint`).
+        student_overrides: dict of `T5Config` fields changed in the derived student.
+
+    Returns:
+        a `Distiller` (not compiled).
+
+    Example:
+    >>> distiller = build_distiller("/tmp/keras_moe_tiny", teacher_config=config)
+    """
+    from keras_moe import models
+    from keras_moe.distill import losses as losses_lib
+
+    losses_lib.check_alpha(alpha)
+    losses_lib.check_temperature(temperature)
+    if teacher is None:
+        teacher = load_teacher(teacher_checkpoint, teacher_config)
+    if student_config is None:
+        student_config = dense_student_config(teacher.config, **(student_overrides or {}))
+    elif student_overrides:
+        raise ValueError("`student_overrides` applies only when `student_config` is None.")
+    student = models.builder.build_model(student_config)
+    if init_student:
+        report = init_student_from_teacher(student, teacher, expert_init=expert_init)
+        _log(f"student initialised from the teacher: {len(report['copied'])} variables copied, "
+             f"{len(report['from_experts'])} from experts ({expert_init}), "
+             f"{len(report['fresh'])} fresh")
+    return Distiller(teacher, student, alpha=alpha, temperature=temperature,
+                     scale_soft_loss=scale_soft_loss)

@@ -1,0 +1,115 @@
+"""Distillation mode of the training CLI: `python -m keras_moe.distill`.
+
+Runs `keras_moe.training`'s gin-configured `train` (same strategy, data,
+optimizer, atomic checkpoints with resume, preemption backup, TensorBoard,
+summary) with the gin-configured `build_distiller` as the model, then writes
+the trained student alone to `<model_dir>/student.weights.h5` (a plain dense
+`EncoderDecoder` checkpoint; its config is in `student_config.json`).
+
+Give the teacher's run file first, then `distill.gin`:
+
+  python -m keras_moe.distill --gin_file=tiny_local.gin --gin_file=distill.gin \\
+      --gin_bindings='TEACHER_CHECKPOINT = "/tmp/keras_moe_tiny"' \\
+      --model_dir=/tmp/keras_moe_distill
+"""
+
+import contextlib
+import inspect
+import json
+import os
+import sys
+
+from keras_moe.training.cli import build_parser, set_tf_environment
+
+
+def build_compiled_distiller(optimizer=None, jit_compile=False, steps_per_execution=1):
+    """The gin-configured `build_distiller()`, compiled like the training CLI's model."""
+    from keras_moe.distill import gin_configurables
+    from keras_moe.training.errors import TrainingConfigError
+    from keras_moe.training.schedules import make_optimizer
+
+    try:
+        model = gin_configurables.build_distiller()
+    except (TypeError, ValueError) as e:
+        raise TrainingConfigError(f"cannot build the distiller from the gin config: {e}") from None
+    if optimizer is None:
+        optimizer = make_optimizer()
+    model.compile(steps_per_execution=steps_per_execution,
+                  **model.compile_defaults(optimizer=optimizer, jit_compile=jit_compile))
+    return model
+
+
+@contextlib.contextmanager
+def distiller_as_model(built):
+    """Makes `keras_moe.training.trainer.train` build the distiller; appends it to `built`.
+
+    Until the trainer takes a model factory argument, this swaps its
+    `build_compiled_model` for the duration of the block.
+    """
+    from keras_moe.training import trainer
+
+    def factory(*args, **kwargs):
+        model = build_compiled_distiller(*args, **kwargs)
+        built.append(model)
+        return model
+
+    original = trainer.build_compiled_model
+    trainer.build_compiled_model = factory
+    try:
+        yield
+    finally:
+        trainer.build_compiled_model = original
+
+
+def save_student(distiller, model_dir):
+    """Writes `student.weights.h5` and `student_config.json` to `model_dir`; returns the path."""
+    from keras_moe.training.checkpoint import atomic_write_text
+
+    path = os.path.join(model_dir, "student.weights.h5")
+    tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-student.weights.h5")
+    distiller.student.save_weights(tmp, overwrite=True)
+    os.replace(tmp, path)
+    atomic_write_text(os.path.join(model_dir, "student_config.json"),
+                      json.dumps(distiller.student.config.to_dict(), indent=1))
+    return path
+
+
+def main(argv=None):
+    set_tf_environment()
+    parser = build_parser(prog="python -m keras_moe.distill")
+    args = parser.parse_args(argv)
+    from keras_moe.training.errors import TrainingConfigError
+
+    files = args.gin_file or ["tiny_local.gin"]
+    if not any(os.path.basename(f).startswith("distill") for f in files):
+        files = files + ["distill.gin"]
+    try:
+        from keras_moe.training import config
+        from keras_moe.training import gin_configurables
+        from keras_moe.training import trainer
+
+        import keras_moe.distill.gin_configurables  # noqa: F401
+
+        config.parse_gin(files, args.gin_bindings)
+        trainer.prepare_model_dir(args.model_dir)
+        built = []
+        if "model_fn" in inspect.signature(trainer.train).parameters:
+            from keras_moe.distill import gin_configurables as distill_gin
+
+            def model_fn():
+                built.append(distill_gin.build_distiller())
+                return built[-1]
+
+            summary = gin_configurables.train(args.model_dir, model_fn=model_fn,
+                                              write_config=config.write_operative_config)
+        else:
+            with distiller_as_model(built):
+                summary = gin_configurables.train(args.model_dir,
+                                                  write_config=config.write_operative_config)
+    except TrainingConfigError as e:
+        print(f"keras_moe.distill: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    student_path = save_student(built[-1], os.path.abspath(args.model_dir))
+    print(trainer.format_summary(summary), flush=True)
+    print(f"student         {student_path}", flush=True)
+    return 0

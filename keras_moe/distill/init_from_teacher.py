@@ -1,0 +1,128 @@
+"""Initialising a dense student from a sparse teacher (Switch Transformer §4.2).
+
+The paper initialises the student with the teacher's non-expert weights. Here
+a student variable is *shared* when the teacher has a variable at the same
+path relative to its model (e.g. `encoder_layer_0/attention/query`,
+`token_embedding/embeddings`, `decoder_layer_1/ffn_norm/scale`,
+`encoder_position_bias/embeddings`, and `encoder_layer_0/ffn/wi` when layer 0
+is dense in both). Shared variables are copied exactly. A dense FFN at a
+position where the teacher has experts (`.../ffn/wi` in the student against
+`.../ffn/experts/wi` and `.../ffn/router/kernel` in the teacher) has no shared
+path: by default it keeps its fresh initialisation; `expert_init="mean"`
+(mean of the experts) or `"expert0"` (the first expert) fill it from the
+experts instead. The router is never copied.
+"""
+
+import dataclasses
+
+from keras import ops
+
+EXPERT_INITS = ("none", "mean", "expert0")
+
+
+def relative_paths(model):
+    """`{path relative to model: variable}`, the common folder prefix of all paths removed.
+
+    Two `EncoderDecoder`s built anywhere (top level, or inside another
+    model's scope) give the same relative paths for the same architecture.
+
+    Example:
+    >>> sorted(relative_paths(model))[:1]
+    ['decoder_layer_0/cross_attention/key']
+    """
+    variables = list(model.weights)
+    paths = [v.path for v in variables]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"model {model.name!r} has duplicate variable paths; cannot match "
+                         "variables by path.")
+    prefix = ""
+    if paths:
+        parts = [p.split("/") for p in paths]
+        common = []
+        for items in zip(*[p[:-1] for p in parts]):
+            if len(set(items)) != 1:
+                break
+            common.append(items[0])
+        prefix = "/".join(common) + "/" if common else ""
+    return {p[len(prefix):]: v for p, v in zip(paths, variables)}
+
+
+def dense_student_config(teacher_config, **overrides):
+    """The teacher's `T5Config` with every MoE layer replaced by a dense FFN.
+
+    Args:
+        teacher_config: the teacher's `T5Config`.
+        **overrides: other fields to change (e.g. `d_ff=...`; shared weights
+            must keep their shapes to be copied).
+
+    Example:
+    >>> dense_student_config(T5Config(moe_type="switch", num_experts=8,
+    ...     encoder_sparse_step=2, decoder_sparse_step=2)).moe_type is None
+    True
+    """
+    changes = dict(moe_type=None, num_experts=0, encoder_sparse_step=0, decoder_sparse_step=0,
+                   encoder_sparse_layers=None, decoder_sparse_layers=None)
+    changes.update(overrides)
+    return dataclasses.replace(teacher_config, **changes)
+
+
+def _expert_source(teacher_paths, student_path):
+    """Teacher expert variable for a student dense FFN variable `.../ffn/<name>`, or None."""
+    folder, _, name = student_path.rpartition("/")
+    if not folder.endswith("ffn"):
+        return None
+    return teacher_paths.get(f"{folder}/experts/{name}")
+
+
+def init_student_from_teacher(student, teacher, expert_init="none"):
+    """Copies the teacher's shared (non-expert) weights into the student, in place.
+
+    Args:
+        student: a built `EncoderDecoder` (usually dense).
+        teacher: a built `EncoderDecoder` (usually Switch) with the same
+            `vocab_size`, `d_model`, heads and layer counts.
+        expert_init: what a student FFN gets where the teacher has experts:
+            "none" (keep its fresh initialisation; the paper's recipe),
+            "mean" (mean of the experts' weights) or "expert0" (expert 0's).
+
+    Returns:
+        dict with lists of relative paths: `copied` (shared, copied exactly),
+        `from_experts` (filled by `expert_init`), `fresh` (left as initialised).
+
+    Raises:
+        ValueError: `expert_init` unknown; a shared path with different shapes.
+
+    Example:
+    >>> report = init_student_from_teacher(student, teacher)
+    >>> report["fresh"]
+    ['encoder_layer_1/ffn/wi', 'encoder_layer_1/ffn/wo', ...]
+    """
+    if expert_init not in EXPERT_INITS:
+        raise ValueError(f"`expert_init` must be one of {EXPERT_INITS}, got {expert_init!r}.")
+    src = relative_paths(teacher)
+    dst = relative_paths(student)
+    report = {"copied": [], "from_experts": [], "fresh": []}
+    for path, var in dst.items():
+        if path in src:
+            source = src[path]
+            if tuple(source.shape) != tuple(var.shape):
+                raise ValueError(
+                    f"student variable {path!r} has shape {tuple(var.shape)} but the teacher's "
+                    f"has {tuple(source.shape)}; the student must keep the teacher's d_model, "
+                    "heads, d_kv, d_ff and vocab_size for its shared weights to be copied.")
+            var.assign(ops.cast(source.value, var.dtype))
+            report["copied"].append(path)
+            continue
+        experts = _expert_source(src, path) if expert_init != "none" else None
+        if experts is not None and tuple(experts.shape[1:]) == tuple(var.shape):
+            value = ops.mean(experts.value, axis=0) if expert_init == "mean" else experts.value[0]
+            var.assign(ops.cast(value, var.dtype))
+            report["from_experts"].append(path)
+        elif experts is not None:
+            raise ValueError(
+                f"`expert_init={expert_init!r}`: student variable {path!r} has shape "
+                f"{tuple(var.shape)}, the teacher's experts {tuple(experts.shape)}; set the "
+                "student's d_ff (and activation) to the experts' or use expert_init='none'.")
+        else:
+            report["fresh"].append(path)
+    return report
