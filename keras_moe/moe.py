@@ -47,6 +47,9 @@ class MoeLayer(keras.layers.Layer):
         track_metrics: keep Keras metric trackers of the router statistics
             (TensorFlow backend; on JAX use `return_metrics=True`).
         return_metrics: return `(outputs, metrics_dict)` instead of `outputs`.
+        metrics_prefix: prefix of the metric names (`<prefix>/dropped_fraction`,
+            ...); defaults to the layer name. Give each MoE layer of a model its
+            own prefix so their metrics stay apart.
 
     Example:
     >>> layer = MoeLayer(
@@ -62,7 +65,7 @@ class MoeLayer(keras.layers.Layer):
                  train_capacity_factor=1.25, eval_capacity_factor=2.0,
                  min_expert_capacity=4, dispatch="auto", aux_loss_factor=1e-2,
                  z_loss_factor=1e-3, causal=False, track_metrics=True,
-                 return_metrics=False, **kwargs):
+                 return_metrics=False, metrics_prefix=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(router, dict):
             router = keras.saving.deserialize_keras_object(router)
@@ -114,10 +117,11 @@ class MoeLayer(keras.layers.Layer):
         self.causal = bool(causal)
         self.track_metrics = bool(track_metrics)
         self.return_metrics = bool(return_metrics)
+        self.metrics_prefix = metrics_prefix
         self.supports_masking = True
         self._trackers = None
         if self.track_metrics and keras.backend.backend() == "tensorflow":
-            self._trackers = metrics_lib.make_metric_trackers(self.name)
+            self._trackers = metrics_lib.make_metric_trackers(metrics_prefix or self.name)
 
     # Keras keeps a layer's `add_loss` results in one list per layer. Under
     # MirroredStrategy every replica runs `call` in its own thread, and
@@ -242,4 +246,5 @@ class MoeLayer(keras.layers.Layer):
             causal=self.causal,
             track_metrics=self.track_metrics,
             return_metrics=self.return_metrics,
+            metrics_prefix=self.metrics_prefix,
         )

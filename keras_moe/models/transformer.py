@@ -24,7 +24,7 @@ def _as_config(config):
     raise ValueError(f"`config` must be a T5Config or a dict, got {type(config).__name__}.")
 
 
-def make_ffn(config, sparse, causal, name):
+def make_ffn(config, sparse, causal, name, metrics_prefix=None):
     """The FFN of one layer: dense, or a Switch / GShard MoE layer."""
     if not sparse:
         return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate, name=name)
@@ -43,6 +43,7 @@ def make_ffn(config, sparse, causal, name):
         dispatch=config.dispatch,
         causal=causal,
         track_metrics=config.track_router_metrics,
+        metrics_prefix=metrics_prefix,
         name=name,
     )
     d_ff = config.expert_d_ff or config.d_ff
@@ -103,7 +104,8 @@ class EncoderBlock(_Block):
         self.attention_norm = RMSNorm(c.layer_norm_epsilon, name="attention_norm")
         self.attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate, name="attention")
         self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
-        self.ffn = make_ffn(c, self.is_sparse, causal=False, name="ffn")
+        self.ffn = make_ffn(c, self.is_sparse, causal=False, name="ffn",
+                            metrics_prefix=f"{self.name}/ffn")
         self.dropout = keras.layers.Dropout(c.dropout_rate)
 
     def build(self, input_shape):
@@ -143,7 +145,8 @@ class DecoderBlock(_Block):
         self.cross_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
                                            name="cross_attention")
         self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
-        self.ffn = make_ffn(c, self.is_sparse, causal=True, name="ffn")
+        self.ffn = make_ffn(c, self.is_sparse, causal=True, name="ffn",
+                            metrics_prefix=f"{self.name}/ffn")
         self.dropout = keras.layers.Dropout(c.dropout_rate)
 
     def build(self, input_shape):

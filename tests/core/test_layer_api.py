@@ -166,3 +166,15 @@ def test_moe_layer_refuses_mismatch_and_causal_expert_choice():
     unknown_length = tf.function(layer, input_signature=[tf.TensorSpec((2, None, 8))])
     with pytest.raises(ValueError, match="static sequence length"):
         unknown_length(tf.zeros((2, 3, 8)))
+
+
+def test_metrics_prefix_keeps_two_layers_metrics_apart(rng):
+    x, y = _data(rng)
+    inputs = keras.Input((8, 16))
+    h = keras_moe.SwitchFeedForward(4, 32, name="ffn", metrics_prefix="encoder/ffn")(inputs)
+    h = keras_moe.SwitchFeedForward(4, 32, name="ffn_1", metrics_prefix="decoder/ffn")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile("adam", "mse")
+    history = model.fit(x, y, epochs=1, verbose=0).history
+    assert "encoder/ffn/dropped_fraction" in history and "decoder/ffn/dropped_fraction" in history
+    assert model.layers[1].get_config()["metrics_prefix"] == "encoder/ffn"
