@@ -14,7 +14,6 @@ Give the teacher's run file first, then `distill.gin`:
 """
 
 import contextlib
-import inspect
 import json
 import os
 import sys
@@ -22,38 +21,32 @@ import sys
 from keras_moe.training.cli import build_parser, set_tf_environment
 
 
-def build_compiled_distiller(optimizer=None, jit_compile=False, steps_per_execution=1):
-    """The gin-configured `build_distiller()`, compiled like the training CLI's model."""
-    from keras_moe.distill import gin_configurables
-    from keras_moe.training.errors import TrainingConfigError
-    from keras_moe.training.schedules import make_optimizer
-
-    try:
-        model = gin_configurables.build_distiller()
-    except (TypeError, ValueError) as e:
-        raise TrainingConfigError(f"cannot build the distiller from the gin config: {e}") from None
-    if optimizer is None:
-        optimizer = make_optimizer()
-    model.compile(steps_per_execution=steps_per_execution,
-                  **model.compile_defaults(optimizer=optimizer, jit_compile=jit_compile))
-    return model
-
-
 @contextlib.contextmanager
 def distiller_as_model(built):
     """Makes `keras_moe.training.trainer.train` build the distiller; appends it to `built`.
 
-    Until the trainer takes a model factory argument, this swaps its
-    `build_compiled_model` for the duration of the block.
+    Until the trainer takes a model factory argument, this wraps its
+    `build_compiled_model` for the duration of the block: during that one
+    call, `keras_moe.models.build_model` is the gin-configured
+    `build_distiller`, so the trainer's own optimizer and compile logic apply
+    (`Distiller.compile_defaults` drops the T5 loss: the distiller has its own).
     """
+    from keras_moe import models
+    from keras_moe.distill import gin_configurables
     from keras_moe.training import trainer
 
+    original = trainer.build_compiled_model
+
     def factory(*args, **kwargs):
-        model = build_compiled_distiller(*args, **kwargs)
+        plain = models.build_model
+        models.build_model = gin_configurables.build_distiller
+        try:
+            model = original(*args, **kwargs)
+        finally:
+            models.build_model = plain
         built.append(model)
         return model
 
-    original = trainer.build_compiled_model
     trainer.build_compiled_model = factory
     try:
         yield
@@ -93,19 +86,9 @@ def main(argv=None):
         config.parse_gin(files, args.gin_bindings)
         trainer.prepare_model_dir(args.model_dir)
         built = []
-        if "model_fn" in inspect.signature(trainer.train).parameters:
-            from keras_moe.distill import gin_configurables as distill_gin
-
-            def model_fn():
-                built.append(distill_gin.build_distiller())
-                return built[-1]
-
-            summary = gin_configurables.train(args.model_dir, model_fn=model_fn,
+        with distiller_as_model(built):
+            summary = gin_configurables.train(args.model_dir,
                                               write_config=config.write_operative_config)
-        else:
-            with distiller_as_model(built):
-                summary = gin_configurables.train(args.model_dir,
-                                                  write_config=config.write_operative_config)
     except TrainingConfigError as e:
         print(f"keras_moe.distill: error: {e}", file=sys.stderr, flush=True)
         return 2
