@@ -16,6 +16,7 @@ import json
 import os
 import re
 import time
+import warnings
 
 import keras
 
@@ -154,13 +155,22 @@ def restore(model, meta):
     """
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
+    hint = ("Use a fresh --model_dir, or the gin config the checkpoint was trained with "
+            "(its operative_config.gin).")
     try:
-        model.load_weights(meta["path"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.load_weights(meta["path"])
     except (ValueError, KeyError, OSError) as e:
         raise TrainingConfigError(
-            f"checkpoint {meta['path']} does not match this model/optimizer ({e}). "
-            "Use a fresh --model_dir, or the gin config the checkpoint was trained with "
-            "(its operative_config.gin).") from None
+            f"checkpoint {meta['path']} does not match this model/optimizer ({e}). {hint}"
+        ) from None
+    # Keras only warns when it skips variables (e.g. another optimizer): refuse that.
+    skipped = [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
+    if skipped:
+        raise TrainingConfigError(
+            f"checkpoint {meta['path']} does not match this model/optimizer: "
+            f"{skipped[0].strip()} {hint}")
 
 
 class StepCheckpoint(keras.callbacks.Callback):

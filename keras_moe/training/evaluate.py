@@ -108,7 +108,7 @@ def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, de
         if not os.path.isfile(checkpoint):
             raise TrainingConfigError(f"checkpoint {checkpoint!r} does not exist.")
         meta = {"path": checkpoint, "step": None}
-    model = build_compiled_model(bindings.get("optimizer"))
+    model = build_compiled_model()
     ckpt_lib.restore(model, meta)
     step = int(model.optimizer.iterations.numpy())
     ds = data_lib.make_dataset(task, feature_lengths, split, batch_size,

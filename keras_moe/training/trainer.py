@@ -46,14 +46,21 @@ def prepare_model_dir(model_dir):
 
 def build_compiled_model(optimizer=None, jit_compile=False, steps_per_execution=1):
     """`keras_moe.models.build_model()` (as bound in gin), compiled with the T5 loss."""
+    import keras
+
     from keras_moe import models
-    from keras_moe.training.schedules import make_optimizer
 
     try:
         model = models.build_model()
     except (TypeError, ValueError) as e:
         raise TrainingConfigError(f"cannot build the model from the gin config: {e}") from None
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = optimizer()  # A factory (gin `@make_optimizer`), called in scope.
     if optimizer is None:
+        try:  # As bound in gin (`make_optimizer.name = ...`), when gin is there.
+            from keras_moe.training.gin_configurables import make_optimizer
+        except ImportError:  # pragma: no cover
+            from keras_moe.training.schedules import make_optimizer
         optimizer = make_optimizer()
     kwargs = model.compile_defaults(optimizer=optimizer, jit_compile=jit_compile)
     model.compile(steps_per_execution=steps_per_execution, **kwargs)
@@ -156,7 +163,8 @@ def train(model_dir, task="embedded_span_corruption",
         strategy: "default", "mirrored", "multi_worker" or "tpu" (`STRATEGY`).
         tpu_name: TPU for "tpu" (`TPU_NAME`): "local" on a TPU VM, or a name.
         mirrored_devices: devices for "mirrored" (default: all local GPUs/CPU).
-        optimizer: a Keras optimizer (gin: `@make_optimizer()`); default Adafactor + rsqrt.
+        optimizer: a Keras optimizer or a factory called under the strategy scope
+            (gin: `@make_optimizer`); default: gin's `make_optimizer()`.
         jit_compile: XLA for the train step (keep off on CPU; Keras turns it
             off under tf.distribute strategies anyway).
         steps_per_execution: train steps per tf.function call (TPU: e.g. 100).
@@ -198,6 +206,12 @@ def train(model_dir, task="embedded_span_corruption",
     if backup_every is not None:
         _check_int("backup_every", backup_every, 1)
     model_dir = prepare_model_dir(model_dir)
+    # One seed for everything: model init, and tf.data (whose op seeds combine
+    # with the global one, so a resumed run must set the same global seed to
+    # see the same stream after `skip`).
+    import keras
+
+    keras.utils.set_random_seed(seed)
 
     strat = strategy_lib.make_strategy(strategy, tpu_name=tpu_name, devices=mirrored_devices)
     chief = strategy_lib.is_chief(strat)
@@ -278,13 +292,13 @@ def train(model_dir, task="embedded_span_corruption",
         tensorboard = False
         logger.log_dir = None
     if tensorboard:
-        import keras
-
         callbacks.append(keras.callbacks.TensorBoard(log_root, update_freq=log_every,
                                                      write_graph=False))
 
     def eval_loss():
-        if summary_data is None:
+        # Keras 3.15 `evaluate` under MultiWorkerMirroredStrategy fails converting the
+        # PerReplica input dict; the summary loss is skipped there.
+        if summary_data is None or strategy == "multi_worker":
             return None
         with warnings.catch_warnings():  # "ran out of data": the summary set is finite.
             warnings.simplefilter("ignore")

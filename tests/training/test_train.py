@@ -1,0 +1,163 @@
+"""In-process training: loss falls, resume equals an uninterrupted run, Mirrored == single device."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from tests.training.helpers import parse
+
+
+def _train(model_dir, bindings=()):
+    from keras_moe.training import config, gin_configurables
+
+    parse(list(bindings))
+    return gin_configurables.train(str(model_dir), write_config=config.write_operative_config,
+                                   tensorboard=False, verbose=0)
+
+
+def test_a_few_steps_lower_the_loss_on_the_embedded_data(tmp_path):
+    keras.utils.set_random_seed(0)
+    summary = _train(tmp_path, ["TRAIN_STEPS = 40", "CHECKPOINT_EVERY = 20"])
+    # Loss of the same held-out batches before and after training (model.evaluate).
+    start, end = summary["eval_start"]["loss"], summary["eval_end"]["loss"]
+    assert np.isfinite(start) and end < start - 0.5, (start, end)
+    # The uniform-prediction loss is log(vocab): an untrained model starts near it.
+    assert abs(start - np.log(8100)) < 1.5
+    assert summary["end_step"] == 40
+    for name in ("operative_config.gin", "expert_load.png", "expert_load.json", "summary.json"):
+        assert os.path.isfile(tmp_path / name), name
+    text = open(tmp_path / "operative_config.gin").read()
+    assert "BATCH_SIZE = 8" in text and "T5Config.d_model = %D_MODEL" in text
+    ckpts = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert "ckpt-00000040.weights.h5" in ckpts and "ckpt-00000020.json" in ckpts
+
+
+def _final_weights(model_dir):
+    from keras_moe.training import checkpoint as ckpt_lib
+    from keras_moe.training import trainer
+
+    meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
+    model = trainer.build_compiled_model()
+    ckpt_lib.restore(model, meta)
+    return int(model.optimizer.iterations.numpy()), [v.numpy() for v in model.weights], [
+        v.numpy() for v in model.optimizer.variables]
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    # SGD: Adam's m/sqrt(v) turns float round-off of near-zero gradients into
+    # lr-sized steps, which would hide nothing but makes exact comparison noisy.
+    common = ["CHECKPOINT_EVERY = 6", "SUMMARY_BATCHES = 0", "OPTIMIZER = 'sgd'",
+              "LEARNING_RATE = 0.5"]
+    keras.utils.set_random_seed(1)
+    _train(tmp_path / "straight", common + ["TRAIN_STEPS = 12"])
+    keras.utils.set_random_seed(1)
+    first = _train(tmp_path / "resumed", common + ["TRAIN_STEPS = 9"])
+    assert first["end_step"] == 9
+    keras.utils.set_random_seed(99)  # The restored run must not depend on the init seed.
+    second = _train(tmp_path / "resumed", common + ["TRAIN_STEPS = 12"])
+    assert second["start_step"] == 9 and second["end_step"] == 12
+    assert second["resumed_from"].endswith("ckpt-00000009.weights.h5")
+    step_a, weights_a, opt_a = _final_weights(tmp_path / "straight")
+    step_b, weights_b, opt_b = _final_weights(tmp_path / "resumed")
+    assert step_a == step_b == 12
+    for a, b in zip(weights_a + opt_a, weights_b + opt_b):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_skip_reproduces_the_data_position():
+    from keras_moe.training import data
+
+    lengths = {"inputs": 64, "targets": 14}
+    stream = data.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3)
+    reference = [b[0]["encoder_input_tokens"].numpy() for b in stream.take(5)]
+    skipped = data.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3,
+                                skip_batches=3)
+    got = [b[0]["encoder_input_tokens"].numpy() for b in skipped.take(2)]
+    np.testing.assert_array_equal(got[0], reference[3])
+    np.testing.assert_array_equal(got[1], reference[4])
+    assert not np.array_equal(reference[0], reference[1])
+
+
+def _fixed_batches(num, batch, seed=0):
+    """Unpadded synthetic batches: every replica sees the same number of loss tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(num):
+        x = {"encoder_input_tokens": rng.integers(2, 60, (batch, 12)).astype("int32"),
+             "decoder_input_tokens": rng.integers(2, 60, (batch, 6)).astype("int32")}
+        x["decoder_input_tokens"][:, 0] = 0
+        y = rng.integers(2, 60, (batch, 6)).astype("int32")
+        out.append((x, y, np.ones((batch, 6), "float32")))
+    return out
+
+
+def _loss_trajectory(strategy, init_weights, batches):
+    import tensorflow as tf
+
+    from keras_moe.models import T5Config, build_model
+
+    config = T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
+                      num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
+                      num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2,
+                      aux_loss_factor=0.1, z_loss_factor=0.01, min_expert_capacity=1,
+                      train_capacity_factor=1.0)
+    with strategy.scope():
+        model = build_model(config)
+        model.compile(**model.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
+    if init_weights is not None:
+        model.set_weights(init_weights)
+    weights = model.get_weights()
+    losses = []
+    for x, y, w in batches:
+        ds = tf.data.Dataset.from_tensors((x, y, w))
+        history = model.fit(ds, epochs=1, verbose=0)
+        losses.append(history.history["loss"][0])
+    model(batches[0][0], training=True)
+    aux = [float(l) for l in model.losses]
+    return weights, np.array(losses), aux, [v.numpy() for v in model.weights]
+
+
+def test_mirrored_two_cpus_matches_one_device():
+    import tensorflow as tf
+
+    batches = _fixed_batches(4, batch=8)
+    keras.utils.set_random_seed(0)
+    init, single, aux, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches)
+    assert len(aux) == 4 and all(a > 0 for a in aux)  # 2 MoE layers x (aux, z) in the loss.
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert mirrored.num_replicas_in_sync == 2
+    _, double, _, w_double = _loss_trajectory(mirrored, init, batches)
+    np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
+    assert single[-1] < single[0]
+    for a, b in zip(w_single, w_double):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_empty_dataset_and_unknown_task_fail_before_writing(tmp_path):
+    import seqio
+    import tensorflow as tf
+
+    import tasks
+    from keras_moe.training.errors import TrainingConfigError
+
+    name = "keras_moe_test_empty_task"
+    if name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(
+        name, source=seqio.FunctionDataSource(
+            lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
+                {"inputs": tf.constant([], tf.string), "targets": tf.constant([], tf.string)}),
+            splits=["train", "validation"]),
+        preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+        output_features=tasks.output_features())
+    with pytest.raises(TrainingConfigError, match="produced no batch"):
+        _train(tmp_path / "empty", [f'MIXTURE_OR_TASK_NAME = "{name}"'])
+    assert os.listdir(tmp_path / "empty") == []
+    with pytest.raises(TrainingConfigError, match="embedded_span_corruptoin.*close names"):
+        _train(tmp_path / "typo", ['MIXTURE_OR_TASK_NAME = "embedded_span_corruptoin"'])
+    assert os.listdir(tmp_path / "typo") == []
+    with pytest.raises(TrainingConfigError, match="batch_size"):
+        _train(tmp_path / "type", ['BATCH_SIZE = "eight"'])
+    seqio.TaskRegistry.remove(name)
