@@ -1,0 +1,68 @@
+"""The Cloud TPU scripts in --dry-run print the exact gcloud commands; bad arguments fail."""
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from tests.training.helpers import REPO
+
+
+def _run(script, *args):
+    return subprocess.run(["bash", os.path.join(REPO, "tpu_scripts", script), *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def _argv(result):
+    assert result.returncode == 0, result.stderr
+    lines = [l for l in result.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1
+    return shlex.split(lines[0])
+
+
+def test_create_v4_and_v5e():
+    argv = _argv(_run("create.sh", "--name=moe", "--zone=us-central2-b", "--type=v4-8",
+                      "--project=p1", "--dry-run"))
+    assert argv == ["gcloud", "compute", "tpus", "tpu-vm", "create", "moe",
+                    "--zone=us-central2-b", "--accelerator-type=v4-8",
+                    "--version=tpu-ubuntu2204-base", "--project=p1"]
+    argv = _argv(_run("create.sh", "--name=moe5", "--zone=us-west4-a", "--type=v5litepod-16",
+                      "--spot", "--dry-run"))
+    assert "--accelerator-type=v5litepod-16" in argv and "--spot" in argv
+    assert "--version=v2-alpha-tpuv5-lite" in argv
+
+
+def test_setup_launch_logs_delete():
+    argv = _argv(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run"))
+    assert argv[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "moe", "--zone=z1"]
+    assert "--worker=all" in argv and "pip install 'keras_moe'" in argv[-1]
+    argv = _argv(_run("launch.sh", "--name=moe", "--zone=z1", "--gin_file=pretrain_c4.gin",
+                      "--model_dir=/mnt/runs/c4", "--gin_bindings=NUM_EXPERTS = 16",
+                      "--dry-run"))
+    assert "--worker=all" in argv
+    command = argv[-1][len("--command="):]
+    inner = shlex.split(command)
+    assert inner[:3] == ["nohup", "JAX_PLATFORMS=cpu", "keras-moe-train"]
+    assert "--gin_file=pretrain_c4.gin" in inner and "--model_dir=/mnt/runs/c4" in inner
+    assert '--gin_bindings=STRATEGY = "tpu"' in inner
+    assert "--gin_bindings=NUM_EXPERTS = 16" in inner
+    argv = _argv(_run("logs.sh", "--name=moe", "--zone=z1", "--worker=1", "--dry-run"))
+    assert "--worker=1" in argv and argv[-1].startswith("--command=tail")
+    argv = _argv(_run("delete.sh", "--name=moe", "--zone=z1", "--dry-run"))
+    assert argv == ["gcloud", "compute", "tpus", "tpu-vm", "delete", "moe", "--zone=z1",
+                    "--quiet"]
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("create.sh", ["--name=moe", "--zone=z", "--type=v3-8"], "--type"),
+    ("create.sh", ["--name=Bad_Name", "--zone=z", "--type=v4-8"], "not a valid TPU name"),
+    ("create.sh", ["--name=moe", "--type=v4-8"], "--zone is required"),
+    ("launch.sh", ["--name=moe", "--zone=z", "--gin_file=x.gin"], "--model_dir is required"),
+    ("logs.sh", ["--name=moe", "--zone=z", "--worker=a"], "--worker"),
+    ("delete.sh", ["--name=moe", "--zone=z", "--force"], "unknown argument"),
+])
+def test_bad_arguments_fail_with_a_message(script, args, message):
+    result = _run(script, *args, "--dry-run")
+    assert result.returncode == 2 and message in result.stderr
+    assert "gcloud" not in result.stdout
