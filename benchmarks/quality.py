@@ -1,0 +1,364 @@
+"""Quality at equal compute: dense T5.1.1 vs Switch-8 / Switch-16 (Switch Transformer Fig. 1, Table 1).
+
+In miniature, on real English (span corruption on the Debian Python/Perl docs):
+a dense T5.1.1-style model and Switch models with 8 and 16 experts of the same
+FLOPs per token (each expert has the dense model's d_model/d_ff, top-1 routing,
+an MoE FFN in every other layer) are trained for the same steps, on the same
+batches in the same order, from the same seed. Every `--eval_every` steps each
+is scored on a fixed set of held-out batches (validation split, unshuffled):
+negative log perplexity = weighted mean log-probability of the target tokens
+(higher is better). Reports
+
+* the curves (JSON + a PNG plot, `benchmarks/results/<output>.png`);
+* for each Switch model, the step at which it reaches the dense model's final
+  value (linear interpolation between eval points; null if never) and that as
+  a fraction of the dense model's steps (paper's spirit: <= 0.5);
+* with `--table1`: top-1 (Switch) vs top-2 (GShard) routing at capacity
+  factors 1.0 / 1.25 / 2.0 (paper Table 1): final neg log perplexity and the
+  median training step time of each.
+
+    python benchmarks/quality.py                  # full default (~1 h on 2 cores)
+    python benchmarks/quality.py --d_model 64 --d_ff 128 --layers 2 --steps 300 \
+        --eval_every 50 --table1 --output quality_small    # ~10 min
+    python benchmarks/quality.py --smoke          # seconds; checks it runs
+    python benchmarks/quality.py --no_main --table1   # only the Table 1 runs
+
+The docs task needs `apt-get install -y python3.11-doc perl-doc`; without the
+Debian docs the embedded English corpus (`embedded_span_corruption`) is used
+and the JSON says so (`task`, `task_fallback_reason`).
+"""
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FALLBACK_TASK = "embedded_span_corruption"
+DOCS_HINT = "apt-get update && apt-get install -y python3.11-doc perl-doc"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="docs_span_corruption",
+                   help=f"span-corruption task; falls back to {FALLBACK_TASK} if its data is missing")
+    p.add_argument("--inputs", type=int, default=128, help="encoder length")
+    p.add_argument("--targets", type=int, default=None,
+                   help="decoder length (default: tasks.span_corruption_targets_length(inputs))")
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=1000, help="training steps of every model")
+    p.add_argument("--eval_every", type=int, default=100, help="steps between evaluations")
+    p.add_argument("--eval_batches", type=int, default=16, help="held-out batches per evaluation")
+    p.add_argument("--d_model", type=int, default=128)
+    p.add_argument("--d_ff", type=int, default=256, help="dense FFN and each expert's hidden size")
+    p.add_argument("--num_heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
+    p.add_argument("--activation", default="gated-gelu", help="FFN activation (T5.1.1: gated-gelu)")
+    p.add_argument("--experts", type=int, nargs="+", default=[8, 16],
+                   help="expert counts of the Switch models of the main comparison")
+    p.add_argument("--capacity_factor", type=float, default=1.25,
+                   help="training capacity factor of the main comparison")
+    p.add_argument("--eval_capacity_factor", type=float, default=2.0,
+                   help="evaluation capacity factor of the main comparison")
+    p.add_argument("--min_expert_capacity", type=int, default=4)
+    p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no_main", action="store_true", help="skip the dense vs Switch-E comparison")
+    p.add_argument("--table1", action="store_true",
+                   help="also run top-1 vs top-2 at the capacity factors of --table1_cf")
+    p.add_argument("--table1_experts", type=int, default=8)
+    p.add_argument("--table1_cf", type=float, nargs="+", default=[1.0, 1.25, 2.0],
+                   help="capacity factors of the Table 1 runs (training and evaluation)")
+    p.add_argument("--output", default="quality", help="result name under benchmarks/results/")
+    p.add_argument("--no_plot", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.inputs, args.targets, args.batch_size = 32, None, 2
+        args.steps, args.eval_every, args.eval_batches = 4, 2, 1
+        args.d_model, args.d_ff, args.num_heads, args.layers = 16, 32, 2, 2
+        args.experts, args.table1_experts, args.table1_cf = [2], 2, [1.0, 2.0]
+        if args.task == "docs_span_corruption":
+            args.task = FALLBACK_TASK  # no dependency on the Debian docs in tests
+    if args.steps < 1 or args.eval_every < 1 or args.eval_batches < 1:
+        p.error("--steps, --eval_every and --eval_batches must be >= 1")
+    if args.steps % args.eval_every:
+        p.error(f"--steps ({args.steps}) must be a multiple of --eval_every ({args.eval_every})")
+    if args.no_main and not args.table1:
+        p.error("--no_main without --table1 leaves nothing to run")
+    return args
+
+
+def quiet_logs():
+    """Hides seqio's "uncached FunctionDataset" and tf.function retracing warnings
+    (each model is traced once; the data sources are small in-memory ones)."""
+    import tensorflow as tf
+    from absl import logging
+
+    logging.set_verbosity(logging.ERROR)
+    tf.get_logger().setLevel("ERROR")
+
+
+# ---------------------------------------------------------------------------
+# Pieces shared with benchmarks/translation.py
+# ---------------------------------------------------------------------------
+
+def pick_task(name, fallback, lengths):
+    """`name` if its validation split yields a batch, else `fallback` (with the reason)."""
+    import tasks
+    from keras_moe.training import data as data_lib
+    from keras_moe.training.errors import TrainingConfigError
+
+    try:
+        data_lib.check_not_empty(data_lib.make_dataset(name, lengths, "validation", 1,
+                                                       repeat=False), name, "validation")
+        return name, None
+    except (TrainingConfigError, tasks.SourceMissingError) as e:
+        hint = f" (install with: {DOCS_HINT})" if name.startswith("docs_") else ""
+        reason = f"task {name!r} unavailable: {e}{hint}"
+        print(f"WARNING: {reason}\nWARNING: falling back to {fallback!r}", flush=True)
+        return fallback, reason
+
+
+def steps_to_reach(curve, target):
+    """First step at which `curve` (list of (step, value), higher is better)
+    reaches `target`, interpolating linearly between eval points; None if never.
+
+    >>> steps_to_reach([(0, -9.0), (100, -5.0), (200, -3.0)], -4.0)
+    150.0
+    """
+    previous = None
+    for step, value in curve:
+        if value >= target:
+            if previous is None or previous[1] >= target:
+                return float(step)
+            (s0, v0), (s1, v1) = previous, (step, value)
+            return float(s0 + (target - v0) * (s1 - s0) / (v1 - v0))
+        previous = (step, value)
+    return None
+
+
+def make_step_timer():
+    import keras
+
+    class StepTimer(keras.callbacks.Callback):
+        """Wall time of every training step (data fetch included)."""
+
+        def __init__(self):
+            super().__init__()
+            self.times = []
+            self._start = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.times.append(time.perf_counter() - self._start)
+
+        def median(self, skip=1):
+            """Median step time, leaving out the first `skip` steps (tracing)."""
+            values = self.times[skip:] or self.times
+            return statistics.median(values) if values else None
+
+    return StepTimer()
+
+
+def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
+    """`model.fit` for `steps` steps (epochs of `eval_every` steps on one
+    iterator of the infinite `train_ds`), evaluating on `held_out` at step 0
+    and at the end of each epoch (Keras `validation_data`).
+
+    Returns dict with `curve` [{step, neg_log_perplexity, accuracy, loss}],
+    `train_loss` (per epoch), `step_time_s` (median), `train_seconds`.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = model.evaluate(held_out, verbose=0, return_dict=True)
+        timer = make_step_timer()
+        start = time.time()
+        history = model.fit(train_ds, steps_per_epoch=eval_every, epochs=steps // eval_every,
+                            validation_data=held_out, callbacks=[timer], verbose=0)
+        seconds = time.time() - start
+    h = history.history
+    curve = [{"step": 0, "neg_log_perplexity": float(first["neg_log_perplexity"]),
+              "accuracy": float(first["accuracy"]), "loss": float(first["loss"])}]
+    for i in range(len(h["val_loss"])):
+        curve.append({"step": (i + 1) * eval_every,
+                      "neg_log_perplexity": float(h["val_neg_log_perplexity"][i]),
+                      "accuracy": float(h["val_accuracy"][i]),
+                      "loss": float(h["val_loss"][i])})
+    out = {"curve": curve, "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
+           "final_accuracy": curve[-1]["accuracy"],
+           "train_loss": [float(v) for v in h["loss"]],
+           "step_time_s": timer.median(skip=min(5, max(len(timer.times) - 1, 0))),
+           "train_seconds": seconds}
+    points = " ".join(f"{p['step']}:{p['neg_log_perplexity']:.3f}" for p in curve)
+    print(f"{name:>22s}: nlp {points} | step {1e3 * out['step_time_s']:.1f} ms, "
+          f"{seconds:.0f} s", flush=True)
+    return out
+
+
+def command_line(script, argv):
+    return f"python benchmarks/{script} " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+
+
+# ---------------------------------------------------------------------------
+
+def plot(runs, dense_name, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, run in runs.items():
+        steps = [p["step"] for p in run["curve"]][1:]  # step 0 squashes the scale
+        values = [p["neg_log_perplexity"] for p in run["curve"]][1:]
+        ax.plot(steps, values, marker="o", markersize=3, label=name,
+                color="black" if name == dense_name else None)
+    if dense_name in runs:
+        ax.axhline(runs[dense_name]["final_neg_log_perplexity"], color="gray", ls=":", lw=1,
+                   label="dense final")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out neg. log perplexity")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import keras
+
+    import tasks
+    from benchmarks import common
+    from keras_moe.models import T5Config, build_model, count_params
+    from keras_moe.training import data as data_lib
+
+    quiet_logs()
+    command = command_line("quality.py", argv)
+    targets = args.targets or tasks.span_corruption_targets_length(args.inputs)
+    lengths = {"inputs": args.inputs, "targets": targets}
+    task, fallback_reason = pick_task(args.task, FALLBACK_TASK, lengths)
+
+    dense_config = T5Config(
+        vocab_size=tasks.vocabulary_size(), d_model=args.d_model, num_heads=args.num_heads,
+        d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
+        num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
+
+    def moe_config(moe_type, experts, train_cf, eval_cf):
+        return dense_config.replace(
+            moe_type=moe_type, num_experts=experts, encoder_sparse_step=2,
+            decoder_sparse_step=2, train_capacity_factor=train_cf,
+            eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity)
+
+    held_out = data_lib.finite(data_lib.make_dataset(
+        task, lengths, "validation", args.batch_size, shuffle=False, seed=args.seed,
+        repeat=False).take(args.eval_batches))
+
+    def run(name, config):
+        keras.utils.set_random_seed(args.seed)  # same initialisation stream for every model
+        model = build_model(config)
+        model.compile(**model.compile_defaults(
+            optimizer=keras.optimizers.Adam(args.learning_rate)))
+        # Same seed -> same batches in the same order for every model.
+        train_ds = data_lib.make_dataset(task, lengths, "train", args.batch_size, shuffle=True,
+                                         seed=args.seed, repeat=True)
+        out = train_with_curve(model, train_ds, held_out, args.steps, args.eval_every, name)
+        out.update(params=count_params(config), moe_type=config.moe_type,
+                   num_experts=config.num_experts,
+                   train_capacity_factor=config.train_capacity_factor if config.moe_type else None,
+                   eval_capacity_factor=config.eval_capacity_factor if config.moe_type else None)
+        return out
+
+    start = time.time()
+    runs = {"dense": run("dense", dense_config)}
+    dense_final = runs["dense"]["final_neg_log_perplexity"]
+    comparison = {}
+    if not args.no_main:
+        for e in args.experts:
+            name = f"switch{e}"
+            runs[name] = run(name, moe_config("switch", e, args.capacity_factor,
+                                              args.eval_capacity_factor))
+            curve = [(p["step"], p["neg_log_perplexity"]) for p in runs[name]["curve"]]
+            reach = steps_to_reach(curve, dense_final)
+            comparison[name] = {
+                "steps_to_dense_final": reach,
+                "fraction_of_dense_steps": None if reach is None else reach / args.steps,
+                "meets_half_steps_target": reach is not None and reach <= 0.5 * args.steps,
+                "final_gain_over_dense": runs[name]["final_neg_log_perplexity"] - dense_final,
+                "step_time_vs_dense": runs[name]["step_time_s"] / runs["dense"]["step_time_s"],
+            }
+
+    table1 = []
+    if args.table1:
+        for cf in args.table1_cf:
+            for moe_type, router in (("switch", "top1"), ("gshard", "top2")):
+                name = f"{router}_E{args.table1_experts}_cf{cf:g}"
+                r = run(name, moe_config(moe_type, args.table1_experts, cf, cf))
+                runs[name] = r
+                table1.append({
+                    "name": name, "router": router, "num_experts": args.table1_experts,
+                    "capacity_factor": cf,
+                    "final_neg_log_perplexity": r["final_neg_log_perplexity"],
+                    "gain_over_dense": r["final_neg_log_perplexity"] - dense_final,
+                    "step_time_s": r["step_time_s"],
+                    "step_time_vs_dense": r["step_time_s"] / runs["dense"]["step_time_s"],
+                })
+    total = time.time() - start
+
+    payload = {
+        "benchmark": "quality", "command": command, "task": task,
+        "task_fallback_reason": fallback_reason, "feature_lengths": lengths, "args": vars(args),
+        "model": {k: v for k, v in dense_config.to_dict().items()
+                  if k in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff",
+                           "num_encoder_layers", "num_decoder_layers", "activation")},
+        "optimizer": f"Adam({args.learning_rate}), constant",
+        "sparse_layers": "every other layer (encoder and decoder layers 1, 3, ...)",
+        "runs": runs, "dense_final_neg_log_perplexity": dense_final,
+        "comparison": comparison, "table1": table1,
+        "target": "a Switch model reaches the dense model's final held-out neg log "
+                  "perplexity in <= 1/2 of the dense model's steps",
+        "total_seconds": total, "environment": common.environment(),
+    }
+    if not args.no_plot:
+        os.makedirs(common.RESULTS_DIR, exist_ok=True)
+        png = os.path.join(common.RESULTS_DIR, f"{args.output}.png")
+        main_runs = {k: v for k, v in runs.items() if k == "dense" or k.startswith("switch")}
+        title = (f"{task}: d_model {args.d_model}, d_ff {args.d_ff}, {args.layers}+{args.layers} "
+                 f"layers, batch {args.batch_size}x{args.inputs}")
+        payload["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
+                                          os.path.dirname(common.RESULTS_DIR))
+    path = common.write_result(args.output, payload)
+
+    print(f"\ntask {task}; dense final neg log perplexity {dense_final:.4f} at step {args.steps}")
+    for name, c in comparison.items():
+        reach = "never" if c["steps_to_dense_final"] is None else \
+            f"step {c['steps_to_dense_final']:.0f} ({100 * c['fraction_of_dense_steps']:.0f}% " \
+            "of the dense steps)"
+        print(f"{name}: final {runs[name]['final_neg_log_perplexity']:.4f} "
+              f"(gain {c['final_gain_over_dense']:+.4f}); reaches dense final at {reach}; "
+              f"step time x{c['step_time_vs_dense']:.2f} of dense")
+    for row in table1:
+        print(f"{row['name']:>16s}: final {row['final_neg_log_perplexity']:.4f} "
+              f"(gain {row['gain_over_dense']:+.4f}), step {1e3 * row['step_time_s']:.1f} ms "
+              f"(x{row['step_time_vs_dense']:.2f} dense)")
+    print(f"total {total:.0f} s; wrote {path}\ncommand: {command}", flush=True)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
