@@ -35,6 +35,8 @@ class DispatchPlan(NamedTuple):
     combine_tensor: object = None  # einsum: [G, S, E, C] weights
     slot_token: object = None  # gather: int32 [E*G*C], token index or G*S if empty
     slot_weight: object = None  # gather: float32 [E*G*C]
+    token_slot: object = None  # gather: int32 [G*S, K], slot index or E*G*C if not kept
+    token_weight: object = None  # gather: float32 [G*S, K]
 
 
 class EinsumDispatcher:
@@ -109,6 +111,7 @@ class GatherDispatcher:
         slot_weight = ops.scatter(
             slot, ops.reshape(routing.combine_weight, (-1,)), (num_slots + 1,)
         )[:num_slots]
+        num_choices = routing.expert_index.shape[-1]
         return DispatchPlan(
             num_groups=num_groups,
             group_size=group_size,
@@ -116,14 +119,18 @@ class GatherDispatcher:
             capacity=capacity,
             slot_token=slot_token,
             slot_weight=slot_weight,
+            token_slot=ops.reshape(slot, (-1, num_choices)),
+            token_weight=ops.reshape(routing.combine_weight, (-1, num_choices)),
         )
 
     def dispatch(self, x, plan):
         d_model = x.shape[-1]
         tokens = ops.reshape(x, (-1, d_model))
-        # Row G*S is a zero row that empty slots read.
-        tokens = ops.concatenate([tokens, ops.zeros((1, d_model), x.dtype)], axis=0)
-        expert_inputs = ops.take(tokens, plan.slot_token, axis=0)
+        if _uses_gather_gradients(plan):
+            expert_inputs = _gather_rows_with_gather_gradient(
+                tokens, plan.slot_token, plan.token_slot)
+        else:
+            expert_inputs = ops.take(_with_zero_row(tokens), plan.slot_token, axis=0)
         expert_inputs = ops.reshape(
             expert_inputs, (plan.num_experts, plan.num_groups, plan.capacity, d_model)
         )
@@ -134,11 +141,90 @@ class GatherDispatcher:
     def combine(self, expert_outputs, plan):
         d_model = expert_outputs.shape[-1]
         outputs = ops.reshape(expert_outputs, (-1, d_model))
-        weighted = outputs * ops.cast(plan.slot_weight, outputs.dtype)[:, None]
         num_tokens = plan.num_groups * plan.group_size
-        y = ops.segment_sum(weighted, plan.slot_token, num_segments=num_tokens + 1)
-        y = ops.reshape(y[:num_tokens], (plan.num_groups, plan.group_size, d_model))
+        if _uses_gather_gradients(plan):
+            y = _weighted_gather_with_gather_gradient(
+                outputs, ops.cast(plan.token_weight, outputs.dtype), plan.token_slot,
+                ops.cast(plan.slot_weight, outputs.dtype), plan.slot_token)
+        else:
+            weighted = outputs * ops.cast(plan.slot_weight, outputs.dtype)[:, None]
+            y = ops.segment_sum(weighted, plan.slot_token, num_segments=num_tokens + 1)
+            y = y[:num_tokens]
+        y = ops.reshape(y, (plan.num_groups, plan.group_size, d_model))
         return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+# Token-choice routing sends each token to at most K (small) slots, so both
+# directions of the data movement can be written as gathers: tokens -> slots
+# by `slot_token`, slots -> tokens by `token_slot`. Autodiff would turn every
+# gather's gradient into a segment sum, which is 2-3x slower on CPU; these
+# custom gradients keep the backward pass made of gathers too. Expert choice
+# (K = E) keeps the autodiff path.
+_MAX_CHOICES_FOR_GATHER_GRADIENTS = 2
+
+
+def _uses_gather_gradients(plan):
+    return plan.token_slot.shape[-1] <= _MAX_CHOICES_FOR_GATHER_GRADIENTS
+
+
+def _with_zero_row(rows):
+    """Appends a zero row, read by empty slots and by dropped assignments."""
+    return ops.concatenate([rows, ops.zeros((1, rows.shape[-1]), rows.dtype)], axis=0)
+
+
+def _sum_over_choices(rows, index):
+    """sum_k rows[index[:, k]] for index [N, K] (rows already zero-padded)."""
+    total = ops.take(rows, index[:, 0], axis=0)
+    for k in range(1, index.shape[-1]):
+        total = total + ops.take(rows, index[:, k], axis=0)
+    return total
+
+
+def _gather_rows_with_gather_gradient(tokens, slot_token, token_slot):
+    """slots[s] = tokens[slot_token[s]] (0 for empty slots)."""
+
+    @ops.custom_gradient
+    def gather(tokens):
+        slots = ops.take(_with_zero_row(tokens), slot_token, axis=0)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return _sum_over_choices(_with_zero_row(upstream), token_slot)
+
+        return slots, grad
+
+    return gather(tokens)
+
+
+def _weighted_gather_with_gather_gradient(slots, token_weight, token_slot, slot_weight,
+                                          slot_token):
+    """y[t] = sum_k token_weight[t, k] * slots[token_slot[t, k]]."""
+
+    # Float tensors go in as arguments (JAX forbids closing over values that
+    # are being differentiated); the integer maps are closed over.
+    @ops.custom_gradient
+    def combine(slots, token_weight, slot_weight):
+        padded = _with_zero_row(slots)
+        picked = [ops.take(padded, token_slot[:, k], axis=0)
+                  for k in range(token_slot.shape[-1])]
+        y = picked[0] * token_weight[:, :1]
+        for k in range(1, len(picked)):
+            y = y + picked[k] * token_weight[:, k:k + 1]
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            d_slots = ops.take(_with_zero_row(upstream), slot_token, axis=0)
+            d_slots = d_slots * slot_weight[:, None]
+            d_weight = ops.stack([ops.sum(upstream * p, axis=-1) for p in picked], axis=-1)
+            # slot_weight holds the same values as token_weight, whose
+            # gradient already reaches the router.
+            return d_slots, d_weight, ops.zeros_like(slot_weight)
+
+        return y, grad
+
+    return combine(slots, token_weight, slot_weight)
 
 
 def get_dispatcher(mode):
