@@ -6,6 +6,7 @@ from keras import ops
 from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
 from keras_moe.models.attention import NEG_INF, T5Attention
 from keras_moe.models.config import T5Config
+from keras_moe.models.distribute_compat import DistributedBuildMixin
 from keras_moe.models.layers import DenseFeedForward, RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 from keras_moe.moe import MoeLayer
@@ -190,7 +191,7 @@ def _positions(tokens, positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class EncoderDecoder(keras.Model):
+class EncoderDecoder(DistributedBuildMixin, keras.Model):
     """T5.1.1-style encoder-decoder with optional Switch / GShard MoE FFN layers.
 
     Pre-norm RMS layer norms, T5 relative position bias (bidirectional in the
