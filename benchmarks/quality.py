@@ -17,11 +17,15 @@ negative log perplexity = weighted mean log-probability of the target tokens
   factors 1.0 / 1.25 / 2.0 (paper Table 1): final neg log perplexity and the
   median training step time of each.
 
-    python benchmarks/quality.py                  # full default (~1 h on 2 cores)
+    python benchmarks/quality.py                  # default: dense, Switch-8, Switch-16 (~15 min*)
+    python benchmarks/quality.py --table1         # + 6 Table 1 runs (~45-60 min* on 2 cores)
     python benchmarks/quality.py --d_model 64 --d_ff 128 --layers 2 --steps 300 \
         --eval_every 50 --table1 --output quality_small    # ~10 min
     python benchmarks/quality.py --smoke          # seconds; checks it runs
-    python benchmarks/quality.py --no_main --table1   # only the Table 1 runs
+    python benchmarks/quality.py --no_main --table1   # only the Table 1 runs (and the dense one)
+
+(*) estimated from the measured small run (about 0.1 s/step for the dense
+d_model 64 model on 2 idle cores), not measured at the default size.
 
 The docs task needs `apt-get install -y python3.11-doc perl-doc`; without the
 Debian docs the embedded English corpus (`embedded_span_corruption`) is used
