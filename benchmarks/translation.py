@@ -42,7 +42,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="bible_x2en",
                    help=f"X->En mixture (or one task); falls back to {FALLBACK_TASK}")
-    p.add_argument("--inputs", type=int, default=128, help="encoder length (tokens)")
+    p.add_argument("--inputs", type=int, default=128,
+                   help="encoder length (tokens); the 8k SentencePiece model falls back to "
+                        "bytes for non-Latin scripts (a Hindi verse ~260 tokens, Russian ~200, "
+                        "French ~30), so those sources are truncated at 128")
     p.add_argument("--targets", type=int, default=64, help="decoder length (tokens)")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--no_pack", action="store_true", help="do not pack training examples")
