@@ -24,6 +24,8 @@ from keras_moe.experts import ACTIVATIONS
 MOE_TYPES = ("switch", "gshard")
 
 
+ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
+
 def sparse_layers_from_step(num_layers, sparse_step):
     """Our placement rule: layer i is sparse iff `i % step == step - 1`."""
     if not sparse_step:
@@ -88,6 +90,9 @@ class T5Config:
         aux_loss_factor, z_loss_factor, dispatch: passed to the MoE layers
             (see `keras_moe.SwitchFeedForward`).
         router_bias: give the router a bias (HF `router_bias`).
+        router_dtype: dtype policy of the Switch router: "float32" (default, the
+            Switch paper's selective precision, also under mixed_bfloat16),
+            "bfloat16" or "mixed_bfloat16" (for stability experiments only).
         track_router_metrics: keep router-statistic trackers in MoE layers
             (TensorFlow backend only).
         pad_id, eos_id, decoder_start_id: special token ids (T5: 0, 1, 0).
@@ -133,6 +138,7 @@ class T5Config:
     z_loss_factor: float = 1e-3
     dispatch: str = "auto"
     router_bias: bool = False
+    router_dtype: str = "float32"
     track_router_metrics: bool = False
     pad_id: int = 0
     eos_id: int = 1
@@ -160,6 +166,9 @@ class T5Config:
             )
         _check_rate("dropout_rate", self.dropout_rate)
         _check_rate("expert_dropout_rate", self.expert_dropout_rate)
+        if self.router_dtype not in ROUTER_DTYPES:
+            raise ValueError(
+                f"`router_dtype` must be one of {ROUTER_DTYPES}, got {self.router_dtype!r}.")
         if self.moe_type is not None and self.moe_type not in MOE_TYPES:
             raise ValueError(f"`moe_type` must be None or one of {MOE_TYPES}, got {self.moe_type!r}.")
         for name in ("encoder_sparse_step", "decoder_sparse_step"):

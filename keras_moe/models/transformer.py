@@ -17,6 +17,35 @@ FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids
             "encoder_positions", "decoder_segment_ids", "decoder_positions")
 
 
+def check_token_ids(tokens, vocab_size, name):
+    """`tokens` (int32), raising a clear error naming `vocab_size` for ids outside [0, vocab_size).
+
+    Without it an out-of-range id gives a cryptic `GatherV2` error on CPU and
+    silently a zero embedding on GPU. Eager/concrete inputs raise `ValueError`
+    here; in a TF graph (`fit`) a `tf.debugging` assert raises
+    `InvalidArgumentError` with the same message (XLA drops asserts).
+    """
+    message = (f"`{name}` holds token ids outside [0, vocab_size) with vocab_size="
+               f"{vocab_size}: the data's vocabulary does not match the model's "
+               "`T5Config.vocab_size`.")
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            checks = [tf.debugging.assert_less(tokens, tf.constant(vocab_size, tokens.dtype),
+                                               message=message),
+                      tf.debugging.assert_non_negative(tokens, message=message)]
+            with tf.control_dependencies(checks):
+                return tf.identity(tokens)
+    try:
+        values = ops.convert_to_numpy(tokens)
+    except Exception:  # noqa: BLE001 - a tracer: nothing to check at trace time
+        return tokens
+    if values.size and (values.max() >= vocab_size or values.min() < 0):
+        raise ValueError(f"{message} Got ids in [{values.min()}, {values.max()}].")
+    return tokens
+
+
 def _as_config(config):
     if isinstance(config, T5Config):
         return config
@@ -51,11 +80,15 @@ def make_ffn(config, sparse, causal, name, metrics_prefix=None):
     if config.moe_type == "gshard":
         if config.router_bias:
             raise ValueError("`router_bias` is only supported with moe_type='switch'.")
+        if config.router_dtype != "float32":
+            raise ValueError("`router_dtype` other than 'float32' is only supported with "
+                             "moe_type='switch'.")
         return GShardFeedForward(config.num_experts, d_ff, **args)
-    if not config.router_bias:
+    if not config.router_bias and config.router_dtype == "float32":
         return SwitchFeedForward(config.num_experts, d_ff, **args)
     router = SwitchRouter(
-        config.num_experts, jitter_noise=config.jitter_noise, use_bias=True,
+        config.num_experts, jitter_noise=config.jitter_noise, use_bias=config.router_bias,
+        dtype=config.router_dtype,
         kernel_initializer=default_router_initializer(config.router_init_scale), name="router")
     experts = FeedForwardExperts(
         config.num_experts, d_ff, activation=args["activation"],
@@ -290,7 +323,8 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                training=None):
         """Encoder outputs `[B, L, d]` and the encoder token mask `[B, L]`."""
-        tokens = ops.cast(encoder_input_tokens, "int32")
+        tokens = check_token_ids(ops.cast(encoder_input_tokens, "int32"), self.config.vocab_size,
+                                 "encoder_input_tokens")
         token_mask, attn_mask = self.encoder_masks(tokens, encoder_segment_ids)
         positions = _positions(tokens, encoder_positions)
         bias = self.encoder_position_bias(positions, positions) + _mask_to_bias(attn_mask)
@@ -313,7 +347,8 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
     def decode(self, decoder_input_tokens, encoder_outputs, encoder_mask, decoder_segment_ids=None,
                decoder_positions=None, encoder_segment_ids=None, training=None):
         """Teacher-forced decoder: logits `[B, L_dec, vocab]`."""
-        tokens = ops.cast(decoder_input_tokens, "int32")
+        tokens = check_token_ids(ops.cast(decoder_input_tokens, "int32"), self.config.vocab_size,
+                                 "decoder_input_tokens")
         length = ops.shape(tokens)[1]
         token_mask = self.decoder_token_mask(tokens, decoder_segment_ids)
         idx = ops.arange(length)

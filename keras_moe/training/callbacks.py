@@ -116,3 +116,33 @@ class TrainingLogger(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self._writer is not None:
             self._writer.flush()
+
+
+class NonFiniteLossGuard(keras.callbacks.Callback):
+    """Stops training with `NonFiniteLossError` naming the step when the loss is NaN/Inf.
+
+    Unlike `keras.callbacks.TerminateOnNaN` (which stops quietly and lets the
+    job exit 0), this raises; put it first in the callback list so that no
+    later callback (the checkpoint writers) runs for the bad step.
+
+    Args:
+        last_checkpoint: optional callable returning the newest checkpoint path
+            (named in the message).
+    """
+
+    def __init__(self, last_checkpoint=None):
+        super().__init__()
+        self.last_checkpoint = last_checkpoint
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        loss = float(np.asarray(loss))
+        if not np.isfinite(loss):
+            from keras_moe.training.errors import NonFiniteLossError
+
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            self.model.stop_training = True
+            raise NonFiniteLossError(step, loss, self.last_checkpoint()
+                                     if self.last_checkpoint else None)

@@ -9,9 +9,16 @@ Both are written to a temporary name in the same folder, flushed with fsync
 and renamed, so a crash at any moment leaves the previous checkpoint intact;
 a weights file without its json is ignored and cleaned up. A `checkpoint`
 index file (also written atomically) names the newest one.
+
+The json records the weights file's size and sha256. `CheckpointManager.
+newest_valid()` checks them (and that the json parses) and skips a corrupt or
+truncated checkpoint with a log line naming the bad file, falling back to the
+previous good one; `restore_newest()` also falls back when the HDF5 file
+cannot be read at all.
 """
 
 import glob
+import hashlib
 import json
 import os
 import re
@@ -20,7 +27,7 @@ import warnings
 
 import keras
 
-from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
 
 _NAME = re.compile(r"^ckpt-(\d+)\.json$")
 
@@ -42,6 +49,14 @@ def _fsync_file(path):
     with open(path, "rb+") as f:
         f.flush()
         os.fsync(f.fileno())
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def atomic_write_text(path, text):
@@ -88,12 +103,20 @@ class CheckpointManager:
         step = int(step)
         final = self.weights_path(step)
         tmp = os.path.join(self.directory, f".tmp-{os.getpid()}-ckpt-{step:08d}.weights.h5")
-        model.save_weights(tmp, overwrite=True)
-        _fsync_file(tmp)
-        os.replace(tmp, final)
+        try:
+            model.save_weights(tmp, overwrite=True)
+            _fsync_file(tmp)
+        except BaseException:
+            try:  # A failed write leaves neither a temp file nor a new checkpoint.
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
         meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
                                                       else batches_consumed),
-                "weights": os.path.basename(final), "time": time.time()}
+                "weights": os.path.basename(final), "time": time.time(),
+                "size": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
+        os.replace(tmp, final)
         if extra:
             meta.update(extra)
         atomic_write_text(self.meta_path(step), json.dumps(meta, indent=1, sort_keys=True))
@@ -113,12 +136,29 @@ class CheckpointManager:
                     meta = json.load(f)
             except (OSError, ValueError):
                 continue  # A torn json can only come from outside this class.
-            weights = os.path.join(self.directory, meta.get("weights", ""))
+            if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+                continue
+            weights = os.path.join(self.directory, str(meta.get("weights", "")))
             if not os.path.isfile(weights):
                 continue
             meta["path"] = weights
             out.append(meta)
         return sorted(out, key=lambda m: m["step"])
+
+    def verify(self, meta):
+        """Raises `CorruptCheckpointError` naming the file if `meta`'s weights are damaged."""
+        verify_checkpoint(meta)
+
+    def newest_valid(self, log=None):
+        """Newest checkpoint whose weights pass `verify` (None if none); logs skipped ones."""
+        for meta in reversed(self.all()):
+            try:
+                self.verify(meta)
+            except CorruptCheckpointError as e:
+                (log or _log)(f"{e} Skipping it; trying the previous checkpoint.")
+                continue
+            return meta
+        return None
 
     def latest(self):
         """Metadata (with "path") of the newest committed checkpoint, or None."""
@@ -148,6 +188,59 @@ class CheckpointManager:
                 pass
 
 
+def _log(message):
+    print(f"[keras_moe] {message}", flush=True)
+
+
+def verify_checkpoint(meta):
+    """Checks `meta["path"]` against the size and sha256 in its metadata.
+
+    Raises `CorruptCheckpointError` naming the file (checkpoints written
+    before checksums were recorded are only checked for existence).
+    """
+    path = meta["path"]
+    json_path = path[:-len(".weights.h5")] + ".json" if path.endswith(".weights.h5") else path
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise CorruptCheckpointError(f"checkpoint {path} is unreadable: {e}") from None
+    if "size" in meta and size != meta["size"]:
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is truncated or corrupt: {size} bytes, its metadata "
+            f"{json_path} says {meta['size']}.")
+    if "sha256" in meta and file_sha256(path) != meta["sha256"]:
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is corrupt: its sha256 does not match its metadata {json_path}.")
+
+
+def restore_newest(model, candidates, log=None):
+    """Restores the newest loadable checkpoint of `candidates` (metadata dicts).
+
+    A checkpoint whose file passes its checksum but cannot be read as HDF5
+    (e.g. written by an old version without checksums, then damaged) is
+    skipped with a log line naming it. A checkpoint that reads but does not
+    fit the model raises `TrainingConfigError` (a config mistake, not damage).
+    Returns the restored metadata, or None when no candidate could be loaded.
+    """
+    log = log or _log
+    for meta in sorted(candidates, key=lambda m: m["step"], reverse=True):
+        try:
+            restore(model, meta)
+        except CorruptCheckpointError as e:
+            log(f"{e} Skipping it; trying the previous checkpoint.")
+            continue
+        return meta
+    return None
+
+
+def _is_unreadable(error):
+    text = str(error).lower()
+    return isinstance(error, OSError) or any(
+        k in text for k in ("unable to open", "truncated", "file signature", "bad object header",
+                            "unable to synchronously open", "not a valid hdf5",
+                            "can't open", "unable to read"))
+
+
 def restore(model, meta):
     """Loads a checkpoint (model + optimizer variables) into a built, compiled model.
 
@@ -155,6 +248,7 @@ def restore(model, meta):
     """
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
+    verify_checkpoint(meta)
     hint = ("Use a fresh --model_dir, or the gin config the checkpoint was trained with "
             "(its operative_config.gin).")
     try:
@@ -162,6 +256,10 @@ def restore(model, meta):
             warnings.simplefilter("always")
             model.load_weights(meta["path"])
     except (ValueError, KeyError, OSError) as e:
+        if _is_unreadable(e):
+            raise CorruptCheckpointError(
+                f"checkpoint {meta['path']} is unreadable (truncated or corrupt): {e}"
+            ) from None
         raise TrainingConfigError(
             f"checkpoint {meta['path']} does not match this model/optimizer ({e}). {hint}"
         ) from None

@@ -44,7 +44,7 @@ def build_parser(prog="keras-moe-train"):
 def main(argv=None):
     set_tf_environment()
     args = build_parser().parse_args(argv)
-    from keras_moe.training.errors import TrainingConfigError
+    from keras_moe.training.errors import NonFiniteLossError, TrainingConfigError
 
     if not args.gin_file:
         args.gin_file = ["tiny_local.gin"]
@@ -60,6 +60,9 @@ def main(argv=None):
     except TrainingConfigError as e:
         print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except NonFiniteLossError as e:
+        print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
+        return 3
     print(trainer.format_summary(summary), flush=True)
     return 0
 

@@ -98,3 +98,43 @@ def finite(ds):
     ds = ds.cache()
     count = sum(1 for _ in ds)
     return ds.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def batch_fingerprint(tokens):
+    """Short stable hash of a batch's `encoder_input_tokens` (numpy or tensor)."""
+    import hashlib
+
+    import numpy as np
+
+    array = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
+    return hashlib.sha1(array.tobytes()).hexdigest()[:16]
+
+
+def record_batches(ds, path):
+    """`ds` that appends each consumed batch's fingerprint to the text file `path`.
+
+    The hook is the last op of the pipeline (after prefetch), so a line is
+    written when the training loop takes the batch, not when tf.data reads it
+    ahead: the file is the exact sequence of batches the optimizer saw (plus
+    at most the one in flight when a process is killed).
+    """
+    import tensorflow as tf
+
+    def write(tokens):
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(batch_fingerprint(tokens.numpy()) + "\n")
+            f.flush()
+        return tf.constant(0, tf.int32)
+
+    def hook(x, *rest):
+        done = tf.py_function(write, [x["encoder_input_tokens"]], tf.int32)
+        with tf.control_dependencies([done]):
+            x = dict(x)
+            x["encoder_input_tokens"] = tf.identity(x["encoder_input_tokens"])
+        return (x,) + tuple(rest)
+
+    ds = ds.map(hook)
+    options = tf.data.Options()
+    # tf.data would otherwise add a prefetch after the hook (read-ahead).
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)

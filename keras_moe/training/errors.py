@@ -7,3 +7,24 @@ class TrainingConfigError(ValueError):
     The CLIs print the message (no traceback) and exit with status 2, before
     anything is written to the model dir.
     """
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or Inf; the message names the step.
+
+    Raised by `callbacks.NonFiniteLossGuard` before any checkpoint of that
+    step is written; `keras-moe-train` prints it and exits with status 3.
+    """
+
+    def __init__(self, step, loss, last_checkpoint=None):
+        self.step, self.loss = step, loss
+        where = (f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint
+                 else "")
+        super().__init__(
+            f"training loss became {loss} at step {step}: stopping, no checkpoint of step "
+            f"{step} written{where}. Lower the learning rate, keep the router in float32 "
+            "(T5Config.router_dtype), or check the input data.")
+
+
+class CorruptCheckpointError(TrainingConfigError):
+    """A checkpoint file is truncated, torn or fails its checksum."""

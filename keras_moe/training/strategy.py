@@ -21,13 +21,20 @@ from keras_moe.training.errors import TrainingConfigError
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
-def make_strategy(name="default", tpu_name=None, devices=None):
+def make_strategy(name="default", tpu_name=None, devices=None, collective_timeout=None,
+                  cluster_wait_timeout=None):
     """Builds the strategy named `name`.
 
     Args:
         name: one of `STRATEGIES`.
         tpu_name: for "tpu": "local" on a TPU VM, a TPU name, or None.
         devices: for "mirrored": optional device list (e.g. ["/cpu:0", "/cpu:1"]).
+        collective_timeout: for "multi_worker": seconds after which a collective
+            op (all-reduce) that does not complete, e.g. because a peer died,
+            fails with `DeadlineExceededError` instead of hanging; None: no limit.
+        cluster_wait_timeout: for "multi_worker": seconds to wait at start for
+            all workers to join (None: forever). TF's peer health check (every
+            30 s) also aborts the collectives when a peer goes down.
 
     Returns:
         a `tf.distribute.Strategy`.
@@ -49,7 +56,30 @@ def make_strategy(name="default", tpu_name=None, devices=None):
             json.loads(os.environ["TF_CONFIG"])
         except ValueError as e:
             raise TrainingConfigError(f"TF_CONFIG is not valid JSON: {e}") from None
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        for name_, value in (("collective_timeout", collective_timeout),
+                             ("cluster_wait_timeout", cluster_wait_timeout)):
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or value <= 0):
+                raise TrainingConfigError(
+                    f"`train.{name_}` must be a positive number of seconds or None, "
+                    f"got {value!r}.")
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=collective_timeout)
+        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+        # Read by the strategy's constructor (its start-up barrier); a TF class
+        # attribute, so set it only for the construction.
+        extended = cars.CollectiveAllReduceExtended
+        saved = extended._check_health_initial_timeout  # noqa: SLF001
+        extended._check_health_initial_timeout = int(cluster_wait_timeout or 0)  # noqa: SLF001
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        except RuntimeError as e:
+            raise TrainingConfigError(
+                f"multi_worker: not all workers of TF_CONFIG joined within "
+                f"{cluster_wait_timeout} s ({e}).") from None
+        finally:
+            extended._check_health_initial_timeout = saved  # noqa: SLF001
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_name)
     if tpu_name not in ("local",):
         tf.config.experimental_connect_to_cluster(resolver)

@@ -142,7 +142,8 @@ def train(model_dir, task="embedded_span_corruption",
           pack=True, shuffle=True, seed=0, strategy="default", tpu_name=None,
           mirrored_devices=None, optimizer=None, jit_compile=False, steps_per_execution=1,
           init_checkpoint=None, eval_split="validation", summary_batches=4,
-          expert_load_every=0, tensorboard=True, verbose="auto", write_config=None):
+          expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
+          collective_timeout=600, cluster_wait_timeout=600, record_batches=None):
     """Trains the gin-configured model on a seqio task; returns a summary dict.
 
     Args:
@@ -178,6 +179,13 @@ def train(model_dir, task="embedded_span_corruption",
         tensorboard: add `keras.callbacks.TensorBoard`.
         verbose: `fit` verbosity ("auto": progress bar on a terminal).
         write_config: callable(model_dir) writing the operative gin config (the CLI's).
+        collective_timeout: "multi_worker": seconds after which a stuck collective
+            (e.g. a dead peer) fails the step instead of hanging (None: no limit).
+        cluster_wait_timeout: "multi_worker": seconds to wait for all workers
+            to come up at start (None: forever).
+        record_batches: optional file; a short hash of every training batch
+            the optimizer consumes is appended to it (audits that a resumed run
+            sees the same data as an uninterrupted one).
 
     Returns:
         dict with steps, losses, paths.
@@ -213,7 +221,9 @@ def train(model_dir, task="embedded_span_corruption",
 
     keras.utils.set_random_seed(seed)
 
-    strat = strategy_lib.make_strategy(strategy, tpu_name=tpu_name, devices=mirrored_devices)
+    strat = strategy_lib.make_strategy(strategy, tpu_name=tpu_name, devices=mirrored_devices,
+                                       collective_timeout=collective_timeout,
+                                       cluster_wait_timeout=cluster_wait_timeout)
     chief = strategy_lib.is_chief(strat)
     replicas = strat.num_replicas_in_sync
     if batch_size % replicas:
@@ -231,12 +241,14 @@ def train(model_dir, task="embedded_span_corruption",
     # Resume: the newest of the step checkpoints and the preemption backup.
     manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), keep_checkpoints)
     backup_dir = os.path.join(model_dir, "backup")
-    candidates = [m for m in (manager.latest(), ckpt_lib.CheckpointManager(backup_dir).latest())
-                  if m]
+    candidates = manager.all() + ckpt_lib.CheckpointManager(backup_dir).all()
     resumed = None
     if candidates:
-        resumed = max(candidates, key=lambda m: m["step"])
-        ckpt_lib.restore(model, resumed)
+        resumed = ckpt_lib.restore_newest(model, candidates, log=_log)
+        if resumed is None:
+            raise TrainingConfigError(
+                f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
+                "(all corrupt, see above); move them away to start from step 0.")
     elif init_checkpoint:
         load_init_checkpoint(model, init_checkpoint)
     start_step = int(model.optimizer.iterations.numpy())
@@ -255,6 +267,10 @@ def train(model_dir, task="embedded_span_corruption",
         return data_lib.make_dataset(task, feature_lengths, "train", batch_size, pack=pack,
                                      shuffle=shuffle, seed=seed, repeat=True,
                                      skip_batches=skip_batches)
+
+    def train_dataset(skip_batches):
+        ds = dataset(skip_batches)
+        return data_lib.record_batches(ds, record_batches) if record_batches else ds
 
     data_lib.check_not_empty(dataset(0), task, "train")
     summary_data = None
@@ -281,7 +297,12 @@ def train(model_dir, task="embedded_span_corruption",
     logger = cb_lib.TrainingLogger(os.path.join(log_root, "train"), tokens_per_step, log_every,
                                    total_steps=train_steps, probe_batch=probe,
                                    expert_load_every=expert_load_every, enabled=chief)
+    def last_checkpoint():
+        meta = manager.latest()
+        return meta["path"] if meta else None
+
     callbacks = [
+        cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any checkpoint.
         logger,
         ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=_log),
         ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
@@ -296,9 +317,7 @@ def train(model_dir, task="embedded_span_corruption",
                                                      write_graph=False))
 
     def eval_loss():
-        # Keras 3.15 `evaluate` under MultiWorkerMirroredStrategy fails converting the
-        # PerReplica input dict; the summary loss is skipped there.
-        if summary_data is None or strategy == "multi_worker":
+        if summary_data is None:
             return None
         with warnings.catch_warnings():  # "ran out of data": the summary set is finite.
             warnings.simplefilter("ignore")
@@ -311,7 +330,7 @@ def train(model_dir, task="embedded_span_corruption",
     t_train = time.time()
     for initial_epoch, epochs, spe, first_step in _fit_segments(start_step, train_steps,
                                                                  steps_per_epoch):
-        model.fit(dataset(skip + first_step - start_step), initial_epoch=initial_epoch,
+        model.fit(train_dataset(skip + first_step - start_step), initial_epoch=initial_epoch,
                   epochs=epochs, steps_per_epoch=spe, callbacks=callbacks, verbose=verbose)
     train_seconds = time.time() - t_train
     end_step = int(model.optimizer.iterations.numpy())
