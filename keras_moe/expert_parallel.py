@@ -36,7 +36,6 @@ Example:
 """
 
 import keras
-from keras import ops
 
 from keras_moe.experts import FeedForwardExperts
 

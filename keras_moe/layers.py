@@ -5,6 +5,8 @@ Example:
 >>> ffn = layers.SwitchFeedForward(num_experts=8, d_ff=2048)
 """
 
-from keras_moe.experts import FeedForwardExperts  # noqa: F401
-from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: F401
-from keras_moe.moe import MoeLayer  # noqa: F401
+from keras_moe.experts import FeedForwardExperts
+from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
+from keras_moe.moe import MoeLayer
+
+__all__ = ["FeedForwardExperts", "GShardFeedForward", "MoeLayer", "SwitchFeedForward"]

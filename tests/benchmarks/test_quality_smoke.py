@@ -1,31 +1,17 @@
 """benchmarks/quality.py and benchmarks/translation.py run at a tiny size and write valid JSON."""
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.benchmarks.smoke import ROOT, run_smoke
+
 sys.path.insert(0, ROOT)
 
 
 def _run(script, output, *extra):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--smoke",
-           "--output", output, *extra]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    paths = [os.path.join(ROOT, "benchmarks", "results", f"{output}.{ext}")
-             for ext in ("json", "png")]
-    try:
-        with open(paths[0]) as f:
-            return json.load(f), os.path.exists(paths[1])
-    finally:
-        for path in paths:
-            if os.path.exists(path):
-                os.remove(path)
+    found = run_smoke(script, output, *extra, extensions=("json", "png"))
+    return found["json"], "png" in found
 
 
 def test_steps_to_reach_interpolates():

@@ -1,27 +1,12 @@
 """Each benchmark script runs at a tiny size and writes valid JSON (no timings are asserted)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.benchmarks.smoke import run_smoke
 
 
 def _run(script, output, *extra):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--smoke",
-           "--output", output, *extra]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    path = os.path.join(ROOT, "benchmarks", "results", f"{output}.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    finally:
-        os.remove(path)
+    return run_smoke(script, output, *extra)["json"]
 
 
 def test_layer_speed_smoke():

@@ -3,7 +3,6 @@
 import os
 import sqlite3
 
-import numpy as np
 import pytest
 import seqio
 

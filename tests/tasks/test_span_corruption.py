@@ -3,7 +3,6 @@
 import functools
 import json
 
-import numpy as np
 import pytest
 import seqio
 import tensorflow as tf
