@@ -82,7 +82,7 @@ class T5Attention(keras.layers.Layer):
                 v = ops.slice_update(v_cache, start, ops.cast(v, v_cache.dtype))
         scores = ops.einsum("bqhd,bkhd->bhqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
         if bias is not None:
-            scores = scores + bias
+            scores = scores + ops.cast(bias, "float32")  # bias is bf16 under mixed_bfloat16
         weights = ops.softmax(scores, axis=-1)
         weights = self.dropout(ops.cast(weights, self.compute_dtype), training=training)
         context = ops.einsum("bhqk,bkhd->bqhd", weights, ops.cast(v, self.compute_dtype))
