@@ -26,6 +26,16 @@ logging.getLogger("tensorflow").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+@pytest.fixture(scope="session")
+def two_cpu_strategy():
+    """One MirroredStrategy over the two logical CPUs, shared by the whole session.
+
+    A second MirroredStrategy over the same devices in one process makes
+    TensorFlow's collectives fail with a shape mismatch, so tests share this one.
+    """
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -101,7 +101,7 @@ def test_dot_keras_round_trip_gives_identical_outputs_in_safe_mode(rng, tmp_path
     assert restored.get_layer("switch").router.jitter_noise == 0.01
 
 
-def test_mirrored_strategy_matches_single_device(rng):
+def test_mirrored_strategy_matches_single_device(rng, two_cpu_strategy):
     x, y = _data(rng, n=16)
 
     def make():
@@ -116,8 +116,7 @@ def test_mirrored_strategy_matches_single_device(rng):
 
     single = make()
     h1 = single.fit(x, y, epochs=2, batch_size=8, shuffle=False, verbose=0).history
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
+    with two_cpu_strategy.scope():
         mirrored = make()
     h2 = mirrored.fit(x, y, epochs=2, batch_size=8, shuffle=False, verbose=0).history
     # Each replica routes its own half-batch; with sequences as groups the

@@ -119,14 +119,14 @@ def _loss_trajectory(strategy, init_weights, batches):
     return weights, np.array(losses), aux, [v.numpy() for v in model.weights]
 
 
-def test_mirrored_two_cpus_matches_one_device():
+def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy):
     import tensorflow as tf
 
     batches = _fixed_batches(4, batch=8)
     keras.utils.set_random_seed(0)
     init, single, aux, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches)
     assert len(aux) == 4 and all(a > 0 for a in aux)  # 2 MoE layers x (aux, z) in the loss.
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = two_cpu_strategy
     assert mirrored.num_replicas_in_sync == 2
     _, double, _, w_double = _loss_trajectory(mirrored, init, batches)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
