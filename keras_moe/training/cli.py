@@ -44,7 +44,11 @@ def build_parser(prog="keras-moe-train"):
 def main(argv=None):
     set_tf_environment()
     args = build_parser().parse_args(argv)
-    from keras_moe.training.errors import NonFiniteLossError, TrainingConfigError
+    from keras_moe.training.errors import (
+        NonFiniteLossError,
+        TrainingConfigError,
+        WorkerFailureError,
+    )
 
     if not args.gin_file:
         args.gin_file = ["tiny_local.gin"]
@@ -63,6 +67,9 @@ def main(argv=None):
     except NonFiniteLossError as e:
         print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
         return 3
+    except WorkerFailureError as e:
+        print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
+        return 4
     print(trainer.format_summary(summary), flush=True)
     return 0
 

@@ -28,3 +28,11 @@ class NonFiniteLossError(RuntimeError):
 
 class CorruptCheckpointError(TrainingConfigError):
     """A checkpoint file is truncated, torn or fails its checksum."""
+
+
+class WorkerFailureError(RuntimeError):
+    """A multi-worker collective failed or timed out: a peer worker died or is unreachable.
+
+    `keras-moe-train` prints it and exits with status 4; restart all workers
+    with the same command to resume from the last checkpoint.
+    """

@@ -328,16 +328,36 @@ def train(model_dir, task="embedded_span_corruption",
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
     t_train = time.time()
-    for initial_epoch, epochs, spe, first_step in _fit_segments(start_step, train_steps,
-                                                                 steps_per_epoch):
-        model.fit(train_dataset(skip + first_step - start_step), initial_epoch=initial_epoch,
-                  epochs=epochs, steps_per_epoch=spe, callbacks=callbacks, verbose=verbose)
+    peer_errors = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                   tf.errors.CancelledError, tf.errors.AbortedError)
+    try:
+        for initial_epoch, epochs, spe, first_step in _fit_segments(start_step, train_steps,
+                                                                     steps_per_epoch):
+            model.fit(train_dataset(skip + first_step - start_step),
+                      initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=spe,
+                      callbacks=callbacks, verbose=verbose)
+    except peer_errors as e:
+        if strategy != "multi_worker":
+            raise
+        from keras_moe.training.errors import WorkerFailureError
+
+        step = int(model.optimizer.iterations.numpy())
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkerFailureError(
+            f"multi_worker: a collective failed at step {step} ({type(e).__name__}: "
+            f"{first_line[:300]}); a peer worker probably died or is unreachable "
+            f"(collective_timeout={collective_timeout} s). Restart all workers with the "
+            "same command to resume from the last checkpoint.") from None
     train_seconds = time.time() - t_train
     end_step = int(model.optimizer.iterations.numpy())
     eval_end = eval_loss()
 
     plot_path = None
-    if chief and summary_data is not None:
+    if chief and summary_data is not None and strategy == "multi_worker":
+        # An eager pass on the chief alone would need the other workers for the
+        # MoE layers' metric variables (collectives): skipped.
+        _log("multi_worker: no expert-load plot (measure it with keras-moe-eval)")
+    elif chief and summary_data is not None:
         loads = load_lib.measure_expert_load(model, summary_data)
         if loads:
             plot_path = os.path.join(model_dir, "expert_load.png")

@@ -70,10 +70,6 @@ def _free_ports(n):
     return ports
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Keras 3.15 fit under MultiWorkerMirroredStrategy (2 local workers) fails with "
-    "'Attempt to convert a value ({... PerReplica}) with an unsupported type (dict)' "
-    "for dict inputs; open, see the issue note."))
 def test_two_worker_multi_worker_mirrored_run_completes(tmp_path):
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
