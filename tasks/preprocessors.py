@@ -39,16 +39,11 @@ def span_corruption_preprocessors(text_key="text",
                      f"{mean_noise_span_length}")
   if not 0 < noise_density < 1:
     raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
-  return [
-      functools.partial(t5_preprocessors.rekey,
-                        key_map={"inputs": None, "targets": text_key}),
-      seqio.preprocessors.tokenize,
-      seqio.CacheDatasetPlaceholder(),
+  return _unsupervised_recipe(
+      text_key,
       functools.partial(t5_preprocessors.span_corruption,
                         mean_noise_span_length=mean_noise_span_length,
-                        noise_density=noise_density),
-      seqio.preprocessors.append_eos_after_trim,
-  ]
+                        noise_density=noise_density))
 
 
 def prefix_lm_preprocessors(text_key="text", noise_density=0.5):
@@ -68,12 +63,19 @@ def prefix_lm_preprocessors(text_key="text", noise_density=0.5):
   """
   if not 0 < noise_density < 1:
     raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
+  return _unsupervised_recipe(
+      text_key,
+      functools.partial(t5_preprocessors.prefix_lm, noise_density=noise_density))
+
+
+def _unsupervised_recipe(text_key, objective):
+  """rekey text -> tokenize -> cache point -> `objective` -> EOS (T5's layout)."""
   return [
       functools.partial(t5_preprocessors.rekey,
                         key_map={"inputs": None, "targets": text_key}),
       seqio.preprocessors.tokenize,
       seqio.CacheDatasetPlaceholder(),
-      functools.partial(t5_preprocessors.prefix_lm, noise_density=noise_density),
+      objective,
       seqio.preprocessors.append_eos_after_trim,
   ]
 
