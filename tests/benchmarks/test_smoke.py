@@ -38,3 +38,14 @@ def test_peers_smoke():
                                      "hf_switch_torch", "keras_moe_expert_choice_gather"}
     assert row["speedup_switch_vs_hf"] == pytest.approx(
         row["median_s"]["hf_switch_torch"] / row["median_s"]["keras_moe_switch_gather"])
+
+
+def test_model_speed_smoke():
+    data = _run("model_speed.py", "smoke_model_speed")
+    assert set(data["results"]) == {"keras_moe", "hf_switch_torch"}
+    tokens = data["tokens_per_step"]
+    for r in data["results"].values():
+        assert r["tokens_per_s"] == pytest.approx(tokens / r["median_s"])
+    assert data["ratio_keras_moe_over_hf"] == pytest.approx(
+        data["results"]["keras_moe"]["tokens_per_s"]
+        / data["results"]["hf_switch_torch"]["tokens_per_s"])
