@@ -1,5 +1,7 @@
 """Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -16,11 +18,43 @@ def _activation_fn(name):
     return ops.relu
 
 
+# Std of a unit normal truncated at two standard deviations.
+_TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class PerExpertFanIn(keras.initializers.Initializer):
+    """Truncated normal with std sqrt(scale / fan_in), fan_in = `shape[-2]`.
+
+    For stacked expert kernels `[E, fan_in, fan_out]` each expert gets the
+    Switch paper's scaled init; Keras's `VarianceScaling` would count
+    `E * fan_in` and start every expert sqrt(E) times too small.
+
+    Args:
+        scale: variance scale (0.1 is the Switch paper's reduced init).
+        seed: optional seed.
+
+    Example:
+    >>> w = PerExpertFanIn(0.1)((8, 512, 64))
+    >>> round(float(np.std(w)) * (512 / 0.1) ** 0.5, 1)
+    1.0
+    """
+
+    def __init__(self, scale=0.1, seed=None):
+        self.scale = float(scale)
+        self.seed = seed
+
+    def __call__(self, shape, dtype=None):
+        stddev = math.sqrt(self.scale / shape[-2]) / _TRUNCATED_NORMAL_STD
+        return keras.random.truncated_normal(shape, stddev=stddev, dtype=dtype, seed=self.seed)
+
+    def get_config(self):
+        return {"scale": self.scale, "seed": self.seed}
+
+
 def scaled_initializer(scale):
-    """Truncated normal with std sqrt(scale / fan_in) (Switch's scaled-down init)."""
-    return keras.initializers.VarianceScaling(
-        scale=scale, mode="fan_in", distribution="truncated_normal"
-    )
+    """Switch's scaled-down init for expert kernels (per-expert fan-in)."""
+    return PerExpertFanIn(scale)
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")

@@ -42,6 +42,7 @@ class _ExpertFeedForward(MoeLayer):
             seed=self.seed,
             jitter_noise=self.router.jitter_noise,
             batch_prioritized_routing=self.router.batch_prioritized_routing,
+            router_dtype=self.router.dtype_policy.name,
         )
         return config
 
@@ -68,6 +69,8 @@ class SwitchFeedForward(_ExpertFeedForward):
         z_loss_factor: router z-loss weight (ST-MoE: 1e-3).
         dispatch: "auto", "einsum" or "gather".
         batch_prioritized_routing: fill capacity by router confidence.
+        router_dtype: dtype policy of the router; "float32" (the Switch
+            paper's selective precision) unless you are studying instability.
         seed: seed for jitter and dropout.
         **kwargs: the other `MoeLayer` arguments and Keras layer arguments.
 
@@ -83,11 +86,12 @@ class SwitchFeedForward(_ExpertFeedForward):
                  eval_capacity_factor=2.0, min_expert_capacity=4, group_size=None,
                  jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=0.1,
                  aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
-                 batch_prioritized_routing=False, seed=None, **kwargs):
+                 batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
         router = SwitchRouter(
             num_experts, jitter_noise=jitter_noise,
             kernel_initializer=default_router_initializer(init_scale),
             batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
+            dtype=router_dtype,
         )
         super().__init__(
             router, num_experts, d_ff, activation, expert_dropout_rate, init_scale, seed,
@@ -126,7 +130,7 @@ class GShardFeedForward(_ExpertFeedForward):
                  eval_capacity_factor=2.0, min_expert_capacity=4, group_size=None,
                  jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=0.1,
                  aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
-                 batch_prioritized_routing=False, seed=None, **kwargs):
+                 batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
         router = Top2Router(
             num_experts, second_expert_policy=second_expert_policy,
             eval_second_expert_policy=eval_second_expert_policy,
@@ -134,6 +138,7 @@ class GShardFeedForward(_ExpertFeedForward):
             normalize_gates=normalize_gates, jitter_noise=jitter_noise,
             kernel_initializer=default_router_initializer(init_scale),
             batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
+            dtype=router_dtype,
         )
         super().__init__(
             router, num_experts, d_ff, activation, expert_dropout_rate, init_scale, seed,

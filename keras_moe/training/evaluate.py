@@ -40,10 +40,14 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
                 method="greedy", num_beams=4, batch_size=16):
     """Greedy/beam decodes `num_examples` examples and scores them with sacrebleu.
 
+    Uses the tasks' own BLEU (`tasks.metrics.bleu`: intl tokenizer, exp
+    smoothing, as T5 reports it), so scores match the seqio metric's.
+
     Returns (score dict, list of (input, prediction, reference) strings).
     """
-    import sacrebleu
     import seqio
+
+    from tasks import metrics as task_metrics
 
     task = seqio.get_mixture_or_task(task_name)
     ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,
@@ -70,8 +74,8 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
             refs.append(ref.decode("utf-8") if isinstance(ref, bytes) else
                         vocab.decode(_strip(ex["targets"])))
             inputs.append(in_vocab.decode(_strip(ex["inputs"])))
-    bleu = sacrebleu.corpus_bleu(preds, [refs])
-    return {"bleu": float(bleu.score), "decoded_examples": len(preds)}, list(
+    bleu = task_metrics.bleu(refs, preds)["bleu"]
+    return {"bleu": float(bleu), "decoded_examples": len(preds)}, list(
         zip(inputs, preds, refs))
 
 

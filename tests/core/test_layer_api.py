@@ -177,3 +177,13 @@ def test_metrics_prefix_keeps_two_layers_metrics_apart(rng):
     history = model.fit(x, y, epochs=1, verbose=0).history
     assert "encoder/ffn/dropped_fraction" in history and "decoder/ffn/dropped_fraction" in history
     assert model.layers[1].get_config()["metrics_prefix"] == "encoder/ffn"
+
+
+def test_router_dtype_can_be_lowered_for_stability_studies(rng):
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=16, router_dtype="bfloat16")
+    layer(rng.normal(size=(2, 8, 16)).astype("float32"))
+    assert layer.router.compute_dtype == "bfloat16"
+    restored = keras_moe.SwitchFeedForward.from_config(layer.get_config())
+    assert restored.router.compute_dtype == "bfloat16"
+    assert keras_moe.GShardFeedForward(4, 16).router.compute_dtype == "float32"

@@ -75,10 +75,6 @@ def test_default_init_is_the_switch_0_1_scaled_init():
         assert std == pytest.approx(np.sqrt(0.1 / d_model), rel=0.1), router.path
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "keras_moe/experts.py scaled_initializer uses keras VarianceScaling(mode='fan_in') on the "
-    "[E, d_in, d_out] expert kernels; Keras counts fan_in = E * d_in for 3-D shapes, so the "
-    "std is sqrt(0.1 / (E * d_in)), sqrt(E) times smaller than the Switch init."))
 def test_default_expert_init_is_the_switch_0_1_scaled_init():
     keras.utils.set_random_seed(0)
     d_model, d_ff = 256, 512
