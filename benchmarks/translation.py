@@ -33,7 +33,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
+
 from benchmarks import quality  # noqa: E402  (shared training loop and helpers)
+from keras_moe.models.decoding import pad_input_tokens, strip_ids  # noqa: E402
 
 FALLBACK_TASK = "embedded_x2en"
 
@@ -102,18 +105,6 @@ def subtasks(name):
     return list(getattr(task, "tasks", None) or [task])
 
 
-def strip_ids(ids, eos_id=1, pad_id=0):
-    """Token ids up to (not including) EOS, padding removed."""
-    out = []
-    for i in ids:
-        i = int(i)
-        if i == eos_id:
-            break
-        if i != pad_id:
-            out.append(i)
-    return out
-
-
 def _text(value):
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -129,15 +120,10 @@ def held_out_examples(task, lengths, split, count):
 
 def decode(model, examples, vocabulary, input_length, max_length, batch_size):
     """Greedy `model.generate`, detokenized with `vocabulary`."""
-    import numpy as np
-
     out = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        tokens = np.zeros((len(chunk), input_length), np.int32)
-        for row, ex in enumerate(chunk):
-            ids = ex["inputs"][:input_length]
-            tokens[row, :len(ids)] = ids
+        tokens = pad_input_tokens([ex["inputs"] for ex in chunk], input_length)
         ids = np.asarray(model.generate(tokens, max_length=max_length, method="greedy"))
         out.extend(vocabulary.decode(strip_ids(row, model.config.eos_id, model.config.pad_id))
                    for row in ids)

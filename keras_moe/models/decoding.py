@@ -21,6 +21,37 @@ from keras import ops
 METHODS = ("greedy", "beam")
 
 
+def pad_input_tokens(sequences, length):
+    """Stacks token id sequences into an int32 `[N, length]` batch, cut or 0-padded.
+
+    Example:
+    >>> pad_input_tokens([[5, 6, 1], [7, 1]], 4).tolist()
+    [[5, 6, 1, 0], [7, 1, 0, 0]]
+    """
+    tokens = np.zeros((len(sequences), length), np.int32)
+    for row, ids in enumerate(sequences):
+        ids = list(ids)[:length]
+        tokens[row, :len(ids)] = ids
+    return tokens
+
+
+def strip_ids(ids, eos_id=1, pad_id=0):
+    """Token ids up to (not including) EOS, padding removed.
+
+    Example:
+    >>> strip_ids([5, 0, 7, 1, 9])
+    [5, 7]
+    """
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == eos_id:
+            break
+        if i != pad_id:
+            out.append(i)
+    return out
+
+
 def _log_softmax(logits):
     logits = logits.astype(np.float64)
     logits = logits - logits.max(axis=-1, keepdims=True)

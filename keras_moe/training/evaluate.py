@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 
+from keras_moe.models.decoding import pad_input_tokens, strip_ids
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
 
@@ -23,17 +24,6 @@ def is_translation(task_name):
             if "bleu" in name.lower():
                 return True
     return False
-
-
-def _strip(ids, eos_id=1):
-    out = []
-    for i in ids:
-        i = int(i)
-        if i == eos_id:
-            break
-        if i != 0:
-            out.append(i)
-    return out
 
 
 def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_decode_length=None,
@@ -62,18 +52,15 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
     preds, refs, inputs = [], [], []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        tokens = np.zeros((len(chunk), length), np.int32)
-        for row, ex in enumerate(chunk):
-            ids = ex["inputs"][:length]
-            tokens[row, :len(ids)] = ids
+        tokens = pad_input_tokens([ex["inputs"] for ex in chunk], length)
         out = np.asarray(model.generate(tokens, max_length=max_len, method=method,
                                         num_beams=num_beams))
         for row, ex in enumerate(chunk):
-            preds.append(vocab.decode(_strip(out[row])))
+            preds.append(vocab.decode(strip_ids(out[row])))
             ref = ex.get("targets_pretokenized")
             refs.append(ref.decode("utf-8") if isinstance(ref, bytes) else
-                        vocab.decode(_strip(ex["targets"])))
-            inputs.append(in_vocab.decode(_strip(ex["inputs"])))
+                        vocab.decode(strip_ids(ex["targets"])))
+            inputs.append(in_vocab.decode(strip_ids(ex["inputs"])))
     bleu = task_metrics.bleu(refs, preds)["bleu"]
     return {"bleu": float(bleu), "decoded_examples": len(preds)}, list(
         zip(inputs, preds, refs))

@@ -62,13 +62,18 @@ def test_router_dtype_is_validated_and_gin_configurable():
     gin.clear_config()
 
 
-def test_default_init_is_the_switch_0_1_scaled_init():
+def _built_switch_model(d_model, d_ff=512):
     keras.utils.set_random_seed(0)
-    d_model, d_ff = 256, 512
     model = build_model(_config(d_model=d_model, d_ff=d_ff, d_kv=32, num_encoder_layers=1,
                                 num_decoder_layers=1, num_experts=8))
     model({"encoder_input_tokens": np.ones((1, 4), "int32"),
            "decoder_input_tokens": np.zeros((1, 4), "int32")})
+    return model
+
+
+def test_default_init_is_the_switch_0_1_scaled_init():
+    d_model = 256
+    model = _built_switch_model(d_model)
     assert model.config.router_init_scale == 0.1
     for router in _routers(model):
         std = float(np.std(router.kernel.numpy()))
@@ -76,12 +81,7 @@ def test_default_init_is_the_switch_0_1_scaled_init():
 
 
 def test_default_expert_init_is_the_switch_0_1_scaled_init():
-    keras.utils.set_random_seed(0)
-    d_model, d_ff = 256, 512
-    model = build_model(_config(d_model=d_model, d_ff=d_ff, d_kv=32, num_encoder_layers=1,
-                                num_decoder_layers=1, num_experts=8))
-    model({"encoder_input_tokens": np.ones((1, 4), "int32"),
-           "decoder_input_tokens": np.zeros((1, 4), "int32")})
+    model = _built_switch_model(256)
     experts = [l for l in model._flatten_layers() if type(l).__name__ == "FeedForwardExperts"]
     assert experts
     for layer in experts:
