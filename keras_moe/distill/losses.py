@@ -20,6 +20,8 @@ so the gradients are identical; `kl_divergence` is reported as a metric.
 
 from keras import ops
 
+from keras_moe.models.losses import token_log_likelihood
+
 
 def check_alpha(alpha):
     """Raises ValueError unless `alpha` is a number in [0, 1]."""
@@ -58,9 +60,7 @@ def hard_loss(labels, student_logits, sample_weight=None):
     Example:
     >>> hard_loss(np.array([[1, 2]]), np.zeros((1, 2, 5)))  # log(5)
     """
-    logp = ops.log_softmax(ops.cast(student_logits, "float32"), axis=-1)
-    labels = ops.cast(labels, "int32")
-    picked = ops.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    picked = token_log_likelihood(labels, student_logits)
     return _weighted_mean(-picked, _weights(labels, sample_weight))
 
 

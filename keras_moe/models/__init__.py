@@ -13,7 +13,13 @@ from keras_moe.models.config import (
 )
 from keras_moe.models.data import seqio_to_keras
 from keras_moe.models.layers import DenseFeedForward, RMSNorm
-from keras_moe.models.losses import NegLogPerplexity, compile_defaults, token_cross_entropy
+from keras_moe.models.losses import (
+    NegLogPerplexity,
+    TokenCrossEntropy,
+    compile_defaults,
+    token_cross_entropy,
+    token_log_likelihood,
+)
 from keras_moe.models.position_bias import RelativePositionBias, relative_position_bucket
 from keras_moe.models.transformer import DecoderBlock, EncoderBlock, EncoderDecoder
 
@@ -25,8 +31,8 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "DecoderBlock", "DenseFeedForward", "EncoderBlock", "EncoderDecoder", "NegLogPerplexity",
-    "RMSNorm", "RelativePositionBias", "T5Attention", "T5Config", "build_model",
+    "RMSNorm", "RelativePositionBias", "T5Attention", "T5Config", "TokenCrossEntropy", "build_model",
     "compile_defaults", "count_params", "decoding", "gin_dirs", "gin_path", "hf_sparse_layers",
     "losses", "parse_gin", "relative_position_bucket", "seqio_to_keras",
-    "sparse_layers_from_step", "token_cross_entropy",
+    "sparse_layers_from_step", "token_cross_entropy", "token_log_likelihood",
 ]

@@ -10,15 +10,56 @@ import keras
 from keras import ops
 
 
+def token_log_likelihood(targets, logits):
+    """log p(target) of every token: `logits[target] - logsumexp(logits)`, in float32.
+
+    Same values as `-sparse_categorical_crossentropy(..., from_logits=True)`,
+    but built from a gather and a reduction: on CPU that is about 1.5x faster
+    forward+backward (3x forward) than TF's fused sparse softmax kernel, which
+    runs the vocabulary axis on one thread.
+
+    Args:
+        targets: int tensor `[..., length]` of token ids.
+        logits: float tensor `[..., length, vocab]`.
+
+    Example:
+    >>> token_log_likelihood(np.array([[1]]), np.zeros((1, 1, 4)))  # log(1/4)
+    """
+    logits = ops.cast(logits, "float32")
+    targets = ops.cast(targets, "int32")
+    target_logits = ops.take_along_axis(logits, ops.expand_dims(targets, -1), axis=-1)
+    return ops.squeeze(target_logits, -1) - ops.logsumexp(logits, axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class TokenCrossEntropy(keras.losses.Loss):
+    """Token cross-entropy on logits, normalised by the sum of the loss weights.
+
+    Args:
+        name: loss name (logged as "loss" by `fit`).
+        reduction: Keras reduction; the T5 default divides by the weight sum.
+
+    Example:
+    >>> loss = TokenCrossEntropy()
+    >>> loss(np.array([[1, 2]]), np.zeros((1, 2, 5)), sample_weight=np.array([[1., 0.]]))
+    """
+
+    def __init__(self, name="token_cross_entropy", reduction="mean_with_sample_weight",
+                 dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+
+    def call(self, y_true, y_pred):
+        return -token_log_likelihood(y_true, y_pred)
+
+
 def token_cross_entropy():
-    """Sparse cross-entropy on logits, normalised by the sum of the loss weights.
+    """`TokenCrossEntropy()`: the T5 loss, normalised by the sum of the loss weights.
 
     Example:
     >>> loss = token_cross_entropy()
     >>> loss(np.array([[1, 2]]), np.zeros((1, 2, 5)), sample_weight=np.array([[1., 0.]]))
     """
-    return keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="mean_with_sample_weight", name="token_cross_entropy")
+    return TokenCrossEntropy()
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -34,7 +75,7 @@ class NegLogPerplexity(keras.metrics.Mean):
         super().__init__(name=name, dtype=dtype)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        values = -keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+        values = token_log_likelihood(y_true, y_pred)
         return super().update_state(values, sample_weight=sample_weight)
 
     def get_config(self):
