@@ -4,6 +4,8 @@ Both models have the same architecture and the same weights (the keras_moe
 model is exported with `keras_moe.convert.to_hf` and loaded by HF
 transformers on torch CPU), the same batch, and Adam. Steps are interleaved;
 the report is the median tokens/s of each and their ratio (target >= 1.5x).
+keras_moe is measured twice: with the default graph step, and compiled by XLA
+(`jit_compile=True`, what TPU runs use; off by default on CPU).
 
     python benchmarks/model_speed.py
     python benchmarks/model_speed.py --batch_size 32 --inputs 256 --targets 64
@@ -45,10 +47,11 @@ def make_batch(rng, batch_size, inputs, targets, vocab_size):
     return enc, dec_in, tgt, weights
 
 
-def keras_step(model, batch):
+def keras_step(model, batch, jit_compile=False):
     enc, dec_in, tgt, weights = batch
     x = {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in}
-    model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(1e-3)))
+    model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(1e-3),
+                                           jit_compile=jit_compile))
     model.train_on_batch(x, tgt, sample_weight=weights)  # trace
     return lambda: model.train_on_batch(x, tgt, sample_weight=weights)
 
@@ -85,6 +88,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--output", default="model_speed")
+    parser.add_argument("--no_xla", action="store_true",
+                        help="skip the keras_moe run with jit_compile=True")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -101,18 +106,27 @@ def main(argv=None):
         convert.to_hf(model, path, expert_capacity=capacity)
         steps = {"hf_switch_torch": hf_step(path, batch, args.threads, config.aux_loss_factor)}
     steps["keras_moe"] = keras_step(model, batch)
+    if not args.no_xla:
+        xla_model = models.build_model(config)
+        xla_model({"encoder_input_tokens": batch[0], "decoder_input_tokens": batch[1]})
+        xla_model.set_weights(model.get_weights())
+        steps["keras_moe_xla"] = keras_step(xla_model, batch, jit_compile=True)
     timings = common.interleaved_medians(steps, args.repeats, warmup=1)
     tokens = args.batch_size * (args.inputs + args.targets)
     result = {name: {"median_s": t["median"], "spread_s": t["spread"],
                      "tokens_per_s": tokens / t["median"]} for name, t in timings.items()}
-    ratio = result["keras_moe"]["tokens_per_s"] / result["hf_switch_torch"]["tokens_per_s"]
+    hf = result["hf_switch_torch"]["tokens_per_s"]
+    ratio = result["keras_moe"]["tokens_per_s"] / hf
+    ratio_xla = result["keras_moe_xla"]["tokens_per_s"] / hf if "keras_moe_xla" in result else None
     for name, r in result.items():
         print(f"{name:16s} {r['median_s'] * 1e3:8.1f} ms/step  {r['tokens_per_s']:9.0f} tokens/s")
     print(f"keras_moe / HF tokens/s: {ratio:.2f}x")
+    if ratio_xla is not None:
+        print(f"keras_moe (jit_compile=True) / HF tokens/s: {ratio_xla:.2f}x")
     path = common.write_result(args.output, {
         "benchmark": "model_speed", "args": vars(args), "environment": common.environment(),
         "tokens_per_step": tokens, "params": models.count_params(config), "results": result,
-        "ratio_keras_moe_over_hf": ratio,
+        "ratio_keras_moe_over_hf": ratio, "ratio_keras_moe_xla_over_hf": ratio_xla,
         "command": "python benchmarks/model_speed.py " + " ".join(argv or sys.argv[1:])})
     print(f"wrote {path}")
 

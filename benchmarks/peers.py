@@ -9,9 +9,14 @@
   `--tfm_python`, or leave it out to skip that peer).
 
 Reported: median forward+backward seconds and the speed-up of keras_moe over
-each peer (target >= 2x).
+each peer (target >= 2x). A dense FFN of the same tokens and sizes is timed
+beside them in both frameworks (`dense_tf`, `dense_torch`): a top-1 layer does
+at least the dense FFN's matmuls, so `speedup_bound_vs_hf` (HF's time over the
+faster dense FFN) bounds the speed-up any float32 implementation can reach
+over HF on this machine.
 
     python benchmarks/peers.py --tfm_python /tmp/tfm_venv/bin/python
+    python benchmarks/peers.py --precision mixed_bfloat16 --output peers_bf16
     python benchmarks/peers.py --smoke
 
 Set up the Model Garden environment with:
@@ -37,10 +42,21 @@ import tensorflow as tf  # noqa: E402
 
 import keras_moe  # noqa: E402
 from benchmarks import common  # noqa: E402
-from benchmarks.layer_speed import step_fn  # noqa: E402
+from benchmarks.layer_speed import DenseFeedForward, step_fn  # noqa: E402
 
 
-def hf_switch_step(num_experts, d_model, d_ff, capacity, x_np, threads):
+def torch_precision(precision):
+    """A context manager running torch ops in the precision of `--precision`."""
+    import contextlib
+
+    import torch
+
+    if precision == "mixed_bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def hf_switch_step(num_experts, d_model, d_ff, capacity, x_np, threads, precision="float32"):
     import torch
     from transformers import SwitchTransformersConfig
     from transformers.models.switch_transformers import modeling_switch_transformers as hf
@@ -54,11 +70,32 @@ def hf_switch_step(num_experts, d_model, d_ff, capacity, x_np, threads):
 
     def step():
         mlp.zero_grad(set_to_none=True)
-        y = mlp(x)
-        (y ** 2).mean().backward()
+        with torch_precision(precision):
+            y = mlp(x)
+        (y.float() ** 2).mean().backward()
         return mlp.router.classifier.weight.grad
 
     return mlp, step
+
+
+def torch_dense_step(d_model, d_ff, x_np, threads, precision="float32"):
+    """The dense FFN of the same tokens in torch: the compute floor of the HF layer."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(d_model, d_ff, bias=False), torch.nn.ReLU(),
+                              torch.nn.Linear(d_ff, d_model, bias=False))
+    x = torch.from_numpy(x_np.reshape(-1, d_model))  # 2-D: torch's fastest Linear backward
+
+    def step():
+        ffn.zero_grad(set_to_none=True)
+        with torch_precision(precision):
+            y = ffn(x)
+        (y.float() ** 2).mean().backward()
+        return ffn[0].weight.grad
+
+    return step
 
 
 class TfmPeer:
@@ -91,25 +128,30 @@ def run(args):
             "float32")
         x = tf.constant(x_np)
         capacity = math.ceil(args.capacity_factor * args.seq_len / num_experts)
-        timers = {}
+        # Dense FFNs of the same tokens and sizes: what one top-1 layer that
+        # computes each token once cannot beat (same FLOPs, same GEMM library).
+        dtype = args.precision
+        timers = {"dense_tf": step_fn(DenseFeedForward(args.d_ff, dtype=dtype), x),
+                  "dense_torch": torch_dense_step(args.d_model, args.d_ff, x_np, args.threads,
+                                                  args.precision)}
         ours = {}
         for dispatch in ("gather", "einsum"):
             layer = keras_moe.SwitchFeedForward(
                 num_experts, args.d_ff, dispatch=dispatch, train_capacity_factor=1e-6,
-                min_expert_capacity=capacity, track_metrics=False)
+                min_expert_capacity=capacity, track_metrics=False, dtype=dtype)
             ours[dispatch] = layer
             timers[f"keras_moe_switch_{dispatch}"] = step_fn(layer, x)
         mlp, hf_step = hf_switch_step(num_experts, args.d_model, args.d_ff, capacity, x_np,
-                                      args.threads)
+                                      args.threads, args.precision)
         timers["hf_switch_torch"] = hf_step
         ec = keras_moe.MoeLayer(
             keras_moe.ExpertChoiceRouter(num_experts),
-            keras_moe.FeedForwardExperts(num_experts, args.d_ff), dispatch="gather",
+            keras_moe.FeedForwardExperts(num_experts, args.d_ff, dtype=dtype), dispatch="gather",
             train_capacity_factor=args.capacity_factor, min_expert_capacity=0,
-            track_metrics=False)
+            track_metrics=False, dtype=dtype)
         timers["keras_moe_expert_choice_gather"] = step_fn(ec, x)
         peer = None
-        if args.tfm_python:
+        if args.tfm_python and args.precision == "float32":
             peer = TfmPeer(args.tfm_python, {
                 "tokens": args.tokens, "seq_len": args.seq_len, "d_model": args.d_model,
                 "d_ff": args.d_ff, "num_experts": num_experts,
@@ -132,13 +174,18 @@ def run(args):
         med = {name: float(np.median(v)) for name, v in samples.items()}
         row = {"num_experts": num_experts, "tokens": args.tokens, "capacity": capacity,
                "median_s": med, "spread_s": {n: (max(v) - min(v)) / 2 for n, v in samples.items()},
-               "speedup_switch_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_gather"]}
+               "speedup_switch_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_gather"],
+               "speedup_bound_vs_hf": med["hf_switch_torch"] / min(med["dense_tf"],
+                                                                   med["dense_torch"]),
+               "keras_moe_over_tf_dense": med["keras_moe_switch_gather"] / med["dense_tf"]}
         if peer is not None:
             row["speedup_expert_choice_vs_tfm"] = (
                 med["tfm_expert_choice"] / med["keras_moe_expert_choice_gather"])
             row["tfm_tensorflow"] = peer.info["tensorflow"]
         rows.append(row)
         print(f"E={num_experts:4d} " + "  ".join(f"{n}={t * 1e3:.0f}ms" for n, t in med.items()))
+        print(f"       HF / fastest dense FFN (speed-up bound): {row['speedup_bound_vs_hf']:.2f}"
+              f"   keras_moe / TF dense FFN: {row['keras_moe_over_tf_dense']:.2f}")
         print(f"       keras_moe vs HF (switch): {row['speedup_switch_vs_hf']:.2f}x"
               + (f"   vs TF Model Garden (expert choice): "
                  f"{row['speedup_expert_choice_vs_tfm']:.2f}x" if peer else ""), flush=True)
@@ -157,6 +204,10 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--tfm_python", default=None,
                         help="python of a virtual environment with tf-models-official")
+    parser.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"],
+                        help="mixed_bfloat16: keras_moe layers with the mixed_bfloat16 policy "
+                             "(router in float32), torch under CPU bfloat16 autocast; the TF "
+                             "Model Garden peer runs in float32 only and is skipped")
     parser.add_argument("--output", default="peers")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)

@@ -35,17 +35,31 @@ def test_peers_smoke():
     data = _run("peers.py", "smoke_peers")
     row = data["rows"][0]
     assert set(row["median_s"]) == {"keras_moe_switch_gather", "keras_moe_switch_einsum",
-                                     "hf_switch_torch", "keras_moe_expert_choice_gather"}
+                                     "hf_switch_torch", "keras_moe_expert_choice_gather",
+                                     "dense_tf", "dense_torch"}
     assert row["speedup_switch_vs_hf"] == pytest.approx(
         row["median_s"]["hf_switch_torch"] / row["median_s"]["keras_moe_switch_gather"])
+    assert row["speedup_bound_vs_hf"] == pytest.approx(row["median_s"]["hf_switch_torch"] / min(
+        row["median_s"]["dense_tf"], row["median_s"]["dense_torch"]))
+
+
+def test_peers_smoke_in_mixed_bfloat16():
+    data = _run("peers.py", "smoke_peers_bf16", "--precision", "mixed_bfloat16")
+    assert data["args"]["precision"] == "mixed_bfloat16"
+    row = data["rows"][0]
+    assert "tfm_expert_choice" not in row["median_s"]
+    assert row["speedup_switch_vs_hf"] > 0
 
 
 def test_model_speed_smoke():
     data = _run("model_speed.py", "smoke_model_speed")
-    assert set(data["results"]) == {"keras_moe", "hf_switch_torch"}
+    assert set(data["results"]) == {"keras_moe", "keras_moe_xla", "hf_switch_torch"}
     tokens = data["tokens_per_step"]
     for r in data["results"].values():
         assert r["tokens_per_s"] == pytest.approx(tokens / r["median_s"])
     assert data["ratio_keras_moe_over_hf"] == pytest.approx(
         data["results"]["keras_moe"]["tokens_per_s"]
+        / data["results"]["hf_switch_torch"]["tokens_per_s"])
+    assert data["ratio_keras_moe_xla_over_hf"] == pytest.approx(
+        data["results"]["keras_moe_xla"]["tokens_per_s"]
         / data["results"]["hf_switch_torch"]["tokens_per_s"])
