@@ -83,7 +83,7 @@ def main(argv=None):
 
         import keras_moe.distill.gin_configurables  # noqa: F401
 
-        config.parse_gin(files, args.gin_bindings)
+        config.parse_gin(files, args.gin_bindings, args.gin_allow_import)
         trainer.prepare_model_dir(args.model_dir)
         built = []
         with distiller_as_model(built):

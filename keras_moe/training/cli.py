@@ -38,7 +38,14 @@ def build_parser(prog="keras-moe-train"):
                         help="gin binding, e.g. 'BATCH_SIZE = 32'; repeatable")
     parser.add_argument("--model_dir", required=True, help="output folder (resumes if it holds "
                         "checkpoints)")
+    add_gin_allow_import_flag(parser)
     return parser
+
+
+def add_gin_allow_import_flag(parser):
+    parser.add_argument("--gin_allow_import", action="append", default=[], metavar="MODULE",
+                        help="let gin files `import` MODULE (and its sub-modules) besides "
+                             "keras_moe, tasks, seqio, t5.data, t5.evaluation; repeatable")
 
 
 def main(argv=None):
@@ -57,7 +64,7 @@ def main(argv=None):
         from keras_moe.training import gin_configurables
         from keras_moe.training import trainer
 
-        config.parse_gin(args.gin_file, args.gin_bindings)
+        config.parse_gin(args.gin_file, args.gin_bindings, args.gin_allow_import)
         trainer.prepare_model_dir(args.model_dir)
         summary = gin_configurables.train(args.model_dir,
                                           write_config=config.write_operative_config)

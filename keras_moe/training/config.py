@@ -1,5 +1,6 @@
-"""gin files by name, binding checks, and the operative config in the model dir."""
+"""gin files by name, binding checks, import allow-list, and the operative config."""
 
+import contextlib
 import os
 
 from keras_moe.training.errors import TrainingConfigError
@@ -56,12 +57,55 @@ def _split_bindings(bindings):
     return out
 
 
-def parse_gin(files, bindings=()):
+# Modules (with their sub-modules) that gin `import` lines may name by default:
+# they register this project's configurables and seqio tasks.
+DEFAULT_GIN_IMPORTS = ("keras_moe", "tasks", "seqio", "t5.data", "t5.evaluation")
+
+
+@contextlib.contextmanager
+def gin_imports_allowed(extra=()):
+    """While active, gin `import` lines may only name `DEFAULT_GIN_IMPORTS` + `extra`.
+
+    An import runs the module's code, so a shared gin file could otherwise run
+    anything importable. A refused import raises `TrainingConfigError` naming
+    the line and the `--gin_allow_import` flag that allows it.
+
+    Args:
+        extra: more module names (each also allows its sub-modules).
+
+    Example:
+    >>> with gin_imports_allowed(["my_project.tasks"]):
+    ...     gin.parse_config_file("my_run.gin")
+    """
+    import gin.config
+
+    allowed = tuple(DEFAULT_GIN_IMPORTS) + tuple(m.strip() for m in extra if m.strip())
+    original = gin.config.ParseContext.process_import
+
+    def checked(self, statement):
+        module = statement.module  # "a.b" for both `import a.b` and `from a import b`
+        if not any(module == a or module.startswith(a + ".") for a in allowed):
+            where = f"{statement.location.filename}:{statement.location.line_num}"
+            raise TrainingConfigError(
+                f"gin import {statement.format()!r} ({where}) is not allowed: gin files may "
+                f"import only {list(allowed)} and their sub-modules. If you trust it, allow "
+                f"it with --gin_allow_import {module.split('.')[0]}.")
+        return original(self, statement)
+
+    gin.config.ParseContext.process_import = checked
+    try:
+        yield
+    finally:
+        gin.config.ParseContext.process_import = original
+
+
+def parse_gin(files, bindings=(), allowed_imports=()):
     """Parses gin files (names or paths) then bindings, with clear errors.
 
     A binding of an undefined macro (`BATCH_SIZ = 4`, a typo gin would accept
     silently) or of an unknown configurable/parameter raises
-    `TrainingConfigError` naming it and listing the known macros.
+    `TrainingConfigError` naming it and listing the known macros; so does an
+    `import` of a module outside `DEFAULT_GIN_IMPORTS` + `allowed_imports`.
     """
     import gin
 
@@ -70,11 +114,20 @@ def parse_gin(files, bindings=()):
 
     model_gin.add_search_paths()  # includes are relative to the gin/ folders
     paths = [resolve_gin_file(f) for f in files or ()]
-    try:
-        for path in paths:
-            gin.parse_config_file(path)
-    except (ValueError, IOError, SyntaxError) as e:
-        raise TrainingConfigError(f"bad gin file: {e}") from None
+    with gin_imports_allowed(allowed_imports):
+        try:
+            for path in paths:
+                gin.parse_config_file(path)
+        except TrainingConfigError:
+            raise
+        except (ValueError, IOError, SyntaxError) as e:
+            raise TrainingConfigError(f"bad gin file: {e}") from None
+        _parse_bindings(files, bindings)
+
+
+def _parse_bindings(files, bindings):
+    import gin
+
     known = _macros()
     for binding in _split_bindings(bindings):
         lhs = binding.split("=", 1)[0].strip()

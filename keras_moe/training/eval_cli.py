@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from keras_moe.training.cli import set_tf_environment
+from keras_moe.training.cli import add_gin_allow_import_flag, set_tf_environment
 
 
 def build_parser():
@@ -28,6 +28,7 @@ def build_parser():
     p.add_argument("--max_decode_length", type=int, default=None)
     p.add_argument("--beam_size", type=int, default=1, help="1 = greedy")
     p.add_argument("--task", default=None, help="evaluate on another task than train.task")
+    add_gin_allow_import_flag(p)
     return p
 
 
@@ -51,7 +52,10 @@ def main(argv=None):
         for f in files:
             path = config.resolve_gin_file(f)
             try:
-                gin.parse_config_file(path, skip_unknown=True)
+                with config.gin_imports_allowed(args.gin_allow_import):
+                    gin.parse_config_file(path, skip_unknown=True)
+            except TrainingConfigError:
+                raise
             except (ValueError, IOError) as e:
                 raise TrainingConfigError(f"bad gin file {path}: {e}") from None
         for binding in args.gin_bindings:

@@ -1,6 +1,7 @@
 """Safe loading (.keras safe mode, gin only binds registered names) and bad input errors."""
 
 import os
+import sys
 
 import keras
 import numpy as np
@@ -92,3 +93,37 @@ def test_invalid_layer_and_model_arguments_name_the_argument():
     with pytest.raises(ValueError, match="vocab_size"):
         T5Config(vocab_size=0)
 
+
+
+def test_gin_imports_outside_the_allow_list_are_refused_before_running(tmp_path):
+    import gin
+
+    marker = tmp_path / "imported"
+    module = tmp_path / "side_effect_module.py"
+    module.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    bad = tmp_path / "bad.gin"
+    bad.write_text("include 'runs/tiny_local.gin'\nimport side_effect_module\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        gin.clear_config()
+        with pytest.raises(TrainingConfigError, match=r"side_effect_module.*--gin_allow_import"):
+            config.parse_gin([str(bad)])
+        assert not marker.exists()  # the module never ran
+        gin.clear_config()
+        config.parse_gin([str(bad)], allowed_imports=["side_effect_module"])
+        assert marker.exists()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("side_effect_module", None)
+        gin.clear_config()
+
+
+def test_gin_import_refusal_names_the_flag_on_the_command_line(tmp_path, capsys):
+    from keras_moe.training import cli
+
+    bad = tmp_path / "bad.gin"
+    bad.write_text("include 'runs/tiny_local.gin'\nfrom __gin__ import dynamic_registration\n")
+    assert cli.main(["--gin_file", str(bad), "--model_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--gin_allow_import __gin__" in err and "bad.gin:2" in err
+    assert not (tmp_path / "run").exists()
