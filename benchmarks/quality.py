@@ -21,6 +21,7 @@ negative log perplexity = weighted mean log-probability of the target tokens
     python benchmarks/quality.py --table1         # + 6 Table 1 runs (~45-60 min* on 2 cores)
     python benchmarks/quality.py --d_model 64 --d_ff 128 --layers 2 --steps 300 \
         --eval_every 50 --table1 --output quality_small    # ~10 min
+    python benchmarks/quality.py --seeds 3        # mean of 3 seeds, with the spread
     python benchmarks/quality.py --smoke          # seconds; checks it runs
     python benchmarks/quality.py --no_main --table1   # only the Table 1 runs (and the dense one)
 
@@ -73,6 +74,10 @@ def parse_args(argv=None):
     p.add_argument("--min_expert_capacity", type=int, default=4)
     p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1,
+                   help="train every model with this many seeds (--seed, --seed+1, ...: "
+                        "initialisation and data order) and report the mean curve and the "
+                        "spread; differences smaller than the spread are noise")
     p.add_argument("--no_main", action="store_true", help="skip the dense vs Switch-E comparison")
     p.add_argument("--table1", action="store_true",
                    help="also run top-1 vs top-2 at the capacity factors of --table1_cf")
@@ -90,8 +95,8 @@ def parse_args(argv=None):
         args.experts, args.table1_experts, args.table1_cf = [2], 2, [1.0, 2.0]
         if args.task == "docs_span_corruption":
             args.task = FALLBACK_TASK  # no dependency on the Debian docs in tests
-    if args.steps < 1 or args.eval_every < 1 or args.eval_batches < 1:
-        p.error("--steps, --eval_every and --eval_batches must be >= 1")
+    if args.steps < 1 or args.eval_every < 1 or args.eval_batches < 1 or args.seeds < 1:
+        p.error("--steps, --eval_every, --eval_batches and --seeds must be >= 1")
     if args.steps % args.eval_every:
         p.error(f"--steps ({args.steps}) must be a multiple of --eval_every ({args.eval_every})")
     if args.no_main and not args.table1:
@@ -210,6 +215,27 @@ def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
     return out
 
 
+def mean_over_seeds(outs, seeds):
+    """One run's record from the `train_with_curve` records of several seeds:
+    the mean curve, the mean final value with its per-seed values and standard
+    deviation, and the median step time; per-seed curves under `per_seed`."""
+    curve = []
+    for points in zip(*(o["curve"] for o in outs)):
+        curve.append({"step": points[0]["step"], **{
+            key: statistics.fmean(p[key] for p in points)
+            for key in ("neg_log_perplexity", "accuracy", "loss")}})
+    finals = [o["final_neg_log_perplexity"] for o in outs]
+    return {
+        "curve": curve, "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
+        "final_accuracy": curve[-1]["accuracy"], "seeds": list(seeds),
+        "final_per_seed": finals,
+        "final_std": statistics.stdev(finals) if len(finals) > 1 else None,
+        "step_time_s": statistics.median(o["step_time_s"] for o in outs),
+        "train_seconds": sum(o["train_seconds"] for o in outs),
+        "per_seed": outs,
+    }
+
+
 def command_line(script, argv):
     return f"python benchmarks/{script} " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
@@ -227,8 +253,12 @@ def plot(runs, dense_name, path, title):
     for name, run in runs.items():
         steps = [p["step"] for p in run["curve"]][1:]  # step 0 squashes the scale
         values = [p["neg_log_perplexity"] for p in run["curve"]][1:]
-        ax.plot(steps, values, marker="o", markersize=3, label=name,
-                color="black" if name == dense_name else None)
+        line, = ax.plot(steps, values, marker="o", markersize=3, label=name,
+                        color="black" if name == dense_name else None)
+        if len(run.get("per_seed", [])) > 1:  # min-max band over the seeds
+            per_seed = [[p["neg_log_perplexity"] for p in o["curve"]][1:] for o in run["per_seed"]]
+            ax.fill_between(steps, [min(v) for v in zip(*per_seed)],
+                            [max(v) for v in zip(*per_seed)], color=line.get_color(), alpha=0.15)
     if dense_name in runs:
         ax.axhline(runs[dense_name]["final_neg_log_perplexity"], color="gray", ls=":", lw=1,
                    label="dense final")
@@ -273,20 +303,32 @@ def main(argv=None):
         task, lengths, "validation", args.batch_size, shuffle=False, seed=args.seed,
         repeat=False).take(args.eval_batches))
 
+    seeds = [args.seed + i for i in range(args.seeds)]
+
     def run(name, config):
-        keras.utils.set_random_seed(args.seed)  # same initialisation stream for every model
-        model = build_model(config)
-        model.compile(**model.compile_defaults(
-            optimizer=keras.optimizers.Adam(args.learning_rate)))
-        # Same seed -> same batches in the same order for every model.
-        train_ds = data_lib.make_dataset(task, lengths, "train", args.batch_size, shuffle=True,
-                                         seed=args.seed, repeat=True)
-        out = train_with_curve(model, train_ds, held_out, args.steps, args.eval_every, name)
+        outs = []
+        for seed in seeds:
+            keras.utils.set_random_seed(seed)  # same initialisation stream for every model
+            model = build_model(config)
+            model.compile(**model.compile_defaults(
+                optimizer=keras.optimizers.Adam(args.learning_rate)))
+            # Same seed -> same batches in the same order for every model.
+            train_ds = data_lib.make_dataset(task, lengths, "train", args.batch_size,
+                                             shuffle=True, seed=seed, repeat=True)
+            label = name if len(seeds) == 1 else f"{name} (seed {seed})"
+            outs.append(train_with_curve(model, train_ds, held_out, args.steps, args.eval_every,
+                                         label))
+        out = mean_over_seeds(outs, seeds)
         out.update(params=count_params(config), moe_type=config.moe_type,
                    num_experts=config.num_experts,
                    train_capacity_factor=config.train_capacity_factor if config.moe_type else None,
                    eval_capacity_factor=config.eval_capacity_factor if config.moe_type else None)
         return out
+
+    def gain_in_std(moe_run, dense_run, dense_final):
+        """The final gain over dense in units of the dense model's seed-to-seed std."""
+        std = dense_run["final_std"]
+        return (moe_run["final_neg_log_perplexity"] - dense_final) / std if std else None
 
     start = time.time()
     runs = {"dense": run("dense", dense_config)}
@@ -304,6 +346,7 @@ def main(argv=None):
                 "fraction_of_dense_steps": None if reach is None else reach / args.steps,
                 "meets_half_steps_target": reach is not None and reach <= 0.5 * args.steps,
                 "final_gain_over_dense": runs[name]["final_neg_log_perplexity"] - dense_final,
+                "gain_in_dense_seed_std": gain_in_std(runs[name], runs["dense"], dense_final),
                 "step_time_vs_dense": runs[name]["step_time_s"] / runs["dense"]["step_time_s"],
             }
 
@@ -319,6 +362,7 @@ def main(argv=None):
                     "capacity_factor": cf,
                     "final_neg_log_perplexity": r["final_neg_log_perplexity"],
                     "gain_over_dense": r["final_neg_log_perplexity"] - dense_final,
+                    "final_std": r["final_std"],
                     "step_time_s": r["step_time_s"],
                     "step_time_vs_dense": r["step_time_s"] / runs["dense"]["step_time_s"],
                 })
@@ -330,7 +374,7 @@ def main(argv=None):
         "model": {k: v for k, v in dense_config.to_dict().items()
                   if k in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff",
                            "num_encoder_layers", "num_decoder_layers", "activation")},
-        "optimizer": f"Adam({args.learning_rate}), constant",
+        "optimizer": f"Adam({args.learning_rate}), constant", "seeds": seeds,
         "sparse_layers": "every other layer (encoder and decoder layers 1, 3, ...)",
         "runs": runs, "dense_final_neg_log_perplexity": dense_final,
         "comparison": comparison, "table1": table1,
@@ -343,7 +387,8 @@ def main(argv=None):
         png = os.path.join(common.RESULTS_DIR, f"{args.output}.png")
         main_runs = {k: v for k, v in runs.items() if k == "dense" or k.startswith("switch")}
         title = (f"{task}: d_model {args.d_model}, d_ff {args.d_ff}, {args.layers}+{args.layers} "
-                 f"layers, batch {args.batch_size}x{args.inputs}")
+                 f"layers, batch {args.batch_size}x{args.inputs}"
+                 + (f", mean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else ""))
         payload["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
                                           os.path.dirname(common.RESULTS_DIR))
     path = common.write_result(args.output, payload)
@@ -353,8 +398,10 @@ def main(argv=None):
         reach = "never" if c["steps_to_dense_final"] is None else \
             f"step {c['steps_to_dense_final']:.0f} ({100 * c['fraction_of_dense_steps']:.0f}% " \
             "of the dense steps)"
+        noise = ("" if c["gain_in_dense_seed_std"] is None else
+                 f" = {c['gain_in_dense_seed_std']:+.1f} dense seed std")
         print(f"{name}: final {runs[name]['final_neg_log_perplexity']:.4f} "
-              f"(gain {c['final_gain_over_dense']:+.4f}); reaches dense final at {reach}; "
+              f"(gain {c['final_gain_over_dense']:+.4f}{noise}); reaches dense final at {reach}; "
               f"step time x{c['step_time_vs_dense']:.2f} of dense")
     for row in table1:
         print(f"{row['name']:>16s}: final {row['final_neg_log_perplexity']:.4f} "

@@ -25,8 +25,8 @@ def test_steps_to_reach_interpolates():
 
 
 def test_quality_smoke():
-    data, has_plot = _run("quality.py", "smoke_quality")
-    assert data["benchmark"] == "quality"
+    data, has_plot = _run("quality.py", "smoke_quality", "--seeds", "2")
+    assert data["benchmark"] == "quality" and data["seeds"] == [0, 1]
     assert has_plot and data["plot"].endswith("smoke_quality.png")
     assert set(data["runs"]) == {"dense", "switch2"}
     for run in data["runs"].values():
@@ -34,6 +34,11 @@ def test_quality_smoke():
         assert all(p["neg_log_perplexity"] < 0 for p in run["curve"])
         assert run["final_neg_log_perplexity"] == run["curve"][-1]["neg_log_perplexity"]
         assert run["step_time_s"] > 0
+        # The reported curve is the mean of the seeds' curves.
+        per_seed = [o["curve"][-1]["neg_log_perplexity"] for o in run["per_seed"]]
+        assert run["final_per_seed"] == per_seed and len(per_seed) == 2
+        assert run["final_neg_log_perplexity"] == pytest.approx(sum(per_seed) / 2)
+        assert run["final_std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5)
     assert data["runs"]["switch2"]["params"] > data["runs"]["dense"]["params"]
     c = data["comparison"]["switch2"]
     assert set(c) >= {"steps_to_dense_final", "fraction_of_dense_steps",
