@@ -236,6 +236,14 @@ def mean_over_seeds(outs, seeds):
     }
 
 
+def gain_in_seed_std(moe_run, dense_run):
+    """The final gain over dense in units of the dense model's seed-to-seed std
+    (None with a single seed)."""
+    std = dense_run["final_std"]
+    gain = moe_run["final_neg_log_perplexity"] - dense_run["final_neg_log_perplexity"]
+    return gain / std if std else None
+
+
 def command_line(script, argv):
     return f"python benchmarks/{script} " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
@@ -325,11 +333,6 @@ def main(argv=None):
                    eval_capacity_factor=config.eval_capacity_factor if config.moe_type else None)
         return out
 
-    def gain_in_std(moe_run, dense_run, dense_final):
-        """The final gain over dense in units of the dense model's seed-to-seed std."""
-        std = dense_run["final_std"]
-        return (moe_run["final_neg_log_perplexity"] - dense_final) / std if std else None
-
     start = time.time()
     runs = {"dense": run("dense", dense_config)}
     dense_final = runs["dense"]["final_neg_log_perplexity"]
@@ -346,7 +349,7 @@ def main(argv=None):
                 "fraction_of_dense_steps": None if reach is None else reach / args.steps,
                 "meets_half_steps_target": reach is not None and reach <= 0.5 * args.steps,
                 "final_gain_over_dense": runs[name]["final_neg_log_perplexity"] - dense_final,
-                "gain_in_dense_seed_std": gain_in_std(runs[name], runs["dense"], dense_final),
+                "gain_in_dense_seed_std": gain_in_seed_std(runs[name], runs["dense"]),
                 "step_time_vs_dense": runs[name]["step_time_s"] / runs["dense"]["step_time_s"],
             }
 
