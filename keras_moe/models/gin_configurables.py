@@ -37,13 +37,56 @@ def add_search_paths():
 
 
 def parse_gin(files=(), bindings=(), finalize=False):
-    """Parses gin files (paths or names for `gin_path`) and bindings.
+    """Parses gin files and bindings; returns the `T5Config` that they configure.
+
+    Args:
+        files: one gin file or a list of them: names found by `gin_path`
+            ("switch_tiny", "switch_tiny.gin", "models/switch_tiny") or paths
+            (str or `os.PathLike`) of files of your own.
+        bindings: one gin binding ("NUM_EXPERTS = 4") or a list of them,
+            applied after the files.
+        finalize: lock the gin config after parsing.
+
+    Returns:
+        the `T5Config` bound to `build_model.config` (what `build_model()`
+        would use), or None when the files bind no config.
 
     Example:
-    >>> parse_gin(["switch_tiny"], ["NUM_EXPERTS = 4"])
-    >>> model = build_model()
+    >>> config = parse_gin("switch_tiny.gin", "NUM_EXPERTS = 4")
+    >>> config.moe_type, config.num_experts
+    ('switch', 4)
+    >>> model = build_model()  # the same config, through gin
+    >>> model.config.num_experts
+    4
     """
+    import os
+
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    if isinstance(bindings, str):
+        bindings = [bindings]
     add_search_paths()
-    paths = [f if f.endswith(".gin") and "/" in f and __import__("os").path.isfile(f)
-             else builder.gin_path(f) for f in files]
-    gin.parse_config_files_and_bindings(paths, list(bindings), finalize_config=finalize)
+    gin.parse_config_files_and_bindings([_gin_file(f) for f in files], list(bindings),
+                                        finalize_config=finalize)
+    try:
+        configured = gin.query_parameter("build_model.config")
+    except ValueError:  # the files bind no model config
+        return None
+    if isinstance(configured, gin.config.ConfigurableReference):
+        return configured.scoped_configurable_fn()
+    return configured
+
+
+def _gin_file(name):
+    """Path of a gin file given as a path of one's own or a name for `gin_path`."""
+    import os
+
+    name = os.fspath(name)
+    if os.path.isfile(name) and (os.sep in name or "/" in name):
+        return name
+    try:
+        return builder.gin_path(name)
+    except ValueError:
+        if os.path.isfile(name):  # a file in the current folder
+            return name
+        raise

@@ -1,0 +1,65 @@
+"""`models.parse_gin` as the README's notebook quick start writes it: one file name, or a list."""
+
+import os
+import pathlib
+import re
+
+import gin
+import pytest
+
+from keras_moe import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def _readme_parse_gin_call():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        calls = re.findall(r"models\.parse_gin\([^)]*\)", f.read())
+    assert calls, "the README no longer shows models.parse_gin"
+    return calls[0]
+
+
+def test_the_readme_call_works_as_written():
+    call = _readme_parse_gin_call()
+    assert call == 'models.parse_gin("switch_tiny.gin")'
+    config = eval(call, {"models": models})  # noqa: S307 - the README's own text
+    # It stands in for `config = models.T5Config(...)`: switch_tiny.gin's model.
+    assert isinstance(config, models.T5Config)
+    assert (config.moe_type, config.num_experts, config.d_model) == ("switch", 8, 128)
+    assert config.resolved_encoder_sparse_layers() == (1,)
+
+
+def test_one_name_a_path_or_a_list_give_the_same_config(tmp_path):
+    by_name = models.parse_gin("switch_tiny")
+    gin.clear_config()
+    by_list = models.parse_gin(["switch_tiny.gin"], ["NUM_EXPERTS = 4"])
+    gin.clear_config()
+    path = pathlib.Path(models.gin_path("switch_tiny"))
+    by_path = models.parse_gin(path, "NUM_EXPERTS = 4")  # os.PathLike, one binding as a str
+    assert by_name.num_experts == 8
+    assert by_list == by_path and by_list.num_experts == 4
+    assert by_list.replace(num_experts=8) == by_name
+
+
+def test_a_file_of_ones_own_and_an_unknown_name(tmp_path, monkeypatch):
+    own = tmp_path / "my_model.gin"
+    own.write_text("include 'models/switch_tiny.gin'\nNUM_EXPERTS = 2\n")
+    assert models.parse_gin(str(own)).num_experts == 2
+    gin.clear_config()
+    monkeypatch.chdir(tmp_path)
+    assert models.parse_gin("my_model.gin").num_experts == 2  # in the current folder
+    with pytest.raises(ValueError, match="no_such_model"):
+        models.parse_gin("no_such_model.gin")
+
+
+def test_files_that_bind_no_model_config_return_none(tmp_path):
+    own = tmp_path / "macros.gin"
+    own.write_text("NUM_EXPERTS = 2\n")
+    assert models.parse_gin(own) is None
