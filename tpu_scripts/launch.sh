@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # Launch a training job on all workers (in the background, logging to ~/keras_moe_train.log).
 #   tpu_scripts/launch.sh --name=moe --zone=us-central2-b --gin_file=pretrain_c4.gin \
-#       --model_dir=/mnt/runs/c4 [--gin_bindings='NUM_EXPERTS = 16' ...] [--dry-run]
+#       --model_dir=/mnt/runs/c4 [--gin_bindings='NUM_EXPERTS = 16' ...] \
+#       [--tfds_data_dir=gs://BUCKET/tensorflow_datasets] [--dry-run]
+# --model_dir is a folder on every worker (a gcsfuse mount of a bucket; gs:// paths are
+# refused by the checkpoint writer); --tfds_data_dir sets $TFDS_DATA_DIR for the job.
 source "$(dirname "$0")/common.sh"
-GIN_FILE=""; MODEL_DIR=""; BINDINGS=()
+GIN_FILE=""; MODEL_DIR=""; TFDS_DIR=""; BINDINGS=()
 for arg in "$@"; do
   case "$arg" in
     --name=*) TPU_NAME="${arg#*=}" ;; --zone=*) ZONE="${arg#*=}" ;;
     --project=*) PROJECT="${arg#*=}" ;; --gin_file=*) GIN_FILE="${arg#*=}" ;;
     --model_dir=*) MODEL_DIR="${arg#*=}" ;; --gin_bindings=*) BINDINGS+=("${arg#*=}") ;;
+    --tfds_data_dir=*) TFDS_DIR="${arg#*=}" ;;
     --dry-run) DRY_RUN=1 ;; *) die "unknown argument '$arg'" ;;
   esac
 done
 check_name
 [[ -n "$GIN_FILE" ]] || die "--gin_file is required"
 [[ -n "$MODEL_DIR" ]] || die "--model_dir is required"
-TRAIN="JAX_PLATFORMS=cpu keras-moe-train --gin_file=$(printf %q "$GIN_FILE") --model_dir=$(printf %q "$MODEL_DIR") --gin_bindings=$(printf %q 'STRATEGY = "tpu"') --gin_bindings=$(printf %q 'TPU_NAME = "local"')"
+[[ "$MODEL_DIR" != gs://* ]] || die "--model_dir '$MODEL_DIR': mount the bucket on every worker (gcsfuse, see tpu_scripts/README.md) and give the mounted folder"
+TRAIN="JAX_PLATFORMS=cpu"
+[[ -z "$TFDS_DIR" ]] || TRAIN+=" TFDS_DATA_DIR=$(printf %q "$TFDS_DIR")"
+TRAIN+=" keras-moe-train --gin_file=$(printf %q "$GIN_FILE") --model_dir=$(printf %q "$MODEL_DIR") --gin_bindings=$(printf %q 'STRATEGY = "tpu"') --gin_bindings=$(printf %q 'TPU_NAME = "local"')"
 for b in "${BINDINGS[@]+"${BINDINGS[@]}"}"; do TRAIN+=" --gin_bindings=$(printf %q "$b")"; done
 CMD="nohup $TRAIN > ~/keras_moe_train.log 2>&1 &"
 extra=(); [[ -n "$PROJECT" ]] && extra+=("--project=$PROJECT")

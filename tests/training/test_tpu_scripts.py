@@ -33,10 +33,37 @@ def test_create_v4_and_v5e():
     assert "--version=v2-alpha-tpuv5-lite" in argv
 
 
+def _lines(result):
+    assert result.returncode == 0, result.stderr
+    return [shlex.split(l) for l in result.stdout.splitlines() if l.strip()]
+
+
+def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_name():
+    archive, scp, ssh = _lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run"))
+    assert archive[:4] == ["git", "-C", REPO, "archive"] and archive[-1] == "HEAD"
+    assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"]
+    assert scp[5] == archive[archive.index("-o") + 1] and "--worker=all" in scp
+    assert ssh[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "moe", "--zone=z1"]
+    assert "--worker=all" in ssh
+    command = ssh[-1][len("--command="):]
+    install = "tar -xzf ~/keras_moe-src.tar.gz -C ~ && (cd ~/keras_moe && bash scripts/install.sh)"
+    # The TPU build of TensorFlow goes in after keras_moe's own tensorflow requirement.
+    assert 0 <= command.find(install) < command.find("pip install 'tensorflow-tpu==2.21.*'")
+    (ssh,) = _lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run",
+                         "--repo=https://example.org/keras_moe.git", "--ref=v1"))
+    assert "git clone --depth 1 --branch v1 https://example.org/keras_moe.git ~/keras_moe" in ssh[-1]
+    scp, ssh = _lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run",
+                           "--wheel=dist/keras_moe-0.1.0-py3-none-any.whl"))
+    assert scp[5:7] == ["dist/keras_moe-0.1.0-py3-none-any.whl",
+                        "moe:keras_moe-0.1.0-py3-none-any.whl"]
+    assert "pip install ~/keras_moe-0.1.0-py3-none-any.whl" in ssh[-1]
+    for lines in (_lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run", *args))
+                  for args in ([], ["--repo=https://example.org/k.git"], ["--wheel=k.whl"])):
+        assert not any("pip install 'keras_moe'" in " ".join(l) or "install keras_moe" in
+                       " ".join(l) for l in lines)
+
+
 def test_setup_launch_logs_delete():
-    argv = _argv(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run"))
-    assert argv[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "moe", "--zone=z1"]
-    assert "--worker=all" in argv and "pip install 'keras_moe'" in argv[-1]
     argv = _argv(_run("launch.sh", "--name=moe", "--zone=z1", "--gin_file=pretrain_c4.gin",
                       "--model_dir=/mnt/runs/c4", "--gin_bindings=NUM_EXPERTS = 16",
                       "--dry-run"))
@@ -61,6 +88,11 @@ def test_setup_launch_logs_delete():
     ("launch.sh", ["--name=moe", "--zone=z", "--gin_file=x.gin"], "--model_dir is required"),
     ("logs.sh", ["--name=moe", "--zone=z", "--worker=a"], "--worker"),
     ("delete.sh", ["--name=moe", "--zone=z", "--force"], "unknown argument"),
+    ("setup.sh", ["--name=moe", "--zone=z", "--package=keras_moe"], "not on the package index"),
+    ("setup.sh", ["--name=moe", "--zone=z", "--wheel=k.tar.gz"], "not a .whl"),
+    ("setup.sh", ["--name=moe", "--zone=z", "--ref=v1"], "--ref needs --repo"),
+    ("launch.sh", ["--name=moe", "--zone=z", "--gin_file=x.gin", "--model_dir=gs://b/r"],
+     "gcsfuse"),
 ])
 def test_bad_arguments_fail_with_a_message(script, args, message):
     result = _run(script, *args, "--dry-run")
