@@ -2,11 +2,13 @@
 
 import json
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -21,6 +23,54 @@ def _env():
     return env
 
 
+def _lines_in_background(stream):
+    """A queue fed with `stream`'s lines by a thread (None at the end of the stream).
+
+    Waiting on the queue with a timeout gives a real deadline: iterating over
+    the stream itself blocks until a line arrives, so a silent hang would never
+    reach the deadline check.
+    """
+    lines = queue.Queue()
+
+    def read():
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _wait_for_line(lines, pattern, deadline, what):
+    """The first match of `pattern` in the next lines; fails at `deadline` or end of output."""
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pytest.fail(f"{what}: nothing matched {pattern!r} in time; last output:\n"
+                        + "".join(seen[-40:]))
+        if line is None:
+            pytest.fail(f"{what}: output ended; last output:\n" + "".join(seen[-40:]))
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match
+
+
+def test_line_wait_fails_at_its_deadline_on_a_silent_process():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        start = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match="in time"):
+            _wait_for_line(_lines_in_background(proc.stdout), "never", start + 1.0, "sleeper")
+        assert time.monotonic() - start < 10
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     model_dir = str(tmp_path / "run")
     args = [sys.executable, "-m", "keras_moe.training", "--gin_file=tiny_local.gin",
@@ -29,15 +79,13 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     saved = []
-    deadline = time.time() + 180
+    lines = _lines_in_background(proc.stdout)
+    deadline = time.monotonic() + 180
     try:
-        for line in proc.stdout:
-            match = re.search(r"saved checkpoint .*ckpt-(\d+)\.weights\.h5", line)
-            if match:
-                saved.append(int(match.group(1)))
-                if saved[-1] >= 10:
-                    break
-            assert time.time() < deadline, "no checkpoint within 180 s"
+        while not saved or saved[-1] < 10:
+            match = _wait_for_line(lines, r"saved checkpoint .*ckpt-(\d+)\.weights\.h5",
+                                   deadline, "checkpoint 10 within 180 s")
+            saved.append(int(match.group(1)))
     finally:
         proc.kill()  # SIGKILL: no chance to clean up.
         proc.wait(timeout=30)
