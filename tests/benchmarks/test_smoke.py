@@ -1,65 +1,169 @@
-"""Each benchmark script runs at a tiny size and writes valid JSON (no timings are asserted)."""
+"""Each benchmark script runs at a tiny size and writes the JSON its docs describe.
+
+No timing is asserted (the machine decides those). What is asserted can fail:
+the rows and fields each script promises, sizes computed here by hand from the
+`--smoke` sizes, the arithmetic of the reports on timings we choose (a fake
+clock, a fake TF Model Garden server), and ranges with a stated reason.
+"""
+
+import json
+import math
+import os
+import stat
+import sys
 
 import pytest
 
 from tests.benchmarks.smoke import run_smoke
+
+# The sizes each script's --smoke flag sets (see their main()).
+SMOKE_TOKENS, SMOKE_SEQ_LEN, SMOKE_D_MODEL, SMOKE_D_FF = 256, 64, 16, 32
 
 
 def _run(script, output, *extra):
     return run_smoke(script, output, *extra)["json"]
 
 
+def _positive_seconds(value):
+    return isinstance(value, float) and math.isfinite(value) and 0 < value < 600
+
+
+def test_layer_speed_reports_on_a_fake_clock(monkeypatch):
+    """The ratios for timings we choose, worked out by hand (k = 1 switch, 2 gshard; cf 1.25)."""
+    from benchmarks import common, layer_speed
+
+    medians = {"dense": 1.0, "switch/gather/E2": 2.5, "switch/gather/E4": 3.0,
+               "gshard/gather/E2": 5.0, "gshard/gather/E4": 6.25}
+    seen = []
+
+    def fake_medians(functions, repeats, warmup=2):
+        seen.append(sorted(functions))
+        return {name: {"median": medians[name], "spread": 0.0, "samples": [medians[name]]}
+                for name in functions}
+
+    monkeypatch.setattr(common, "interleaved_medians", fake_medians)
+    rows = layer_speed.run([128], [2, 4], d_model=8, d_ff=16, capacity_factor=1.25,
+                           layers=["switch", "gshard"], dispatches=["gather"], repeats=1,
+                           seq_len=64)
+    assert seen == [sorted(medians)]  # dense and every layer timed together, once
+    got = {(r["layer"], r["num_experts"]): (r["ratio_vs_cf_dense"], r["ratio_vs_first_E"])
+           for r in rows}
+    assert got == pytest.approx({("switch", 2): (2.0, 1.0), ("switch", 4): (2.4, 1.2),
+                                 ("gshard", 2): (2.0, 1.0), ("gshard", 4): (2.5, 1.25)})
+    assert {r["t_dense_s"] for r in rows} == {1.0} and {r["tokens"] for r in rows} == {128}
+
+
 def test_layer_speed_smoke():
     data = _run("layer_speed.py", "smoke_layer_speed")
     assert data["benchmark"] == "layer_speed"
-    names = {(r["layer"], r["dispatch"], r["num_experts"]) for r in data["rows"]}
-    assert names == {(layer, d, e) for layer in ("switch", "gshard")
-                     for d in ("gather", "einsum") for e in (2, 4)}
+    assert (data["args"]["tokens"], data["args"]["experts"]) == ([SMOKE_TOKENS], [2, 4])
+    assert data["environment"]["backend"] == "tensorflow"
+    names = [(r["layer"], r["dispatch"], r["num_experts"]) for r in data["rows"]]
+    assert sorted(names) == sorted((layer, d, e) for layer in ("switch", "gshard")
+                                   for d in ("gather", "einsum") for e in (2, 4))
     for row in data["rows"]:
-        assert row["t_moe_s"] > 0 and row["t_dense_s"] > 0
-        assert row["ratio_vs_cf_dense"] == pytest.approx(
-            row["t_moe_s"] / ((1 if row["layer"] == "switch" else 2) * 1.25 * row["t_dense_s"]))
+        assert row["tokens"] == SMOKE_TOKENS
+        assert _positive_seconds(row["t_moe_s"]) and _positive_seconds(row["t_dense_s"])
+        if row["num_experts"] == 2:  # the first E is its own base
+            assert row["ratio_vs_first_E"] == 1.0
+    # One dense FFN, timed beside all the layers, is the base of every row.
+    assert len({row["t_dense_s"] for row in data["rows"]}) == 1
 
 
 def test_memory_smoke():
     data = _run("memory.py", "smoke_memory")
-    kinds = {r["kind"] for r in data["rows"]}
-    assert kinds == {"dense", "gather", "einsum"}
-    for row in data["rows"]:
-        assert row["peak_rss_growth_mb"] >= 0
-        assert row["activations_mb"] == pytest.approx(
-            row["peak_rss_growth_mb"] - row["weight_gradients_mb"])
+    rows = {r["kind"]: r for r in data["rows"]}
+    assert sorted(r["kind"] for r in data["rows"]) == ["dense", "einsum", "gather"]
+    assert {r["tokens"] for r in data["rows"]} == {SMOKE_TOKENS}
+    # Weight gradients by hand, float32: the dense FFN has wi [16, 32] and wo [32, 16]; the
+    # Switch layer has 4 experts of those plus a [16, 4] router, whatever the dispatcher.
+    dense_bytes = 2 * SMOKE_D_MODEL * SMOKE_D_FF * 4
+    switch_bytes = 4 * dense_bytes + SMOKE_D_MODEL * 4 * 4
+    assert rows["dense"]["weight_gradients_mb"] == pytest.approx(dense_bytes / 2 ** 20)
+    for kind in ("gather", "einsum"):
+        assert rows[kind]["weight_gradients_mb"] == pytest.approx(switch_bytes / 2 ** 20)
+    for row in rows.values():
+        # Each child imported TensorFlow before its baseline: hundreds of MB, not KB
+        # (ru_maxrss is in KB on Linux; a wrong unit would be off by 1024).
+        assert 100 < row["baseline_mb"] < 20_000, row
+        # The measured step moves a few KB of tensors: growth far beyond that means the
+        # window caught something else (tracing, a second model).
+        assert row["peak_rss_growth_mb"] < 200, row
+    assert rows["dense"]["ratio_vs_dense"] == 1.0
 
 
-def test_peers_smoke():
-    data = _run("peers.py", "smoke_peers")
+FAKE_TFM_SERVER = """#!{python}
+# Stands in for benchmarks/tfm_server.py (run as: <python> tfm_server.py): same protocol,
+# a fixed step time, and a record of what it was asked.
+import json, os, sys
+config = json.loads(sys.stdin.readline())
+steps = 0
+print(json.dumps({{"ready": True, "tensorflow": "fake-2.20"}}), flush=True)
+for line in sys.stdin:
+    if line.strip() != "step":
+        break
+    steps += 1
+    print(json.dumps({{"seconds": 0.25}}), flush=True)
+with open(os.environ["FAKE_TFM_RECORD"], "w") as f:
+    json.dump({{"config": config, "steps": steps}}, f)
+"""
+
+
+@pytest.fixture
+def fake_tfm_python(tmp_path, monkeypatch):
+    path = tmp_path / "python"
+    path.write_text(FAKE_TFM_SERVER.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_TFM_RECORD", str(record))
+    return str(path), record
+
+
+def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
+    python, record = fake_tfm_python
+    data = _run("peers.py", "smoke_peers", "--tfm_python", python)
     row = data["rows"][0]
     assert set(row["median_s"]) == {"keras_moe_switch_gather", "keras_moe_switch_einsum",
                                      "hf_switch_torch", "keras_moe_expert_choice_gather",
-                                     "dense_tf", "dense_torch"}
-    assert row["speedup_switch_vs_hf"] == pytest.approx(
-        row["median_s"]["hf_switch_torch"] / row["median_s"]["keras_moe_switch_gather"])
-    assert row["speedup_bound_vs_hf"] == pytest.approx(row["median_s"]["hf_switch_torch"] / min(
-        row["median_s"]["dense_tf"], row["median_s"]["dense_torch"]))
+                                     "dense_tf", "dense_torch", "tfm_expert_choice"}
+    # The peer's own step time (0.25 s) is what is reported, not the round trip.
+    assert row["median_s"]["tfm_expert_choice"] == 0.25 and row["tfm_tensorflow"] == "fake-2.20"
+    assert row["speedup_expert_choice_vs_tfm"] == pytest.approx(
+        0.25 / row["median_s"]["keras_moe_expert_choice_gather"])
+    asked = json.loads(record.read_text())
+    assert asked == {"config": {"tokens": SMOKE_TOKENS, "seq_len": SMOKE_SEQ_LEN,
+                                "d_model": SMOKE_D_MODEL, "d_ff": SMOKE_D_FF, "num_experts": 4,
+                                "capacity_factor": 1.25},
+                     "steps": data["args"]["repeats"]}
+    assert row["capacity"] == 20  # ceil(1.25 * 64 tokens per sequence / 4 experts)
+    assert all(_positive_seconds(t) for t in row["median_s"].values())
 
 
-def test_peers_smoke_in_mixed_bfloat16():
-    data = _run("peers.py", "smoke_peers_bf16", "--precision", "mixed_bfloat16")
+def test_peers_smoke_in_mixed_bfloat16_skips_the_float32_only_peer(fake_tfm_python):
+    python, record = fake_tfm_python
+    data = _run("peers.py", "smoke_peers_bf16", "--precision", "mixed_bfloat16",
+                "--tfm_python", python)
     assert data["args"]["precision"] == "mixed_bfloat16"
+    assert data["args"]["tfm_python"] == python  # given, and still skipped:
     row = data["rows"][0]
     assert "tfm_expert_choice" not in row["median_s"]
-    assert row["speedup_switch_vs_hf"] > 0
+    assert "speedup_expert_choice_vs_tfm" not in row
+    assert not os.path.exists(record)  # the server was never started
+    assert all(_positive_seconds(t) for t in row["median_s"].values())
 
 
 def test_model_speed_smoke():
     data = _run("model_speed.py", "smoke_model_speed")
     assert set(data["results"]) == {"keras_moe", "keras_moe_xla", "hf_switch_torch"}
-    tokens = data["tokens_per_step"]
+    # --smoke: batch 2 of 16 input + 8 target tokens.
+    assert data["tokens_per_step"] == 2 * (16 + 8)
     for r in data["results"].values():
-        assert r["tokens_per_s"] == pytest.approx(tokens / r["median_s"])
+        assert _positive_seconds(r["median_s"])
+        assert r["tokens_per_s"] * r["median_s"] == pytest.approx(48)
+    hf_s = data["results"]["hf_switch_torch"]["median_s"]
+    # tokens/s ratios are the inverse ratios of step times.
     assert data["ratio_keras_moe_over_hf"] == pytest.approx(
-        data["results"]["keras_moe"]["tokens_per_s"]
-        / data["results"]["hf_switch_torch"]["tokens_per_s"])
+        hf_s / data["results"]["keras_moe"]["median_s"])
     assert data["ratio_keras_moe_xla_over_hf"] == pytest.approx(
-        data["results"]["keras_moe_xla"]["tokens_per_s"]
-        / data["results"]["hf_switch_torch"]["tokens_per_s"])
+        hf_s / data["results"]["keras_moe_xla"]["median_s"])
+    assert data["command"].endswith("--smoke --output smoke_model_speed")
