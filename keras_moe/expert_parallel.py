@@ -160,7 +160,7 @@ class ExpertParallelExperts(FeedForwardExperts):
 
 
 def expert_parallel_switch(num_experts, d_ff, exchange="auto", activation="relu",
-                           jitter_noise=0.0, init_scale=0.1, seed=None, **moe_kwargs):
+                           jitter_noise=0.0, init_scale=1.0, seed=None, **moe_kwargs):
     """A Switch (top-1) `MoeLayer` whose experts are `ExpertParallelExperts`.
 
     Args:

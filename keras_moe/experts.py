@@ -52,11 +52,6 @@ class PerExpertFanIn(keras.initializers.Initializer):
         return {"scale": self.scale, "seed": self.seed}
 
 
-def scaled_initializer(scale):
-    """Switch's scaled-down init for expert kernels (per-expert fan-in)."""
-    return PerExpertFanIn(scale)
-
-
 @keras.saving.register_keras_serializable(package="keras_moe")
 class FeedForwardExperts(keras.layers.Layer):
     """A stack of E independent feed-forward networks, run as batched matmuls.
@@ -71,8 +66,8 @@ class FeedForwardExperts(keras.layers.Layer):
         activation: one of "relu", "gelu", "gated-gelu", "gated-relu", "gated-silu".
         dropout_rate: dropout on the expert hidden activations ("expert
             dropout", Switch §3), in [0, 1).
-        init_scale: scale of the truncated-normal fan-in init; 0.1 is the
-            Switch paper's reduced init.
+        init_scale: variance scale of the truncated-normal fan-in init (1.0,
+            T5's scale, by default; the Switch paper uses 0.1 model-wide).
         seed: dropout seed.
 
     Example:
@@ -83,7 +78,7 @@ class FeedForwardExperts(keras.layers.Layer):
     """
 
     def __init__(self, num_experts, d_ff, activation="relu", dropout_rate=0.0,
-                 init_scale=0.1, seed=None, **kwargs):
+                 init_scale=1.0, seed=None, **kwargs):
         super().__init__(**kwargs)
         for name, value in (("num_experts", num_experts), ("d_ff", d_ff)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -106,15 +101,19 @@ class FeedForwardExperts(keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        init = scaled_initializer(self.init_scale)
+        # One initializer object per weight (an initializer object may repeat
+        # its values on every call).
+        def init():
+            return PerExpertFanIn(self.init_scale)
+
         wi_shape = (self.num_experts, d_model, self.d_ff)
         if self.gated:
-            self.wi_0 = self.add_weight(name="wi_0", shape=wi_shape, initializer=init)
-            self.wi_1 = self.add_weight(name="wi_1", shape=wi_shape, initializer=init)
+            self.wi_0 = self.add_weight(name="wi_0", shape=wi_shape, initializer=init())
+            self.wi_1 = self.add_weight(name="wi_1", shape=wi_shape, initializer=init())
         else:
-            self.wi = self.add_weight(name="wi", shape=wi_shape, initializer=init)
+            self.wi = self.add_weight(name="wi", shape=wi_shape, initializer=init())
         self.wo = self.add_weight(
-            name="wo", shape=(self.num_experts, self.d_ff, d_model), initializer=init
+            name="wo", shape=(self.num_experts, self.d_ff, d_model), initializer=init()
         )
         self.built = True
 

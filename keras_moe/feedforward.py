@@ -17,7 +17,7 @@ class _ExpertFeedForward(MoeLayer):
     """Shared plumbing: builds router + experts from plain arguments."""
 
     def __init__(self, router, num_experts, d_ff, activation, expert_dropout_rate,
-                 init_scale, seed, **kwargs):
+                 init_scale, router_init_scale, seed, **kwargs):
         experts = FeedForwardExperts(
             num_experts=num_experts, d_ff=d_ff, activation=activation,
             dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
@@ -28,6 +28,7 @@ class _ExpertFeedForward(MoeLayer):
         self.activation = activation
         self.expert_dropout_rate = expert_dropout_rate
         self.init_scale = init_scale
+        self.router_init_scale = router_init_scale
         self.seed = seed
 
     def get_config(self):
@@ -39,6 +40,7 @@ class _ExpertFeedForward(MoeLayer):
             activation=self.activation,
             expert_dropout_rate=self.expert_dropout_rate,
             init_scale=self.init_scale,
+            router_init_scale=self.router_init_scale,
             seed=self.seed,
             jitter_noise=self.router.jitter_noise,
             batch_prioritized_routing=self.router.batch_prioritized_routing,
@@ -61,10 +63,18 @@ class SwitchFeedForward(_ExpertFeedForward):
         train_capacity_factor: capacity factor in training (paper: 1.0-1.25).
         eval_capacity_factor: capacity factor in inference (paper: 2.0).
         min_expert_capacity: lower bound on slots per expert per group.
-        group_size: tokens per routing group; None routes each sequence alone.
+        group_size: routing groups: "batch" (all tokens of the call, position-
+            major), "sequence" (each sequence alone) or a token count (see
+            `MoeLayer`).
         jitter_noise: router input jitter in training (paper: 1e-2), 0 disables.
         expert_dropout_rate: dropout inside the experts.
-        init_scale: init scale of router and experts (paper: 0.1).
+        init_scale: variance scale of the experts' fan-in init. 1.0 (default)
+            matches T5's and Keras' usual fan-in scale, so the MoE branch is as
+            loud as the layers around it; the Switch paper uses 0.1 for *every*
+            weight of the model, which keras_moe's T5 models do with
+            `T5Config(init_scale=0.1)`. A smaller scale here alone starves the
+            experts (their gradients fall under Adam's epsilon).
+        router_init_scale: the router's init scale; None follows `init_scale`.
         aux_loss_factor: load-balancing loss weight (paper: 1e-2).
         z_loss_factor: router z-loss weight (ST-MoE: 1e-3).
         dispatch: "auto", "einsum" or "gather".
@@ -83,18 +93,20 @@ class SwitchFeedForward(_ExpertFeedForward):
     """
 
     def __init__(self, num_experts, d_ff, activation="relu", train_capacity_factor=1.25,
-                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size=None,
-                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=0.1,
+                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size="batch",
+                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
                  aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
                  batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
         router = SwitchRouter(
             num_experts, jitter_noise=jitter_noise,
-            kernel_initializer=default_router_initializer(init_scale),
+            kernel_initializer=default_router_initializer(
+                init_scale if router_init_scale is None else router_init_scale),
             batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
             dtype=router_dtype,
         )
         super().__init__(
-            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale, seed,
+            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale,
+            router_init_scale, seed,
             train_capacity_factor=train_capacity_factor,
             eval_capacity_factor=eval_capacity_factor,
             min_expert_capacity=min_expert_capacity, group_size=group_size,
@@ -127,8 +139,8 @@ class GShardFeedForward(_ExpertFeedForward):
     def __init__(self, num_experts, d_ff, activation="relu", second_expert_policy="random",
                  eval_second_expert_policy="all", second_expert_threshold=None,
                  normalize_gates="before_capacity", train_capacity_factor=1.0,
-                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size=None,
-                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=0.1,
+                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size="batch",
+                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
                  aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
                  batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
         router = Top2Router(
@@ -136,12 +148,14 @@ class GShardFeedForward(_ExpertFeedForward):
             eval_second_expert_policy=eval_second_expert_policy,
             second_expert_threshold=second_expert_threshold,
             normalize_gates=normalize_gates, jitter_noise=jitter_noise,
-            kernel_initializer=default_router_initializer(init_scale),
+            kernel_initializer=default_router_initializer(
+                init_scale if router_init_scale is None else router_init_scale),
             batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
             dtype=router_dtype,
         )
         super().__init__(
-            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale, seed,
+            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale,
+            router_init_scale, seed,
             train_capacity_factor=train_capacity_factor,
             eval_capacity_factor=eval_capacity_factor,
             min_expert_capacity=min_expert_capacity, group_size=group_size,

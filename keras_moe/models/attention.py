@@ -19,6 +19,7 @@ class T5Attention(keras.layers.Layer):
         num_heads: number of heads.
         d_kv: size of one head.
         dropout_rate: dropout on the attention weights.
+        init_scale: variance scale of the normal init (T5: 1.0).
         seed: dropout seed.
 
     Call args:
@@ -40,25 +41,31 @@ class T5Attention(keras.layers.Layer):
     >>> y = attn(np.ones((2, 5, 16), "float32"))
     """
 
-    def __init__(self, num_heads, d_kv, dropout_rate=0.0, seed=None, **kwargs):
+    def __init__(self, num_heads, d_kv, dropout_rate=0.0, init_scale=1.0, seed=None, **kwargs):
         super().__init__(**kwargs)
+        if not init_scale > 0:
+            raise ValueError(f"`init_scale` must be > 0, got {init_scale!r}.")
         self.num_heads = num_heads
         self.d_kv = d_kv
         self.dropout_rate = float(dropout_rate)
+        self.init_scale = float(init_scale)
         self.seed = seed
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         d = input_shape[-1]
         inner = self.num_heads * self.d_kv
-        normal = keras.initializers.RandomNormal
+
+        def normal(fan_in):  # one object per weight: unseeded ones repeat their values
+            return keras.initializers.RandomNormal(stddev=(self.init_scale / fan_in) ** 0.5)
+
+        # T5 folds the 1/sqrt(d_kv) attention scaling into the query's init.
         self.query = self.add_weight(name="query", shape=(d, inner),
-                                     initializer=normal(stddev=(d * self.d_kv) ** -0.5))
-        self.key = self.add_weight(name="key", shape=(d, inner), initializer=normal(stddev=d ** -0.5))
-        self.value = self.add_weight(name="value", shape=(d, inner),
-                                     initializer=normal(stddev=d ** -0.5))
+                                     initializer=normal(d * self.d_kv))
+        self.key = self.add_weight(name="key", shape=(d, inner), initializer=normal(d))
+        self.value = self.add_weight(name="value", shape=(d, inner), initializer=normal(d))
         self.output_kernel = self.add_weight(name="output", shape=(inner, d),
-                                             initializer=normal(stddev=inner ** -0.5))
+                                             initializer=normal(inner))
         self.built = True
 
     def _heads(self, x):
@@ -95,6 +102,6 @@ class T5Attention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, d_kv=self.d_kv,
-                      dropout_rate=self.dropout_rate, seed=self.seed)
+        config.update(num_heads=self.num_heads, d_kv=self.d_kv, dropout_rate=self.dropout_rate,
+                      init_scale=self.init_scale, seed=self.seed)
         return config

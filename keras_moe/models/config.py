@@ -17,9 +17,10 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 """
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from keras_moe.experts import ACTIVATIONS
+from keras_moe.moe import GROUPINGS
 
 MOE_TYPES = ("switch", "gshard")
 
@@ -85,10 +86,18 @@ class T5Config:
             sparse (see the module docstring for the exact rule); 0 = none.
         encoder_sparse_layers, decoder_sparse_layers: explicit 0-based sparse
             layer indices; override the steps when given.
+        init_scale: variance scale of every weight's init (attention, FFNs,
+            experts, router, embeddings, output head): std
+            `sqrt(init_scale / fan_in)`, embeddings `sqrt(init_scale)`. 1.0 is
+            T5's init; the Switch paper uses 0.1 for the whole model. One
+            scale for everything keeps the MoE branch as loud as the dense
+            layers around it.
+        router_init_scale: the routers' init scale; None follows `init_scale`.
         train_capacity_factor, eval_capacity_factor, min_expert_capacity,
-        group_size, jitter_noise, expert_dropout_rate, router_init_scale,
+        group_size, jitter_noise, expert_dropout_rate,
         aux_loss_factor, z_loss_factor, dispatch: passed to the MoE layers
-            (see `keras_moe.SwitchFeedForward`).
+            (see `keras_moe.SwitchFeedForward`; `group_size` "batch" routes
+            each replica's batch as one group).
         router_bias: give the router a bias (HF `router_bias`).
         router_dtype: dtype policy of the Switch router: "float32" (default, the
             Switch paper's selective precision, also under mixed_bfloat16),
@@ -130,10 +139,11 @@ class T5Config:
     train_capacity_factor: float = 1.25
     eval_capacity_factor: float = 2.0
     min_expert_capacity: int = 4
-    group_size: Optional[int] = None
+    group_size: Union[str, int, None] = "batch"
     jitter_noise: float = 0.0
     expert_dropout_rate: float = 0.0
-    router_init_scale: float = 0.1
+    init_scale: float = 1.0
+    router_init_scale: Optional[float] = None
     aux_loss_factor: float = 1e-2
     z_loss_factor: float = 1e-3
     dispatch: str = "auto"
@@ -165,6 +175,17 @@ class T5Config:
                 f"got {self.expert_activation!r}."
             )
         _check_rate("dropout_rate", self.dropout_rate)
+        for name in ("init_scale", "router_init_scale"):
+            value = getattr(self, name)
+            if value is None and name == "router_init_scale":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
+        if self.group_size is not None and self.group_size not in GROUPINGS and (
+                isinstance(self.group_size, bool) or not isinstance(self.group_size, int)
+                or self.group_size < 1):
+            raise ValueError(f"`group_size` must be one of {GROUPINGS}, None or an integer "
+                             f">= 1, got {self.group_size!r}.")
         _check_rate("expert_dropout_rate", self.expert_dropout_rate)
         if self.router_dtype not in ROUTER_DTYPES:
             raise ValueError(

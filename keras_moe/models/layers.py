@@ -47,20 +47,28 @@ class DenseFeedForward(keras.layers.Layer):
         d_ff: hidden size.
         activation: one of `keras_moe.experts.ACTIVATIONS` ("gated-gelu" is T5.1.1).
         dropout_rate: dropout on the hidden activations.
+        init_scale: variance scale of the normal init, std `sqrt(init_scale /
+            fan_in)` (T5: 1.0; the Switch paper scales every weight by 0.1).
         seed: dropout seed.
 
     Example:
     >>> ffn = DenseFeedForward(d_ff=64, activation="gated-gelu")
     >>> y = ffn(np.ones((2, 3, 16), "float32"))
+    >>> tuple(y.shape)
+    (2, 3, 16)
     """
 
-    def __init__(self, d_ff, activation="gated-gelu", dropout_rate=0.0, seed=None, **kwargs):
+    def __init__(self, d_ff, activation="gated-gelu", dropout_rate=0.0, init_scale=1.0,
+                 seed=None, **kwargs):
         super().__init__(**kwargs)
         if activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
         self.d_ff = d_ff
         self.activation = activation
+        if not init_scale > 0:
+            raise ValueError(f"`init_scale` must be > 0, got {init_scale!r}.")
         self.dropout_rate = float(dropout_rate)
+        self.init_scale = float(init_scale)
         self.seed = seed
         self.gated = activation.startswith("gated-")
         self._act = _activation_fn(activation)
@@ -68,14 +76,21 @@ class DenseFeedForward(keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        init_in = keras.initializers.RandomNormal(stddev=d_model ** -0.5)
-        init_out = keras.initializers.RandomNormal(stddev=self.d_ff ** -0.5)
+        # A Keras initializer object without a seed returns the same values on
+        # every call: each weight gets its own, or wi_0 and wi_1 start equal.
+        def init(fan_in):
+            return keras.initializers.RandomNormal(stddev=(self.init_scale / fan_in) ** 0.5)
+
         if self.gated:
-            self.wi_0 = self.add_weight(name="wi_0", shape=(d_model, self.d_ff), initializer=init_in)
-            self.wi_1 = self.add_weight(name="wi_1", shape=(d_model, self.d_ff), initializer=init_in)
+            self.wi_0 = self.add_weight(name="wi_0", shape=(d_model, self.d_ff),
+                                        initializer=init(d_model))
+            self.wi_1 = self.add_weight(name="wi_1", shape=(d_model, self.d_ff),
+                                        initializer=init(d_model))
         else:
-            self.wi = self.add_weight(name="wi", shape=(d_model, self.d_ff), initializer=init_in)
-        self.wo = self.add_weight(name="wo", shape=(self.d_ff, d_model), initializer=init_out)
+            self.wi = self.add_weight(name="wi", shape=(d_model, self.d_ff),
+                                      initializer=init(d_model))
+        self.wo = self.add_weight(name="wo", shape=(self.d_ff, d_model),
+                                  initializer=init(self.d_ff))
         self.built = True
 
     def call(self, x, training=None):
@@ -89,5 +104,6 @@ class DenseFeedForward(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(d_ff=self.d_ff, activation=self.activation,
-                      dropout_rate=self.dropout_rate, seed=self.seed)
+                      dropout_rate=self.dropout_rate, init_scale=self.init_scale,
+                      seed=self.seed)
         return config

@@ -57,17 +57,21 @@ def _as_config(config):
 def make_ffn(config, sparse, causal, name, metrics_prefix=None):
     """The FFN of one layer: dense, or a Switch / GShard MoE layer."""
     if not sparse:
-        return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate, name=name)
+        return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate,
+                                init_scale=config.init_scale, name=name)
+    router_scale = (config.init_scale if config.router_init_scale is None
+                    else config.router_init_scale)
     args = dict(
         activation=config.expert_activation or config.activation,
         train_capacity_factor=config.train_capacity_factor,
         eval_capacity_factor=config.eval_capacity_factor,
         min_expert_capacity=config.min_expert_capacity,
         group_size=config.group_size,
-        pad_to_group_size=config.group_size is not None,
+        pad_to_group_size=isinstance(config.group_size, int),
         jitter_noise=config.jitter_noise,
         expert_dropout_rate=config.expert_dropout_rate,
-        init_scale=config.router_init_scale,
+        init_scale=config.init_scale,
+        router_init_scale=router_scale,
         aux_loss_factor=config.aux_loss_factor,
         z_loss_factor=config.z_loss_factor,
         dispatch=config.dispatch,
@@ -89,12 +93,13 @@ def make_ffn(config, sparse, causal, name, metrics_prefix=None):
     router = SwitchRouter(
         config.num_experts, jitter_noise=config.jitter_noise, use_bias=config.router_bias,
         dtype=config.router_dtype,
-        kernel_initializer=default_router_initializer(config.router_init_scale), name="router")
+        kernel_initializer=default_router_initializer(router_scale), name="router")
     experts = FeedForwardExperts(
         config.num_experts, d_ff, activation=args["activation"],
-        dropout_rate=config.expert_dropout_rate, init_scale=config.router_init_scale,
+        dropout_rate=config.expert_dropout_rate, init_scale=config.init_scale,
         name="experts")
-    for key in ("activation", "jitter_noise", "expert_dropout_rate", "init_scale"):
+    for key in ("activation", "jitter_noise", "expert_dropout_rate", "init_scale",
+                "router_init_scale"):
         args.pop(key)
     return MoeLayer(router, experts, **args)
 
@@ -136,7 +141,8 @@ class EncoderBlock(_Block):
         c = self.config
         self.is_sparse = layer_index in c.resolved_encoder_sparse_layers()
         self.attention_norm = RMSNorm(c.layer_norm_epsilon, name="attention_norm")
-        self.attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate, name="attention")
+        self.attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
+                                     init_scale=c.init_scale, name="attention")
         self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
         self.ffn = make_ffn(c, self.is_sparse, causal=False, name="ffn",
                             metrics_prefix=f"{self.name}/ffn")
@@ -174,10 +180,10 @@ class DecoderBlock(_Block):
         self.is_sparse = layer_index in c.resolved_decoder_sparse_layers()
         self.self_attention_norm = RMSNorm(c.layer_norm_epsilon, name="self_attention_norm")
         self.self_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
-                                          name="self_attention")
+                                          init_scale=c.init_scale, name="self_attention")
         self.cross_attention_norm = RMSNorm(c.layer_norm_epsilon, name="cross_attention_norm")
         self.cross_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
-                                           name="cross_attention")
+                                           init_scale=c.init_scale, name="cross_attention")
         self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
         self.ffn = make_ffn(c, self.is_sparse, causal=True, name="ffn",
                             metrics_prefix=f"{self.name}/ffn")
@@ -262,7 +268,7 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         super().__init__(**kwargs)
         self.config = c = _as_config(config)
         self.token_embedding = keras.layers.Embedding(
-            c.vocab_size, c.d_model, embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
+            c.vocab_size, c.d_model, embeddings_initializer=keras.initializers.RandomNormal(stddev=c.init_scale ** 0.5),
             name="token_embedding")
         self.encoder_position_bias = RelativePositionBias(
             c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
@@ -281,7 +287,8 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         if not c.tie_word_embeddings:
             self.lm_head = keras.layers.Dense(
                 c.vocab_size, use_bias=False, name="lm_head",
-                kernel_initializer=keras.initializers.RandomNormal(stddev=c.d_model ** -0.5))
+                kernel_initializer=keras.initializers.RandomNormal(
+                    stddev=(c.init_scale / c.d_model) ** 0.5))
         self._build_all()
 
     def _build_all(self):

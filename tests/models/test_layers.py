@@ -128,3 +128,35 @@ def test_decoder_is_causal():
     b = _logits(model, [[5, 6, 1]], [[0, 8, 30, 31]])
     np.testing.assert_allclose(a[0, :2], b[0, :2], atol=1e-5)
     assert np.abs(a[0, 2:] - b[0, 2:]).max() > 1e-4
+
+
+def test_gated_dense_ffn_starts_with_independent_kernels():
+    """wi_0 and wi_1 must not share their initial values (one unseeded
+    initializer object used twice repeats them)."""
+    from keras_moe.models.layers import DenseFeedForward
+
+    ffn = DenseFeedForward(d_ff=256, activation="gated-gelu")
+    ffn.build((None, None, 64))
+    wi_0, wi_1 = np.ravel(ffn.wi_0.numpy()), np.ravel(ffn.wi_1.numpy())
+    assert abs(np.corrcoef(wi_0, wi_1)[0, 1]) < 0.05
+    # T5's fan-in init: std sqrt(1 / 64) for wi, sqrt(1 / 256) for wo.
+    np.testing.assert_allclose([wi_0.std(), np.std(ffn.wo.numpy())], [1 / 8, 1 / 16], rtol=0.05)
+
+
+def test_model_init_scale_scales_every_weight():
+    """T5Config.init_scale reaches attention, dense FFNs, experts, router and embeddings."""
+    import keras
+
+    from keras_moe.models import build_model
+
+    def stds(scale):
+        keras.utils.set_random_seed(0)
+        model = build_model(tiny_switch_config().replace(init_scale=scale))
+        return {v.path: float(np.std(v.numpy())) for v in model.weights
+                if v.path.split("/")[-1] in ("query", "wi_0", "wo", "kernel", "embeddings")
+                and "position_bias" not in v.path}  # T5 keeps the bias table at std 1
+
+    full, tenth = stds(1.0), stds(0.1)
+    assert {p.split("/")[-2] for p in full} >= {"experts", "router"}
+    for path, std in full.items():
+        np.testing.assert_allclose(tenth[path] / std, 0.1 ** 0.5, rtol=0.1, err_msg=path)
