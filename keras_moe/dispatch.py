@@ -28,9 +28,9 @@ class DispatchPlan(NamedTuple):
     """Per-call data a dispatcher derives from `RoutingInstructions`."""
 
     num_groups: object
-    group_size: int
+    group_size: object  # int, or a scalar tensor when known at run time only
     num_experts: int
-    capacity: int
+    capacity: object  # int, or a scalar tensor (see RoutingInstructions)
     dispatch_tensor: object = None  # einsum: [G, S, E, C] 0/1
     combine_tensor: object = None  # einsum: [G, S, E, C] weights
     slot_token: object = None  # gather: int32 [E*G*C], token index or G*S if empty
@@ -62,6 +62,12 @@ class EinsumDispatcher:
     name = "einsum"
 
     def plan(self, routing):
+        if not isinstance(routing.capacity, int):
+            raise ValueError(
+                "dispatch='einsum' needs a static expert capacity, but the routing group's "
+                "size is only known at run time (group_size='batch' with an unknown batch "
+                "size). Batch with a fixed size (drop_remainder=True), set `group_size` to "
+                "'sequence' or an integer, or use dispatch='gather'.")
         shape = ops.shape(routing.expert_index)
         expert_hot = ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
         slot_hot = ops.one_hot(routing.position, routing.capacity, dtype="float32")
@@ -114,6 +120,8 @@ class GatherDispatcher:
     def plan(self, routing):
         shape = ops.shape(routing.expert_index)
         num_groups, group_size = shape[0], routing.expert_index.shape[1]
+        if group_size is None:  # known at run time only ("batch" groups)
+            group_size = shape[1]
         num_experts, capacity = routing.num_experts, routing.capacity
         num_slots = num_experts * num_groups * capacity
         kept = routing.kept > 0

@@ -10,6 +10,7 @@ SCALAR_METRICS = (
     "load_imbalance",
     "aux_loss",
     "z_loss",
+    "output_rms_ratio",
 )
 
 
@@ -23,28 +24,29 @@ def router_metrics(routing, token_mask):
     Returns:
         dict of float32 tensors:
         - dropped_fraction: fraction of tokens routed to no expert;
-        - expert_load [E]: fraction of the dispatched assignments each expert got;
+        - expert_load [E]: fraction of the tokens whose first choice (highest
+          router probability) is each expert, before capacity is applied, so
+          overload shows even where capacity cuts it off;
         - load_imbalance: max expert load times E (1.0 is perfectly balanced);
         - router_confidence: mean top-1 router probability;
         - router_entropy: mean entropy of the router distribution (nats);
         - aux_loss, z_loss: the unscaled losses.
 
     Example:
-    >>> stats = router_metrics(routing, np.ones((1, 8)))
-    >>> sorted(stats)[:2]
-    ['aux_loss', 'dropped_fraction']
+    >>> router = keras_moe.SwitchRouter(num_experts=2)
+    >>> logits = np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.0, 5.0]]], "float32")
+    >>> routing = router.route(logits, np.ones((1, 4)), capacity=1)
+    >>> stats = router_metrics(routing, np.ones((1, 4)))
+    >>> [round(float(stats[k]), 2) for k in ("dropped_fraction", "load_imbalance")]
+    [0.5, 1.5]
     """
     mask = ops.cast(token_mask, "float32")
     num_tokens = ops.maximum(ops.sum(mask), 1.0)
     routed = ops.cast(ops.sum(routing.kept, axis=-1) > 0, "float32") * mask
     dropped = 1.0 - ops.sum(routed) / num_tokens
-    per_expert = ops.sum(
-        ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
-        * routing.kept[..., None],
-        axis=(0, 1, 2),
-    )
-    load = per_expert / ops.maximum(ops.sum(per_expert), 1.0)
     probs = routing.router_probs
+    first_choice = ops.one_hot(ops.argmax(probs, axis=-1), routing.num_experts, dtype="float32")
+    load = ops.sum(first_choice * mask[..., None], axis=(0, 1)) / num_tokens
     confidence = ops.sum(ops.max(probs, axis=-1) * mask) / num_tokens
     entropy_per_token = -ops.sum(probs * ops.log(ops.maximum(probs, 1e-9)), axis=-1)
     entropy = ops.sum(entropy_per_token * mask) / num_tokens
@@ -57,6 +59,30 @@ def router_metrics(routing, token_mask):
         "aux_loss": ops.cast(routing.aux_loss, "float32"),
         "z_loss": ops.cast(routing.z_loss, "float32"),
     }
+
+
+def branch_rms_ratio(inputs, outputs, token_mask):
+    """RMS of the MoE branch's output over the RMS of its input, on real tokens.
+
+    Near 0 the branch adds almost nothing to the residual stream (starved
+    experts); a dense FFN branch of a trained T5 sits near 1.
+
+    Args:
+        inputs, outputs: [B, L, d] the layer's input and output.
+        token_mask: [B, L] 1 for real tokens.
+
+    Example:
+    >>> x = np.ones((1, 2, 4), "float32")
+    >>> round(float(branch_rms_ratio(x, 0.5 * x, np.ones((1, 2)))), 3)
+    0.5
+    """
+    mask = ops.cast(token_mask, "float32")[..., None]
+
+    def mean_square(t):
+        return ops.sum(ops.square(ops.cast(t, "float32")) * mask) / ops.maximum(
+            ops.sum(mask) * t.shape[-1], 1.0)
+
+    return ops.sqrt(mean_square(outputs) / ops.maximum(mean_square(inputs), 1e-12))
 
 
 def router_metric_specs(num_experts):

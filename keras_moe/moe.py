@@ -11,6 +11,9 @@ from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
 
 
+GROUPINGS = ("batch", "sequence")
+
+
 def _check_capacity_factor(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
@@ -30,9 +33,18 @@ class MoeLayer(keras.layers.Layer):
     Args:
         router: a `keras_moe.routing.Router`.
         experts: a `keras_moe.FeedForwardExperts` with the same `num_experts`.
-        group_size: tokens per routing group. None: each sequence is a group.
-            Otherwise the batch's tokens are flattened and cut into groups of
-            this size; the token count must be divisible by it unless
+        group_size: how tokens are grouped for routing (capacity is per group).
+            "batch" (default): all tokens of the call (on each replica) form
+            one group, ordered position-major (every sequence's token 0, then
+            every token 1, ...), so in a causal layer no token's slot depends
+            on a later position; one-token calls (cached decoding) route each
+            token alone. When the batch size is unknown at trace time
+            (TensorFlow `fit` on arrays or on a dataset without
+            `drop_remainder`) the capacity is computed at run time, which
+            the gather dispatcher supports and einsum does not (it needs
+            static shapes, as on TPU). "sequence" (or None): each sequence
+            is a group. An integer N: the batch's tokens are flattened and cut
+            into groups of N; the token count must be divisible by it unless
             `pad_to_group_size=True`.
         pad_to_group_size: pad the tokens up to a multiple of `group_size` with
             masked padding instead of raising.
@@ -43,7 +55,7 @@ class MoeLayer(keras.layers.Layer):
         aux_loss_factor: weight of the load-balancing loss, >= 0 (Switch: 1e-2).
         z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
         causal: True for layers in a causal decoder; refuses routers that look
-            at future tokens (expert choice).
+            at future tokens (expert choice, batch-prioritised routing).
         track_metrics: keep Keras metric trackers of the router statistics
             (TensorFlow backend; on JAX use `return_metrics=True`).
         return_metrics: return `(outputs, metrics_dict)` instead of `outputs`.
@@ -61,7 +73,7 @@ class MoeLayer(keras.layers.Layer):
     (2, 8, 16)
     """
 
-    def __init__(self, router, experts, group_size=None, pad_to_group_size=False,
+    def __init__(self, router, experts, group_size="batch", pad_to_group_size=False,
                  train_capacity_factor=1.25, eval_capacity_factor=2.0,
                  min_expert_capacity=4, dispatch="auto", aux_loss_factor=1e-2,
                  z_loss_factor=1e-3, causal=False, track_metrics=True,
@@ -82,10 +94,14 @@ class MoeLayer(keras.layers.Layer):
                 f"`router.num_experts` ({router.num_experts}) must equal "
                 f"`experts.num_experts` ({experts.num_experts})."
             )
-        if group_size is not None and (
+        if group_size is None:
+            group_size = "sequence"
+        if group_size not in GROUPINGS and (
             isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
         ):
-            raise ValueError(f"`group_size` must be None or an integer >= 1, got {group_size!r}.")
+            raise ValueError(
+                f"`group_size` must be one of {GROUPINGS}, None or an integer >= 1, "
+                f"got {group_size!r}.")
         _check_capacity_factor("train_capacity_factor", train_capacity_factor)
         _check_capacity_factor("eval_capacity_factor", eval_capacity_factor)
         if isinstance(min_expert_capacity, bool) or not isinstance(min_expert_capacity, int) \
@@ -101,6 +117,12 @@ class MoeLayer(keras.layers.Layer):
                 f"`router` {type(router).__name__} looks at every token of a group and "
                 "cannot be used in a causal layer (causal=True); use a token-choice "
                 "router such as SwitchRouter or Top2Router."
+            )
+        if causal and getattr(router, "batch_prioritized_routing", False):
+            raise ValueError(
+                "`batch_prioritized_routing=True` fills capacity by router confidence over "
+                "the whole group, so later tokens decide which earlier ones are dropped; it "
+                "cannot be used in a causal layer (causal=True)."
             )
         self.dispatcher = dispatch_lib.get_dispatcher(dispatch)
         self.router = router
@@ -151,31 +173,57 @@ class MoeLayer(keras.layers.Layer):
         factor = self.train_capacity_factor if training else self.eval_capacity_factor
         return self.router.expert_capacity(group_size, factor, self.min_expert_capacity)
 
-    def _to_groups(self, x, token_mask):
+    def _grouping(self, x):
+        """The grouping used for input `x`: "batch", "sequence" or an int."""
+        if self.group_size != "batch":
+            return self.group_size
+        batch, length = x.shape[0], x.shape[1]
+        if length == 1:
+            return "sequence"  # cached decoding: never over capacity
+        return "batch"
+
+    def _to_groups(self, x, token_mask, grouping):
         """[B, L, d] -> [G, S, d] and its mask; returns the padding added."""
         d_model = x.shape[-1]
-        if self.group_size is None:
-            if x.shape[1] is None:
-                raise ValueError(
-                    "MoeLayer needs a static sequence length to compute expert capacity; "
-                    "give the input a fixed length or set `group_size`."
-                )
+        if grouping in ("sequence", "batch") and x.shape[1] is None:
+            raise ValueError(
+                "MoeLayer needs a static sequence length to compute expert capacity; "
+                "give the input a fixed length or set `group_size` to an integer."
+            )
+        if grouping == "sequence":
             return x, token_mask, 0
+        if grouping == "batch":
+            tokens = ops.transpose(x, (1, 0, 2))  # position-major
+            mask = ops.transpose(token_mask, (1, 0))
+            return (ops.reshape(tokens, (1, -1, d_model)), ops.reshape(mask, (1, -1)), 0)
         tokens = ops.reshape(x, (-1, d_model))
         mask = ops.reshape(token_mask, (-1,))
         num_tokens = tokens.shape[0]
         pad = 0
-        if num_tokens is not None and num_tokens % self.group_size:
+        if num_tokens is not None and num_tokens % grouping:
             if not self.pad_to_group_size:
                 raise ValueError(
-                    f"`group_size`={self.group_size} does not divide the {num_tokens} tokens "
+                    f"`group_size`={grouping} does not divide the {num_tokens} tokens "
                     "of this batch; change `group_size` or set `pad_to_group_size=True`."
                 )
-            pad = self.group_size - num_tokens % self.group_size
+            pad = grouping - num_tokens % grouping
             tokens = ops.pad(tokens, ((0, pad), (0, 0)))
             mask = ops.pad(mask, ((0, pad),))
-        groups = ops.reshape(tokens, (-1, self.group_size, d_model))
-        return groups, ops.reshape(mask, (-1, self.group_size)), pad
+        groups = ops.reshape(tokens, (-1, grouping, d_model))
+        return groups, ops.reshape(mask, (-1, grouping)), pad
+
+    def _from_groups(self, outputs, inputs, grouping, pad):
+        """Inverse of `_to_groups` for the layer's outputs."""
+        input_shape = ops.shape(inputs)
+        d_model = inputs.shape[-1]
+        if grouping == "batch":
+            outputs = ops.reshape(outputs, (inputs.shape[1], -1, d_model))
+            return ops.transpose(outputs, (1, 0, 2))
+        if grouping != "sequence":
+            outputs = ops.reshape(outputs, (-1, d_model))
+            if pad:
+                outputs = outputs[:-pad]
+        return ops.reshape(outputs, input_shape)
 
     def call(self, inputs, mask=None, training=None):
         input_shape = ops.shape(inputs)
@@ -183,8 +231,12 @@ class MoeLayer(keras.layers.Layer):
             token_mask = ops.ones(input_shape[:-1], "float32")
         else:
             token_mask = ops.cast(mask, "float32")
-        groups, group_mask, pad = self._to_groups(inputs, token_mask)
-        capacity = self.capacity(groups.shape[1], training)
+        grouping = self._grouping(inputs)
+        groups, group_mask, pad = self._to_groups(inputs, token_mask, grouping)
+        group_size = groups.shape[1]
+        if group_size is None:  # "batch" groups of a batch of unknown size
+            group_size = ops.shape(groups)[1]
+        capacity = self.capacity(group_size, training)
 
         logits = self.router(groups, training=training)
         routing = self.router.route(logits, group_mask, capacity, training=bool(training))
@@ -198,16 +250,13 @@ class MoeLayer(keras.layers.Layer):
         expert_outputs = self.experts(expert_inputs, training=training)
         outputs = self.dispatcher.combine(expert_outputs, plan)
 
-        if self.group_size is not None:
-            outputs = ops.reshape(outputs, (-1, inputs.shape[-1]))
-            if pad:
-                outputs = outputs[:-pad]
-        outputs = ops.reshape(outputs, input_shape)
+        outputs = self._from_groups(outputs, inputs, grouping, pad)
         outputs = ops.cast(outputs, self.compute_dtype)
 
         stats = None
         if self._trackers is not None or self.return_metrics:
             stats = metrics_lib.router_metrics(routing, group_mask)
+            stats["output_rms_ratio"] = metrics_lib.branch_rms_ratio(inputs, outputs, token_mask)
         if self._trackers is not None:
             metrics_lib.update_metric_trackers(self._trackers, stats)
         if self.return_metrics:

@@ -39,7 +39,9 @@ class RoutingInstructions(NamedTuple):
         router_logits: float32 [G, S, E].
         aux_loss: float32 scalar, unscaled load-balancing loss.
         z_loss: float32 scalar, unscaled router z-loss.
-        capacity: Python int, slots per expert per group.
+        capacity: slots per expert per group: a Python int, or an int32
+            scalar tensor when the group size is known only at run time
+            (TensorFlow, `group_size="batch"` with an unknown batch size).
         num_experts: Python int.
     """
 
@@ -60,6 +62,12 @@ def default_router_initializer(scale=0.1):
     return keras.initializers.VarianceScaling(
         scale=scale, mode="fan_in", distribution="truncated_normal"
     )
+
+
+def _dynamic_ceil(factor, group_size):
+    """int32 `ceil(factor * group_size)` of a run-time group size (float64, as Python)."""
+    size = ops.cast(group_size, "float64")
+    return ops.cast(ops.ceil(ops.multiply(size, factor)), "int32")
 
 
 def _check_positive_int(name, value, minimum=1):
@@ -147,10 +155,17 @@ class Router(keras.layers.Layer):
         raise NotImplementedError
 
     def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
-        """Slots per expert per group: `max(min, ceil(cf * K * S / E))`."""
+        """Slots per expert per group: `max(min, ceil(cf * K * S / E))`.
+
+        `group_size` is a Python int, or a scalar tensor when the group size
+        is only known at run time (then so is the capacity).
+        """
         k = self.num_choices()
-        capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
-        return max(int(min_expert_capacity), capacity)
+        if isinstance(group_size, int):
+            capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
+            return max(int(min_expert_capacity), capacity)
+        capacity = _dynamic_ceil(capacity_factor * k / self.num_experts, group_size)
+        return ops.maximum(int(min_expert_capacity), capacity)
 
     def route(self, logits, token_mask, capacity, training=False):
         """Turns logits [G, S, E] into `RoutingInstructions`."""
@@ -219,7 +234,7 @@ def _positions_in_expert(expert_index, active, num_experts, token_order=None):
 
 def _keep_within_capacity(expert_index, active, num_experts, capacity, token_order=None):
     position = _positions_in_expert(expert_index, active, num_experts, token_order)
-    kept = active * ops.cast(position < capacity, "float32")
+    kept = active * ops.cast(position < ops.cast(capacity, position.dtype), "float32")
     return position, kept
 
 
@@ -464,8 +479,12 @@ class ExpertChoiceRouter(Router):
         return self.num_experts
 
     def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
-        capacity = math.ceil(capacity_factor * group_size / self.num_experts)
-        return min(group_size, max(int(min_expert_capacity), capacity))
+        if isinstance(group_size, int):
+            capacity = math.ceil(capacity_factor * group_size / self.num_experts)
+            return min(group_size, max(int(min_expert_capacity), capacity))
+        capacity = _dynamic_ceil(capacity_factor / self.num_experts, group_size)
+        return ops.minimum(ops.cast(group_size, "int32"),
+                           ops.maximum(int(min_expert_capacity), capacity))
 
     def route(self, logits, token_mask, capacity, training=False):
         probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)

@@ -32,12 +32,16 @@ def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=Fa
     """Returns (y, kept_count_per_expert_per_group, aux, z) in float64.
 
     Tokens are served choice-major (all first choices, then all second
-    choices), in sequence order, per group.
+    choices), in sequence order, per group. `group_size`: None (each
+    sequence), "batch" (all tokens, position-major) or a token count.
     """
     x = np.asarray(x, np.float64)
     batch, length, d = x.shape
     if group_size is None:
         groups, gmask = x, mask.astype(np.float64)
+    elif group_size == "batch":  # one group, position-major
+        groups = x.transpose(1, 0, 2).reshape(1, -1, d)
+        gmask = mask.T.reshape(1, -1).astype(np.float64)
     else:
         groups = x.reshape(-1, group_size, d)
         gmask = mask.reshape(-1, group_size).astype(np.float64)
@@ -70,4 +74,6 @@ def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=Fa
         lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         z_terms.append(lse[real] ** 2)
     z = np.concatenate(z_terms).mean()
+    if group_size == "batch":
+        y = y.reshape(length, batch, d).transpose(1, 0, 2)
     return y.reshape(batch, length, d), counts, float(np.mean(aux_terms)), float(z)

@@ -31,18 +31,23 @@ def _layer(k, num_experts, d_ff, dispatch, activation="relu", normalize=False, *
     [(1, 0.5, "relu", False), (1, 4.0, "gated-gelu", False), (2, 0.75, "relu", True),
      (3, 1.0, "gelu", False)],
 )
-def test_layer_matches_float64_reference(rng, dispatch, k, capacity_factor, activation, normalize):
+@pytest.mark.parametrize("grouping", ["sequence", "batch"])
+def test_layer_matches_float64_reference(rng, dispatch, k, capacity_factor, activation, normalize,
+                                         grouping):
     batch, length, d_model, num_experts = 3, 12, 8, 4
     layer = _layer(k, num_experts, 16, dispatch, activation, normalize,
-                   eval_capacity_factor=capacity_factor, min_expert_capacity=0)
+                   eval_capacity_factor=capacity_factor, min_expert_capacity=0,
+                   group_size=grouping)
     x = rng.normal(size=(batch, length, d_model)).astype("float32")
     mask = np.ones((batch, length), "float32")
     mask[1, 9:] = 0
     mask[2, :3] = 0
     y = np.asarray(layer(x, mask=mask, training=False))
-    capacity = layer.capacity(length, training=False)
+    group_tokens = length if grouping == "sequence" else batch * length
+    capacity = layer.capacity(group_tokens, training=False)
     expected, counts, aux, z = reference_moe(
-        x, mask, _weights(layer), k, capacity, activation, normalize
+        x, mask, _weights(layer), k, capacity, activation, normalize,
+        group_size=None if grouping == "sequence" else grouping,
     )
     np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-5)
     assert counts.max() <= capacity
