@@ -11,8 +11,9 @@ one-token groups, which are never over capacity. Cached and uncached decoding
 therefore give the same tokens whenever the uncached (whole-prefix) forward
 pass drops no token, i.e. with `eval_capacity_factor` / `min_expert_capacity`
 large enough for the decoded length (the defaults, cf = 2.0, min 4, are
-enough for short outputs). `group_size` groups tokens across the batch and
-can break this equality.
+enough for short outputs). The default `group_size="batch"` groups the whole
+batch position-major for the uncached pass, while one-token steps are routed
+token by token; the two agree whenever the uncached pass drops nothing.
 """
 
 import numpy as np

@@ -44,7 +44,8 @@ def test_sequence_major_batch_order_would_not_be_causal(rng):
     lambda: keras_moe.GShardFeedForward(num_experts=4, d_ff=16, train_capacity_factor=0.5,
                                         min_expert_capacity=0, second_expert_policy="all"),
     lambda: keras_moe.MoeLayer(routing.ExpertChoiceRouter(4),
-                               keras_moe.FeedForwardExperts(4, 16), min_expert_capacity=0),
+                               keras_moe.FeedForwardExperts(4, 16), min_expert_capacity=0,
+                               train_capacity_factor=0.5),
 ], ids=["switch", "gshard", "expert_choice"])
 def test_unknown_batch_size_routes_the_same_as_a_known_one(rng, make):
     """`fit` on arrays traces with batch size None: capacity is then computed at run time."""

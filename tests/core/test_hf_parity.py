@@ -26,7 +26,7 @@ def _hf_mlp(num_experts, expert_capacity, d_model=16, d_ff=32):
 def _copy_to_keras(mlp, num_experts, capacity, d_model=16, d_ff=32):
     layer = keras_moe.SwitchFeedForward(
         num_experts=num_experts, d_ff=d_ff, eval_capacity_factor=1e-6,
-        min_expert_capacity=capacity, dispatch="gather",
+        min_expert_capacity=capacity, dispatch="gather", group_size="sequence",  # as HF
     )
     layer.build((None, 8, d_model))
     layer.router.kernel.assign(mlp.router.classifier.weight.detach().numpy().T)

@@ -108,7 +108,8 @@ def test_mirrored_strategy_matches_single_device(rng, two_cpu_strategy):
         keras.utils.set_random_seed(3)
         model = keras.Sequential([
             keras.Input((8, 16)),
-            keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe"),
+            keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe",
+                                        group_size="sequence"),
             keras.layers.Dense(1),
         ])
         model.compile(keras.optimizers.SGD(0.1), "mse")

@@ -71,16 +71,20 @@ def _built_switch_model(d_model, d_ff=512):
     return model
 
 
-def test_default_init_is_the_switch_0_1_scaled_init():
+@pytest.mark.parametrize("init_scale", [1.0, 0.1])
+def test_router_init_follows_the_model_init_scale(init_scale):
     d_model = 256
-    model = _built_switch_model(d_model)
-    assert model.config.router_init_scale == 0.1
+    keras.utils.set_random_seed(0)
+    model = build_model(_config(d_model=d_model, d_ff=512, d_kv=32, num_encoder_layers=1,
+                                num_decoder_layers=1, num_experts=8, init_scale=init_scale))
+    model({"encoder_input_tokens": np.ones((1, 4), "int32"),
+           "decoder_input_tokens": np.zeros((1, 4), "int32")})
     for router in _routers(model):
         std = float(np.std(router.kernel.numpy()))
-        assert std == pytest.approx(np.sqrt(0.1 / d_model), rel=0.1), router.path
+        assert std == pytest.approx(np.sqrt(init_scale / d_model), rel=0.1), router.path
 
 
-def test_default_expert_init_is_the_switch_0_1_scaled_init():
+def test_default_expert_init_is_the_t5_fan_in_init_per_expert():
     model = _built_switch_model(256)
     experts = [l for l in model._flatten_layers() if type(l).__name__ == "FeedForwardExperts"]
     assert experts
@@ -88,7 +92,7 @@ def test_default_expert_init_is_the_switch_0_1_scaled_init():
         for w in layer.weights:
             fan_in = w.shape[-2]  # Per expert: [E, fan_in, fan_out].
             std = float(np.std(w.numpy()))
-            assert std == pytest.approx(np.sqrt(0.1 / fan_in), rel=0.1), (w.path, fan_in, std)
+            assert std == pytest.approx(np.sqrt(1.0 / fan_in), rel=0.1), (w.path, fan_in, std)
 
 
 def test_nan_loss_stops_training_naming_the_step_without_a_checkpoint(tmp_path, capsys):
