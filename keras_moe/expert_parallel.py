@@ -181,4 +181,6 @@ def expert_parallel_switch(num_experts, d_ff, exchange="auto", activation="relu"
                           seed=seed, name="router")
     experts = ExpertParallelExperts(num_experts, d_ff, exchange=exchange, activation=activation,
                                     init_scale=init_scale, seed=seed, name="experts")
+    # The replicas exchange per-sequence groups: the exchange is tested with them.
+    moe_kwargs.setdefault("group_size", "sequence")
     return MoeLayer(router, experts, **moe_kwargs)

@@ -57,8 +57,8 @@ class RoutingInstructions(NamedTuple):
     num_experts: int
 
 
-def default_router_initializer(scale=0.1):
-    """Switch Transformer's scaled-down init: truncated normal, std sqrt(scale / fan_in)."""
+def default_router_initializer(scale=1.0):
+    """Fan-in truncated normal, std sqrt(scale / fan_in) (the Switch paper: scale 0.1 model-wide)."""
     return keras.initializers.VarianceScaling(
         scale=scale, mode="fan_in", distribution="truncated_normal"
     )
@@ -89,7 +89,8 @@ class Router(keras.layers.Layer):
             router's own copy of the input, `x * U(1 - eps, 1 + eps)`. The
             experts always see the clean input. 0 disables it.
         kernel_initializer: initializer of the `[d_model, num_experts]` kernel;
-            defaults to the Switch paper's 0.1-scaled truncated normal.
+            defaults to a fan-in truncated normal at scale 1.0, like the
+            experts (see `default_router_initializer`).
         use_bias: whether the projection has a bias.
         seed: seed for jitter and random routing decisions.
     """

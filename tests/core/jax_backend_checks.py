@@ -27,7 +27,7 @@ def check_reference():
         router = keras_moe.TopKRouter(4, k=k)
         layer = keras_moe.MoeLayer(router, keras_moe.FeedForwardExperts(4, 16, init_scale=1.0),
                                    dispatch=dispatch, eval_capacity_factor=0.75,
-                                   min_expert_capacity=0)
+                                   min_expert_capacity=0, group_size="sequence")
         x = rng.normal(size=(2, 12, 8)).astype("float32")
         mask = np.ones((2, 12), "float32")
         mask[1, 8:] = 0

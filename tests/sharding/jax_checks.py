@@ -33,7 +33,8 @@ def count_collectives(hlo):
 def build(dispatch):
     inp = keras.Input((L, D), batch_size=B)
     h = keras_moe.SwitchFeedForward(num_experts=E, d_ff=32, dispatch=dispatch,
-                                    min_expert_capacity=2, name="moe")(inp)
+                                    min_expert_capacity=2, name="moe",
+                                    group_size="sequence")(inp)  # groups shard over data
     return keras.Model(inp, keras.layers.Dense(D, name="head")(h))
 
 
@@ -124,7 +125,7 @@ from keras_moe.models.config import T5Config  # noqa: E402
 cfg = T5Config(vocab_size=64, d_model=16, num_heads=4, d_kv=4, d_ff=32,
                num_encoder_layers=2, num_decoder_layers=2, activation="relu",
                moe_type="switch", num_experts=E, encoder_sparse_step=2,
-               decoder_sparse_step=2, min_expert_capacity=2)
+               decoder_sparse_step=2, min_expert_capacity=2, group_size="sequence")
 t5 = build_model(cfg, compile=True)
 enc = rs.randint(2, 64, (B, L)).astype("int32")
 dec = rs.randint(2, 64, (B, L)).astype("int32")

@@ -117,7 +117,8 @@ def test_tpu_spmd_annotations_reach_the_hlo():
     import tensorflow as tf
 
     layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, dispatch="einsum",
-                                        min_expert_capacity=2, track_metrics=False)
+                                        min_expert_capacity=2, track_metrics=False,
+                                        group_size="sequence")
     x = tf.constant(np.random.RandomState(0).randn(8, 4, 8).astype("float32"))
     layer(x)
     fn = tf.function(lambda t: layer(t), jit_compile=True)

@@ -34,7 +34,8 @@ strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(N)])
 
 def make_layer(dispatch, activation="relu"):
     return expert_parallel_switch(E, 16, activation=activation, dispatch=dispatch,
-                                  min_expert_capacity=2, track_metrics=False, name="moe")
+                                  min_expert_capacity=2, track_metrics=False, name="moe",
+                                  group_size="sequence")
 
 
 def single_device(layer, xs, rs_):

@@ -102,7 +102,7 @@ def _loss_trajectory(strategy, init_weights, batches):
                       num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
                       num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2,
                       aux_loss_factor=0.1, z_loss_factor=0.01, min_expert_capacity=1,
-                      train_capacity_factor=1.0)
+                      train_capacity_factor=1.0, group_size="sequence")
     with strategy.scope():
         model = build_model(config)
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
