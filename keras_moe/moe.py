@@ -177,8 +177,7 @@ class MoeLayer(keras.layers.Layer):
         """The grouping used for input `x`: "batch", "sequence" or an int."""
         if self.group_size != "batch":
             return self.group_size
-        batch, length = x.shape[0], x.shape[1]
-        if length == 1:
+        if x.shape[1] == 1:
             return "sequence"  # cached decoding: never over capacity
         return "batch"
 
