@@ -13,6 +13,12 @@ _MOE_ARGS = (
 )
 
 
+def _router_initializer(init_scale, router_init_scale):
+    """The router's init: `router_init_scale`, or the experts' `init_scale` when None."""
+    return default_router_initializer(init_scale if router_init_scale is None
+                                      else router_init_scale)
+
+
 class _ExpertFeedForward(MoeLayer):
     """Shared plumbing: builds router + experts from plain arguments."""
 
@@ -72,8 +78,9 @@ class SwitchFeedForward(_ExpertFeedForward):
             matches T5's and Keras' usual fan-in scale, so the MoE branch is as
             loud as the layers around it; the Switch paper uses 0.1 for *every*
             weight of the model, which keras_moe's T5 models do with
-            `T5Config(init_scale=0.1)`. A smaller scale here alone starves the
-            experts (their gradients fall under Adam's epsilon).
+            `T5Config(init_scale=0.1)`. In the T5 models, 0.1 for the experts
+            and router alone left the MoE branch ~0.001 of the residual
+            stream, with gradients under Adam's epsilon.
         router_init_scale: the router's init scale; None follows `init_scale`.
         aux_loss_factor: load-balancing loss weight (paper: 1e-2).
         z_loss_factor: router z-loss weight (ST-MoE: 1e-3).
@@ -99,8 +106,7 @@ class SwitchFeedForward(_ExpertFeedForward):
                  batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
         router = SwitchRouter(
             num_experts, jitter_noise=jitter_noise,
-            kernel_initializer=default_router_initializer(
-                init_scale if router_init_scale is None else router_init_scale),
+            kernel_initializer=_router_initializer(init_scale, router_init_scale),
             batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
             dtype=router_dtype,
         )
@@ -148,8 +154,7 @@ class GShardFeedForward(_ExpertFeedForward):
             eval_second_expert_policy=eval_second_expert_policy,
             second_expert_threshold=second_expert_threshold,
             normalize_gates=normalize_gates, jitter_noise=jitter_noise,
-            kernel_initializer=default_router_initializer(
-                init_scale if router_init_scale is None else router_init_scale),
+            kernel_initializer=_router_initializer(init_scale, router_init_scale),
             batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
             dtype=router_dtype,
         )
