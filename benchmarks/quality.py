@@ -45,25 +45,29 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-FALLBACK_TASK = "embedded_span_corruption"
+FALLBACK_TASK = "embedded_prefix_lm"
 DOCS_HINT = "apt-get update && apt-get install -y python3.11-doc perl-doc"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="docs_span_corruption",
-                   help=f"span-corruption task; falls back to {FALLBACK_TASK} if its data is missing")
-    p.add_argument("--inputs", type=int, default=128, help="encoder length")
+    p.add_argument("--task", default="docs_prefix_lm",
+                   help=f"T5 pre-training task; falls back to {FALLBACK_TASK} if its data is missing")
+    p.add_argument("--inputs", type=int, default=64, help="encoder length")
     p.add_argument("--targets", type=int, default=None,
-                   help="decoder length (default: tasks.span_corruption_targets_length(inputs))")
+                   help="decoder length (default: --inputs for a prefix-LM task, "
+                        "tasks.span_corruption_targets_length(inputs) for span corruption)")
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--steps", type=int, default=1000, help="training steps of every model")
     p.add_argument("--eval_every", type=int, default=100, help="steps between evaluations")
-    p.add_argument("--eval_batches", type=int, default=16, help="held-out batches per evaluation")
-    p.add_argument("--d_model", type=int, default=128)
-    p.add_argument("--d_ff", type=int, default=256, help="dense FFN and each expert's hidden size")
+    p.add_argument("--eval_batches", type=int, default=0,
+                   help="held-out batches per evaluation (0: the whole validation split; "
+                        "docs_prefix_lm at 64/64 has 202 batches of 16, 105k target tokens)")
+    p.add_argument("--d_model", type=int, default=64)
+    p.add_argument("--d_ff", type=int, default=128, help="dense FFN and each expert's hidden size")
     p.add_argument("--num_heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
+    p.add_argument("--layers", type=int, default=4,
+                   help="encoder and decoder layers each (MoE FFN in every other one)")
     p.add_argument("--activation", default="gated-gelu", help="FFN activation (T5.1.1: gated-gelu)")
     p.add_argument("--experts", type=int, nargs="+", default=[8, 16],
                    help="expert counts of the Switch models of the main comparison")
@@ -72,9 +76,14 @@ def parse_args(argv=None):
     p.add_argument("--eval_capacity_factor", type=float, default=2.0,
                    help="evaluation capacity factor of the main comparison")
     p.add_argument("--min_expert_capacity", type=int, default=4)
-    p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam peak learning rate")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                   help="cosine: linear warmup over --warmup_steps, then cosine decay to 10%% "
+                        "of the peak at the last step")
+    p.add_argument("--warmup_steps", type=int, default=None,
+                   help="warmup steps of the cosine schedule (default: 10%% of --steps)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seeds", type=int, default=1,
+    p.add_argument("--seeds", type=int, default=3,
                    help="train every model with this many seeds (--seed, --seed+1, ...: "
                         "initialisation and data order) and report the mean curve and the "
                         "spread; differences smaller than the spread are noise")
@@ -93,10 +102,17 @@ def parse_args(argv=None):
         args.steps, args.eval_every, args.eval_batches = 4, 2, 1
         args.d_model, args.d_ff, args.num_heads, args.layers = 16, 32, 2, 2
         args.experts, args.table1_experts, args.table1_cf = [2], 2, [1.0, 2.0]
-        if args.task == "docs_span_corruption":
+        if args.task.startswith("docs_"):
             args.task = FALLBACK_TASK  # no dependency on the Debian docs in tests
-    if args.steps < 1 or args.eval_every < 1 or args.eval_batches < 1 or args.seeds < 1:
-        p.error("--steps, --eval_every, --eval_batches and --seeds must be >= 1")
+    if args.steps < 1 or args.eval_every < 1 or args.seeds < 1:
+        p.error("--steps, --eval_every and --seeds must be >= 1")
+    if args.eval_batches < 0:
+        p.error(f"--eval_batches must be >= 0 (0: the whole validation split), "
+                f"got {args.eval_batches}")
+    if args.warmup_steps is None:
+        args.warmup_steps = args.steps // 10
+    if not 0 <= args.warmup_steps < args.steps:
+        p.error(f"--warmup_steps must be in [0, --steps), got {args.warmup_steps}")
     if args.steps % args.eval_every:
         p.error(f"--steps ({args.steps}) must be a multiple of --eval_every ({args.eval_every})")
     if args.no_main and not args.table1:
@@ -183,8 +199,11 @@ def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
     iterator of the infinite `train_ds`), evaluating on `held_out` at step 0
     and at the end of each epoch (Keras `validation_data`).
 
-    Returns dict with `curve` [{step, neg_log_perplexity, accuracy, loss}],
-    `train_loss` (per epoch), `step_time_s` (median), `train_seconds`.
+    Returns dict with `curve` [{step, seconds, neg_log_perplexity, accuracy,
+    loss}] (`seconds`: training wall time up to that step, evaluation left
+    out), `train_loss` (per epoch), `step_time_s` (median), `train_seconds`,
+    and `router` (the last epoch's router statistics of every MoE layer,
+    training and held-out, when the model tracks them).
     """
     import warnings
 
@@ -197,10 +216,12 @@ def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
                             validation_data=held_out, callbacks=[timer], verbose=0)
         seconds = time.time() - start
     h = history.history
-    curve = [{"step": 0, "neg_log_perplexity": float(first["neg_log_perplexity"]),
+    curve = [{"step": 0, "seconds": 0.0,
+              "neg_log_perplexity": float(first["neg_log_perplexity"]),
               "accuracy": float(first["accuracy"]), "loss": float(first["loss"])}]
     for i in range(len(h["val_loss"])):
         curve.append({"step": (i + 1) * eval_every,
+                      "seconds": float(sum(timer.times[:(i + 1) * eval_every])),
                       "neg_log_perplexity": float(h["val_neg_log_perplexity"][i]),
                       "accuracy": float(h["val_accuracy"][i]),
                       "loss": float(h["val_loss"][i])})
@@ -208,7 +229,8 @@ def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
            "final_accuracy": curve[-1]["accuracy"],
            "train_loss": [float(v) for v in h["loss"]],
            "step_time_s": timer.median(skip=min(5, max(len(timer.times) - 1, 0))),
-           "train_seconds": seconds}
+           "train_seconds": seconds,
+           "router": {key: float(values[-1]) for key, values in h.items() if "/" in key}}
     points = " ".join(f"{p['step']}:{p['neg_log_perplexity']:.3f}" for p in curve)
     print(f"{name:>22s}: nlp {points} | step {1e3 * out['step_time_s']:.1f} ms, "
           f"{seconds:.0f} s", flush=True)
@@ -223,7 +245,7 @@ def mean_over_seeds(outs, seeds):
     for points in zip(*(o["curve"] for o in outs)):
         curve.append({"step": points[0]["step"], **{
             key: statistics.fmean(p[key] for p in points)
-            for key in ("neg_log_perplexity", "accuracy", "loss")}})
+            for key in ("seconds", "neg_log_perplexity", "accuracy", "loss")}})
     finals = [o["final_neg_log_perplexity"] for o in outs]
     return {
         "curve": curve, "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
@@ -244,12 +266,85 @@ def gain_in_seed_std(moe_run, dense_run):
     return gain / std if std else None
 
 
+TARGETS = {
+    "gain": "each Switch model's final held-out neg log perplexity exceeds dense by >= 0.05 "
+            "nats and by >= 5 dense seed std",
+    "half_steps": "each Switch model reaches the dense model's final value in <= 1/2 of the "
+                  "dense model's steps",
+    "half_wall_clock": "... and in <= 1/2 of the dense model's training wall time",
+    "ordering": "more experts is better: Switch-16 >= Switch-8 >= dense",
+}
+
+
+def difference_with_noise(better, worse):
+    """`better` minus `worse` (final neg log perplexity, seed means) with the
+    std of that difference (from each run's seed std) and whether it exceeds
+    twice that std; `resolved` is None with a single seed."""
+    diff = better["final_neg_log_perplexity"] - worse["final_neg_log_perplexity"]
+    n = len(better["final_per_seed"])
+    if better["final_std"] is None or worse["final_std"] is None:
+        return {"difference": diff, "noise_std": None, "resolved": None}
+    noise = ((better["final_std"] ** 2 + worse["final_std"] ** 2) / n) ** 0.5
+    return {"difference": diff, "noise_std": noise, "resolved": diff > 2 * noise}
+
+
+def compare(moe_run, dense_run):
+    """How a sparse run does against the dense one, in steps, wall time and final value.
+
+    >>> dense = {"curve": [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+    ...                    {"step": 100, "seconds": 50.0, "neg_log_perplexity": -4.0}],
+    ...          "final_neg_log_perplexity": -4.0, "final_std": 0.01, "step_time_s": 0.5}
+    >>> moe = {"curve": [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+    ...                  {"step": 50, "seconds": 30.0, "neg_log_perplexity": -4.0},
+    ...                  {"step": 100, "seconds": 60.0, "neg_log_perplexity": -3.5}],
+    ...        "final_neg_log_perplexity": -3.5, "step_time_s": 0.6}
+    >>> c = compare(moe, dense)
+    >>> c["fraction_of_dense_steps"], c["fraction_of_dense_seconds"], c["meets"]
+    (0.5, 0.6, {'gain': True, 'half_steps': True, 'half_wall_clock': False})
+    """
+    dense_final = dense_run["final_neg_log_perplexity"]
+    dense_steps = dense_run["curve"][-1]["step"]
+    dense_seconds = dense_run["curve"][-1]["seconds"]
+    reach = steps_to_reach([(p["step"], p["neg_log_perplexity"]) for p in moe_run["curve"]],
+                           dense_final)
+    reach_s = steps_to_reach([(p["seconds"], p["neg_log_perplexity"])
+                              for p in moe_run["curve"]], dense_final)
+    gain = moe_run["final_neg_log_perplexity"] - dense_final
+    in_std = gain_in_seed_std(moe_run, dense_run)
+    return {
+        "steps_to_dense_final": reach,
+        "fraction_of_dense_steps": None if reach is None else reach / dense_steps,
+        "seconds_to_dense_final": reach_s,
+        "fraction_of_dense_seconds": None if reach_s is None else reach_s / dense_seconds,
+        "final_gain_over_dense": gain,
+        "gain_in_dense_seed_std": in_std,
+        "step_time_vs_dense": moe_run["step_time_s"] / dense_run["step_time_s"],
+        "meets": {
+            "gain": gain >= 0.05 and in_std is not None and in_std >= 5,
+            "half_steps": reach is not None and reach <= 0.5 * dense_steps,
+            "half_wall_clock": reach_s is not None and reach_s <= 0.5 * dense_seconds,
+        },
+    }
+
+
 def command_line(script, argv):
     return f"python benchmarks/{script} " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
 
 # ---------------------------------------------------------------------------
+
+def learning_rate(args):
+    """The peak rate, or a warmup + cosine-decay schedule ending at 10% of it."""
+    import keras
+
+    if args.schedule == "constant":
+        return args.learning_rate
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if args.warmup_steps else args.learning_rate,
+        warmup_target=args.learning_rate if args.warmup_steps else None,
+        warmup_steps=args.warmup_steps, decay_steps=args.steps - args.warmup_steps, alpha=0.1)
+
 
 def plot(runs, dense_name, path, title):
     import matplotlib
@@ -292,7 +387,8 @@ def main(argv=None):
 
     quiet_logs()
     command = command_line("quality.py", argv)
-    targets = args.targets or tasks.span_corruption_targets_length(args.inputs)
+    targets = args.targets or (args.inputs if "prefix_lm" in args.task
+                               else tasks.span_corruption_targets_length(args.inputs))
     lengths = {"inputs": args.inputs, "targets": targets}
     task, fallback_reason = pick_task(args.task, FALLBACK_TASK, lengths)
 
@@ -305,11 +401,16 @@ def main(argv=None):
         return dense_config.replace(
             moe_type=moe_type, num_experts=experts, encoder_sparse_step=2,
             decoder_sparse_step=2, train_capacity_factor=train_cf,
-            eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity)
+            eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity,
+            track_router_metrics=True)
 
-    held_out = data_lib.finite(data_lib.make_dataset(
-        task, lengths, "validation", args.batch_size, shuffle=False, seed=args.seed,
-        repeat=False).take(args.eval_batches))
+    held_out = data_lib.make_dataset(task, lengths, "validation", args.batch_size,
+                                     shuffle=False, seed=args.seed, repeat=False)
+    held_out = data_lib.finite(held_out.take(args.eval_batches) if args.eval_batches
+                               else held_out)
+    held_out_tokens = int(sum(float(keras.ops.sum(w)) for _, _, w in held_out))
+    print(f"held-out set: {held_out.cardinality()} batches, {held_out_tokens} target tokens",
+          flush=True)
 
     seeds = [args.seed + i for i in range(args.seeds)]
 
@@ -318,8 +419,8 @@ def main(argv=None):
         for seed in seeds:
             keras.utils.set_random_seed(seed)  # same initialisation stream for every model
             model = build_model(config)
-            model.compile(**model.compile_defaults(
-                optimizer=keras.optimizers.Adam(args.learning_rate)))
+            model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(
+                learning_rate(args))))
             # Same seed -> same batches in the same order for every model.
             train_ds = data_lib.make_dataset(task, lengths, "train", args.batch_size,
                                              shuffle=True, seed=seed, repeat=True)
@@ -334,24 +435,45 @@ def main(argv=None):
         return out
 
     start = time.time()
+
+    def save(runs, comparison, table1, ordering=None, final=False, extra=None):
+        """Writes the JSON after every run, so an interrupted run keeps what it measured."""
+        payload = {
+            "benchmark": "quality", "command": command, "task": task, "complete": final,
+            "task_fallback_reason": fallback_reason, "feature_lengths": lengths,
+            "args": vars(args), "held_out_target_tokens": held_out_tokens,
+            "model": {k: v for k, v in dense_config.to_dict().items()
+                      if k in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff",
+                               "num_encoder_layers", "num_decoder_layers", "activation",
+                               "init_scale", "group_size")},
+            "optimizer": (f"Adam({args.learning_rate}), constant" if args.schedule == "constant"
+                          else f"Adam, linear warmup to {args.learning_rate} over "
+                               f"{args.warmup_steps} steps, cosine decay to 10% at step "
+                               f"{args.steps}"),
+            "seeds": seeds,
+            "sparse_layers": "every other layer (encoder and decoder layers 1, 3, ...)",
+            "runs": runs, "dense_final_neg_log_perplexity": runs["dense"][
+                "final_neg_log_perplexity"],
+            "comparison": comparison, "ordering_by_experts": ordering, "table1": table1,
+            "targets": TARGETS, "total_seconds": time.time() - start,
+            "environment": common.environment(), **(extra or {}),
+        }
+        return payload, common.write_result(args.output, payload)
+
     runs = {"dense": run("dense", dense_config)}
     dense_final = runs["dense"]["final_neg_log_perplexity"]
-    comparison = {}
+    comparison, ordering = {}, None
+    save(runs, comparison, [])
     if not args.no_main:
         for e in args.experts:
             name = f"switch{e}"
             runs[name] = run(name, moe_config("switch", e, args.capacity_factor,
                                               args.eval_capacity_factor))
-            curve = [(p["step"], p["neg_log_perplexity"]) for p in runs[name]["curve"]]
-            reach = steps_to_reach(curve, dense_final)
-            comparison[name] = {
-                "steps_to_dense_final": reach,
-                "fraction_of_dense_steps": None if reach is None else reach / args.steps,
-                "meets_half_steps_target": reach is not None and reach <= 0.5 * args.steps,
-                "final_gain_over_dense": runs[name]["final_neg_log_perplexity"] - dense_final,
-                "gain_in_dense_seed_std": gain_in_seed_std(runs[name], runs["dense"]),
-                "step_time_vs_dense": runs[name]["step_time_s"] / runs["dense"]["step_time_s"],
-            }
+            comparison[name] = compare(runs[name], runs["dense"])
+            save(runs, comparison, [])
+        names = [f"switch{e}" for e in sorted(args.experts)]
+        ordering = [difference_with_noise(runs[b], runs[a])
+                    for a, b in zip(["dense"] + names, names)]
 
     table1 = []
     if args.table1:
@@ -369,22 +491,9 @@ def main(argv=None):
                     "step_time_s": r["step_time_s"],
                     "step_time_vs_dense": r["step_time_s"] / runs["dense"]["step_time_s"],
                 })
+                save(runs, comparison, table1)
     total = time.time() - start
-
-    payload = {
-        "benchmark": "quality", "command": command, "task": task,
-        "task_fallback_reason": fallback_reason, "feature_lengths": lengths, "args": vars(args),
-        "model": {k: v for k, v in dense_config.to_dict().items()
-                  if k in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff",
-                           "num_encoder_layers", "num_decoder_layers", "activation")},
-        "optimizer": f"Adam({args.learning_rate}), constant", "seeds": seeds,
-        "sparse_layers": "every other layer (encoder and decoder layers 1, 3, ...)",
-        "runs": runs, "dense_final_neg_log_perplexity": dense_final,
-        "comparison": comparison, "table1": table1,
-        "target": "a Switch model reaches the dense model's final held-out neg log "
-                  "perplexity in <= 1/2 of the dense model's steps",
-        "total_seconds": total, "environment": common.environment(),
-    }
+    extra = {}
     if not args.no_plot:
         os.makedirs(common.RESULTS_DIR, exist_ok=True)
         png = os.path.join(common.RESULTS_DIR, f"{args.output}.png")
@@ -392,9 +501,10 @@ def main(argv=None):
         title = (f"{task}: d_model {args.d_model}, d_ff {args.d_ff}, {args.layers}+{args.layers} "
                  f"layers, batch {args.batch_size}x{args.inputs}"
                  + (f", mean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else ""))
-        payload["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
-                                          os.path.dirname(common.RESULTS_DIR))
-    path = common.write_result(args.output, payload)
+        extra["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
+                                        os.path.dirname(common.RESULTS_DIR))
+    payload, path = save(runs, comparison, table1, ordering, final=True, extra=extra)
+
 
     print(f"\ntask {task}; dense final neg log perplexity {dense_final:.4f} at step {args.steps}")
     for name, c in comparison.items():
@@ -404,8 +514,15 @@ def main(argv=None):
         noise = ("" if c["gain_in_dense_seed_std"] is None else
                  f" = {c['gain_in_dense_seed_std']:+.1f} dense seed std")
         print(f"{name}: final {runs[name]['final_neg_log_perplexity']:.4f} "
-              f"(gain {c['final_gain_over_dense']:+.4f}{noise}); reaches dense final at {reach}; "
-              f"step time x{c['step_time_vs_dense']:.2f} of dense")
+              f"(gain {c['final_gain_over_dense']:+.4f}{noise}); reaches dense final at {reach}"
+              + ("" if c["fraction_of_dense_seconds"] is None else
+                 f", {100 * c['fraction_of_dense_seconds']:.0f}% of the dense wall time")
+              + f"; step time x{c['step_time_vs_dense']:.2f} of dense; targets met: "
+              + (", ".join(k for k, v in c["meets"].items() if v) or "none"))
+    for o in ordering or []:
+        print(f"ordering step: {o['difference']:+.4f} nats"
+              + ("" if o["noise_std"] is None else
+                 f" (noise std {o['noise_std']:.4f}, resolved: {o['resolved']})"))
     for row in table1:
         print(f"{row['name']:>16s}: final {row['final_neg_log_perplexity']:.4f} "
               f"(gain {row['gain_over_dense']:+.4f}), step {1e3 * row['step_time_s']:.1f} ms "

@@ -24,6 +24,53 @@ def test_steps_to_reach_interpolates():
     assert steps_to_reach(curve, -2.0) is None
 
 
+def test_compare_reads_steps_and_wall_time_off_the_curves():
+    from benchmarks.quality import compare, difference_with_noise
+
+    dense = {"curve": [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+                       {"step": 100, "seconds": 50.0, "neg_log_perplexity": -5.0},
+                       {"step": 200, "seconds": 100.0, "neg_log_perplexity": -4.0}],
+             "final_neg_log_perplexity": -4.0, "final_std": 0.02, "step_time_s": 0.5,
+             "final_per_seed": [-4.02, -3.98]}
+    # Reaches -4.0 a quarter of the way from step 50 (-4.2) to step 100 (-3.4): step 62.5,
+    # at 37.5 s (0.6 s/step), against the dense model's 200 steps and 100 s.
+    moe = {"curve": [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+                     {"step": 50, "seconds": 30.0, "neg_log_perplexity": -4.2},
+                     {"step": 100, "seconds": 60.0, "neg_log_perplexity": -3.4},
+                     {"step": 200, "seconds": 120.0, "neg_log_perplexity": -3.9}],
+           "final_neg_log_perplexity": -3.9, "final_std": 0.04, "step_time_s": 0.6,
+           "final_per_seed": [-3.86, -3.94]}
+    c = compare(moe, dense)
+    assert c["steps_to_dense_final"] == pytest.approx(62.5)
+    assert c["fraction_of_dense_steps"] == pytest.approx(0.3125)
+    assert c["seconds_to_dense_final"] == pytest.approx(37.5)
+    assert c["fraction_of_dense_seconds"] == pytest.approx(0.375)
+    assert c["final_gain_over_dense"] == pytest.approx(0.1)
+    assert c["gain_in_dense_seed_std"] == pytest.approx(5.0)
+    assert c["meets"] == {"gain": True, "half_steps": True, "half_wall_clock": True}
+    slow = dict(moe, step_time_s=2.0, curve=[dict(p, seconds=4 * p["seconds"])
+                                             for p in moe["curve"]])
+    assert compare(slow, dense)["meets"]["half_wall_clock"] is False
+    assert compare(dense, moe)["meets"]["gain"] is False
+    # Difference of two 2-seed means: noise std sqrt((0.04^2 + 0.02^2) / 2) = 0.0316.
+    d = difference_with_noise(moe, dense)
+    assert d["noise_std"] == pytest.approx(0.031623, abs=1e-6) and d["resolved"] is True
+
+
+def test_cosine_schedule_warms_up_to_the_peak_and_ends_at_a_tenth():
+    from benchmarks.quality import learning_rate, parse_args
+
+    schedule = learning_rate(parse_args(["--steps", "100", "--eval_every", "10",
+                                         "--learning_rate", "0.002"]))
+    assert float(schedule(0)) == pytest.approx(0.0)
+    assert float(schedule(5)) == pytest.approx(0.001)
+    assert float(schedule(10)) == pytest.approx(0.002)
+    assert float(schedule(100)) == pytest.approx(0.0002)
+    assert parse_args(["--schedule", "constant"]).schedule == "constant"
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "10", "--eval_every", "10", "--warmup_steps", "10"])
+
+
 def test_quality_smoke():
     data, has_plot = _run("quality.py", "smoke_quality", "--seeds", "2")
     assert data["benchmark"] == "quality" and data["seeds"] == [0, 1]
@@ -34,15 +81,26 @@ def test_quality_smoke():
         assert all(p["neg_log_perplexity"] < 0 for p in run["curve"])
         assert run["final_neg_log_perplexity"] == run["curve"][-1]["neg_log_perplexity"]
         assert run["step_time_s"] > 0
+        seconds = [p["seconds"] for p in run["curve"]]
+        assert seconds[0] == 0.0 and seconds[1] < seconds[2]
         # The reported curve is the mean of the seeds' curves.
         per_seed = [o["curve"][-1]["neg_log_perplexity"] for o in run["per_seed"]]
         assert run["final_per_seed"] == per_seed and len(per_seed) == 2
         assert run["final_neg_log_perplexity"] == pytest.approx(sum(per_seed) / 2)
         assert run["final_std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5)
     assert data["runs"]["switch2"]["params"] > data["runs"]["dense"]["params"]
+    assert data["held_out_target_tokens"] > 0 and data["complete"] is True
+    # Router health of every MoE layer is recorded, training and held-out.
+    router = data["runs"]["switch2"]["per_seed"][0]["router"]
+    dropped = [k for k in router if k.endswith("/dropped_fraction")]
+    assert dropped and any(k.startswith("val_") for k in dropped)
+    assert all(0.0 <= router[k] <= 1.0 for k in dropped)
+    assert data["runs"]["dense"]["per_seed"][0]["router"] == {}
     c = data["comparison"]["switch2"]
     assert set(c) >= {"steps_to_dense_final", "fraction_of_dense_steps",
-                      "meets_half_steps_target", "final_gain_over_dense"}
+                      "fraction_of_dense_seconds", "meets", "final_gain_over_dense"}
+    assert data["ordering_by_experts"][0]["difference"] == pytest.approx(
+        c["final_gain_over_dense"])
     assert c["final_gain_over_dense"] == pytest.approx(
         data["runs"]["switch2"]["final_neg_log_perplexity"]
         - data["dense_final_neg_log_perplexity"])
