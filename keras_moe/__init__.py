@@ -4,14 +4,18 @@ The layers follow the Switch Transformer (Fedus et al., 2021) and GShard
 (Lepikhin et al., 2020) papers; see the README for the quick-starts.
 """
 
-from keras_moe import losses
-from keras_moe import sharding
-from keras_moe.dispatch import EinsumDispatcher, GatherDispatcher, get_dispatcher
-from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
-from keras_moe.metrics import router_metrics
-from keras_moe.moe import MoeLayer
-from keras_moe.routing import (
+from keras_moe import startup as _startup
+
+_startup.import_keras_quietly()
+
+from keras_moe import losses  # noqa: E402
+from keras_moe import sharding  # noqa: E402
+from keras_moe.dispatch import EinsumDispatcher, GatherDispatcher, get_dispatcher  # noqa: E402
+from keras_moe.experts import FeedForwardExperts  # noqa: E402
+from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: E402
+from keras_moe.metrics import router_metrics  # noqa: E402
+from keras_moe.moe import MoeLayer  # noqa: E402
+from keras_moe.routing import (  # noqa: E402
     ExpertChoiceRouter,
     Router,
     RoutingInstructions,

@@ -71,6 +71,9 @@ def main(argv=None):
     set_tf_environment()
     parser = build_parser(prog="python -m keras_moe.distill")
     args = parser.parse_args(argv)
+    from keras_moe.training import console
+
+    console.quiet_startup()
     from keras_moe.training.errors import TrainingConfigError
 
     files = args.gin_file or ["tiny_local.gin"]

@@ -12,7 +12,8 @@
     trackers (TF backend, `T5Config.track_router_metrics=True`),
   * per MoE layer `expert_load/expert_<i>` from a one-batch eval pass on a
     held batch (every `expert_load_every` steps; 0 = never).
-It also prints one line per log step and keeps the loss history for the
+It also prints, per log step, a line (loss, learning rate, tokens/s) and a
+per-layer router table (`console.router_table`), and keeps the loss history for the
 end-of-run summary.
 """
 
@@ -22,6 +23,7 @@ import time
 import keras
 import numpy as np
 
+from keras_moe.training import console
 from keras_moe.training import expert_load as expert_load_lib
 from keras_moe.training import schedules
 
@@ -107,11 +109,10 @@ class TrainingLogger(keras.callbacks.Callback):
         if self.enabled:
             total = f"/{self.total_steps}" if self.total_steps else ""
             loss = f" loss {scalars['loss']:.4f}" if "loss" in scalars else ""
-            dropped = [v for k, v in scalars.items() if k.endswith("/dropped_fraction")]
-            moe = f" dropped {np.mean(dropped):.3f}" if dropped else ""
+            table = console.router_table(scalars)
             print(f"\n[keras_moe] step {step}{total}{loss} lr {scalars['learning_rate']:.3g} "
-                  f"tokens/s {scalars['tokens_per_second']:.0f}{moe}", file=self.stream,
-                  flush=True)
+                  f"tokens/s {scalars['tokens_per_second']:.0f}" + (f"\n{table}" if table else ""),
+                  file=self.stream, flush=True)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

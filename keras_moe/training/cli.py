@@ -51,6 +51,9 @@ def add_gin_allow_import_flag(parser):
 def main(argv=None):
     set_tf_environment()
     args = build_parser().parse_args(argv)
+    from keras_moe.training import console
+
+    console.quiet_startup()
     from keras_moe.training.errors import (
         NonFiniteLossError,
         TrainingConfigError,

@@ -35,6 +35,9 @@ def build_parser():
 def main(argv=None):
     set_tf_environment()
     args = build_parser().parse_args(argv)
+    from keras_moe.training import console
+
+    console.quiet_startup()
     from keras_moe.training.errors import TrainingConfigError
 
     try:

@@ -193,6 +193,7 @@ def train(model_dir, task="embedded_span_corruption",
     import tensorflow as tf
 
     from keras_moe.training import callbacks as cb_lib
+    from keras_moe.training import console
     from keras_moe.training import data as data_lib
     from keras_moe.training import expert_load as load_lib
     from keras_moe.training import strategy as strategy_lib
@@ -303,6 +304,7 @@ def train(model_dir, task="embedded_span_corruption",
 
     callbacks = [
         cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any checkpoint.
+        console.CompactProgbar(),  # Router statistics go to the logger's table instead.
         logger,
         ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=_log),
         ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
@@ -335,7 +337,8 @@ def train(model_dir, task="embedded_span_corruption",
                                                                      steps_per_epoch):
             model.fit(train_dataset(skip + first_step - start_step),
                       initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=spe,
-                      callbacks=callbacks, verbose=verbose)
+                      callbacks=callbacks, verbose=verbose,
+                      shuffle=False)  # seqio already shuffles the stream, by seed.
     except peer_errors as e:
         if strategy != "multi_worker":
             raise

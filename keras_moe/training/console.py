@@ -1,0 +1,127 @@
+"""A readable console for the command-line tools: start-up noise filtered, short progress lines.
+
+* `quiet_startup()` imports the data stack (seqio, jax, tensorflow-text) and
+  probes the devices through `keras_moe.startup.filtered_stderr`, which keeps
+  everything but known-harmless start-up chatter (errors still show); it also
+  silences a Python-level warning that does not apply to these jobs (see
+  `HARMLESS_LOG_MESSAGES`).
+* `CompactProgbar`: Keras' progress bar showing loss, accuracy and the
+  learning rate; the per-layer router statistics go to `router_table` and
+  TensorBoard instead of one very long line.
+"""
+
+import logging
+
+import keras
+
+from keras_moe.startup import filtered_stderr
+
+# (logger name, message start): absl/Python log records that are expected here.
+HARMLESS_LOG_MESSAGES = (
+    # seqio, for tasks read from in-memory or local files: the training stream
+    # is shuffled by seqio with a seed and resumed by position, not by a cache.
+    ("absl", "Using an uncached FunctionDataset for training is not recommended"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, starts):
+        super().__init__()
+        self.starts = tuple(starts)
+
+    def filter(self, record):
+        return not str(record.msg).startswith(self.starts)
+
+
+def quiet_startup():
+    """Imports TensorFlow, seqio and the tasks and probes the devices with
+    start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent."""
+    with filtered_stderr():
+        import tensorflow as tf
+
+        import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
+
+        tf.config.list_physical_devices()
+    for name in {name for name, _ in HARMLESS_LOG_MESSAGES}:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in log.filters):
+            log.addFilter(_DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name))
+
+
+def short_logs(logs, learning_rate=None):
+    """The progress-bar subset of Keras logs: no per-layer (`a/b`) entries,
+    plus the learning rate.
+
+    Example:
+    >>> short_logs({"loss": 2.0, "encoder_layer_1/ffn/z_loss": 0.1}, 0.003)
+    {'loss': 2.0, 'lr': 0.003}
+    """
+    out = {k: v for k, v in (logs or {}).items() if "/" not in k}
+    if learning_rate is not None:
+        out["lr"] = learning_rate
+    return out
+
+
+class CompactProgbar(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar with loss, accuracy and the learning rate only.
+
+    Passed in `fit(callbacks=...)`, it replaces the default progress bar; the
+    full logs still reach every other callback (TensorBoard, History).
+    """
+
+    def _lr(self):
+        from keras_moe.training import schedules
+
+        optimizer = self.model.optimizer
+        step = int(keras.ops.convert_to_numpy(optimizer.iterations))
+        return schedules.learning_rate_at(optimizer, step)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, short_logs(logs, self._lr()))
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, short_logs(logs, self._lr()))
+
+    def on_test_batch_end(self, batch, logs=None):
+        super().on_test_batch_end(batch, short_logs(logs))
+
+    def on_test_end(self, logs=None):
+        super().on_test_end(short_logs(logs))
+
+
+ROUTER_COLUMNS = (("dropped_fraction", "dropped", "{:.1%}"),
+                  ("load_imbalance", "imbalance", "{:.2f}"),
+                  ("router_confidence", "confidence", "{:.3f}"),
+                  ("output_rms_ratio", "out/in rms", "{:.3f}"))
+
+
+def router_table(scalars, indent="  "):
+    """A per-layer table of router statistics from `{"moe/<layer>/<stat>": value}`.
+
+    Example:
+    >>> print(router_table({"moe/enc/ffn/dropped_fraction": 0.25,
+    ...                     "moe/enc/ffn/load_imbalance": 1.5, "learning_rate": 0.1}))
+      MoE layer  dropped  imbalance  confidence  out/in rms
+      enc/ffn      25.0%       1.50           -           -
+    """
+    layers = {}
+    for key, value in scalars.items():
+        if key.startswith("moe/") and key.count("/") >= 2:
+            layer, stat = key[len("moe/"):].rsplit("/", 1)
+            layers.setdefault(layer, {})[stat] = value
+    if not layers:
+        return ""
+    names = sorted(layers, key=lambda n: (not n.startswith("encoder"), n))
+    width = max(len("MoE layer"), *(len(n) for n in names))
+    header = [f"{'MoE layer':<{width}}"] + [title for _, title, _ in ROUTER_COLUMNS]
+    rows = [header]
+    for name in names:
+        stats = layers[name]
+        rows.append([f"{name:<{width}}"] + [
+            fmt.format(stats[stat]) if stat in stats else "-" for stat, _, fmt in ROUTER_COLUMNS])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append(indent + "  ".join(cells).rstrip())
+    return "\n".join(lines)
