@@ -13,11 +13,13 @@ import pytest
 
 MODULES = [
     "keras_moe.dispatch",
+    "keras_moe.distill.losses",
     "keras_moe.layers",
     "keras_moe.layouts",
     "keras_moe.losses",
     "keras_moe.models.config",
     "keras_moe.models.gin_configurables",
+    "keras_moe.models.losses",
 ]
 
 
