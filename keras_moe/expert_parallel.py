@@ -27,12 +27,18 @@ expert memory use the JAX backend (`keras_moe.sharding.configure_mesh`).
 draws different masks than the single-device layer.
 
 Example:
->>> strategy = tf.distribute.MirroredStrategy()
+>>> import numpy as np
+>>> import tensorflow as tf
+>>> import keras_moe
+>>> strategy = tf.distribute.MirroredStrategy()  # the local GPUs, else the CPU
 >>> with strategy.scope():
 ...     layer = keras_moe.MoeLayer(
 ...         keras_moe.SwitchRouter(num_experts=8),
 ...         ExpertParallelExperts(num_experts=8, d_ff=64),
 ...     )
+...     y = layer(np.ones((2, 4, 16), "float32"))  # builds the (mirrored) weights
+>>> tuple(y.shape)
+(2, 4, 16)
 """
 
 import keras
@@ -82,8 +88,11 @@ class ExpertParallelExperts(FeedForwardExperts):
         exchange: "auto", "all_gather" or "all_to_all" (see the module doc).
 
     Example:
+    >>> import numpy as np
     >>> experts = ExpertParallelExperts(num_experts=8, d_ff=32)
-    >>> y = experts(np.ones((8, 2, 4, 16), "float32"))  # no strategy: plain compute
+    >>> y = experts(np.ones((8, 2, 4, 16), "float32"))  # [E, G, C, d]; no strategy: plain compute
+    >>> tuple(y.shape), experts.local_experts  # one device computes all 8 experts
+    ((8, 2, 4, 16), 8)
     """
 
     def __init__(self, num_experts, d_ff, exchange="auto", **kwargs):
@@ -171,7 +180,12 @@ def expert_parallel_switch(num_experts, d_ff, exchange="auto", activation="relu"
             group_size, dispatch, loss factors, name, ...).
 
     Example:
+    >>> import numpy as np
     >>> layer = expert_parallel_switch(num_experts=8, d_ff=64, name="moe")
+    >>> type(layer.router).__name__, type(layer.experts).__name__, layer.group_size
+    ('SwitchRouter', 'ExpertParallelExperts', 'sequence')
+    >>> tuple(layer(np.ones((2, 4, 16), "float32")).shape)
+    (2, 4, 16)
     """
     from keras_moe.moe import MoeLayer
     from keras_moe.routing import SwitchRouter, default_router_initializer

@@ -35,7 +35,8 @@ class PerExpertFanIn(keras.initializers.Initializer):
         seed: optional seed.
 
     Example:
-    >>> w = PerExpertFanIn(0.1)((8, 512, 64))
+    >>> import numpy as np
+    >>> w = PerExpertFanIn(0.1)((8, 512, 64))  # [E, fan_in, fan_out]
     >>> round(float(np.std(w)) * (512 / 0.1) ** 0.5, 1)
     1.0
     """
@@ -71,6 +72,7 @@ class FeedForwardExperts(keras.layers.Layer):
         seed: dropout seed.
 
     Example:
+    >>> import numpy as np
     >>> experts = FeedForwardExperts(num_experts=4, d_ff=32)
     >>> y = experts(np.ones((4, 1, 2, 8), "float32"))  # [E, G, C, d]
     >>> tuple(y.shape)

@@ -92,6 +92,8 @@ class SwitchFeedForward(_ExpertFeedForward):
         **kwargs: the other `MoeLayer` arguments and Keras layer arguments.
 
     Example:
+    >>> import numpy as np
+    >>> import keras_moe
     >>> layer = keras_moe.SwitchFeedForward(num_experts=8, d_ff=64,
     ...     train_capacity_factor=1.25, eval_capacity_factor=2.0)
     >>> y = layer(np.random.rand(2, 16, 32).astype("float32"))
@@ -138,8 +140,12 @@ class GShardFeedForward(_ExpertFeedForward):
         **kwargs: as for `SwitchFeedForward`.
 
     Example:
+    >>> import numpy as np
+    >>> import keras_moe
     >>> layer = keras_moe.GShardFeedForward(num_experts=8, d_ff=64)
     >>> y = layer(np.random.rand(2, 16, 32).astype("float32"))
+    >>> tuple(y.shape), layer.router.num_choices()  # top-2: two experts per token
+    ((2, 16, 32), 2)
     """
 
     def __init__(self, num_experts, d_ff, activation="relu", second_expert_policy="random",

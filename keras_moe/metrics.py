@@ -33,6 +33,8 @@ def router_metrics(routing, token_mask):
         - aux_loss, z_loss: the unscaled losses.
 
     Example:
+    >>> import numpy as np
+    >>> import keras_moe
     >>> router = keras_moe.SwitchRouter(num_experts=2)
     >>> logits = np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.0, 5.0]]], "float32")
     >>> routing = router.route(logits, np.ones((1, 4)), capacity=1)
@@ -72,6 +74,7 @@ def branch_rms_ratio(inputs, outputs, token_mask):
         token_mask: [B, L] 1 for real tokens.
 
     Example:
+    >>> import numpy as np
     >>> x = np.ones((1, 2, 4), "float32")
     >>> round(float(branch_rms_ratio(x, 0.5 * x, np.ones((1, 2)))), 3)
     0.5

@@ -64,6 +64,8 @@ class MoeLayer(keras.layers.Layer):
             own prefix so their metrics stay apart.
 
     Example:
+    >>> import numpy as np
+    >>> import keras_moe
     >>> layer = MoeLayer(
     ...     keras_moe.SwitchRouter(num_experts=4),
     ...     keras_moe.FeedForwardExperts(num_experts=4, d_ff=32),

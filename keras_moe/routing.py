@@ -264,6 +264,7 @@ class TopKRouter(Router):
         **kwargs: see `Router`.
 
     Example:
+    >>> import numpy as np
     >>> router = TopKRouter(num_experts=4, k=2)
     >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
     >>> routing = router.route(logits, np.ones((1, 8)), capacity=4)
@@ -320,11 +321,16 @@ class SwitchRouter(TopKRouter):
         **kwargs: `batch_prioritized_routing` and the `Router` arguments.
 
     Example:
+    >>> import numpy as np
     >>> router = SwitchRouter(num_experts=8, jitter_noise=0.01)
     >>> logits = router(np.random.rand(2, 16, 32).astype("float32"))
     >>> routing = router.route(logits, np.ones((2, 16)), capacity=3)
-    >>> float(np.max(np.sum(routing.kept, axis=(1, 2))))  # <= E * capacity
-    16.0
+    >>> tuple(routing.kept.shape)  # [G, S, K]: one choice per token
+    (2, 16, 1)
+    >>> expert, kept = np.asarray(routing.expert_index), np.asarray(routing.kept)
+    >>> tokens_per_expert = [np.bincount(expert[g][kept[g] > 0], minlength=8) for g in range(2)]
+    >>> int(np.max(tokens_per_expert)) <= 3  # each expert keeps at most `capacity` per group
+    True
     """
 
     def __init__(self, num_experts, **kwargs):
@@ -364,6 +370,7 @@ class Top2Router(Router):
         **kwargs: see `Router`.
 
     Example:
+    >>> import numpy as np
     >>> router = Top2Router(num_experts=4, second_expert_policy="all")
     >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
     >>> routing = router.route(logits, np.ones((1, 8)), capacity=8)
@@ -467,6 +474,7 @@ class ExpertChoiceRouter(Router):
         **kwargs: see `Router`.
 
     Example:
+    >>> import numpy as np
     >>> router = ExpertChoiceRouter(num_experts=4)
     >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
     >>> routing = router.route(logits, np.ones((1, 8)), capacity=2)

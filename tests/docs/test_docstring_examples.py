@@ -14,12 +14,18 @@ import pytest
 MODULES = [
     "keras_moe.dispatch",
     "keras_moe.distill.losses",
+    "keras_moe.expert_parallel",
+    "keras_moe.experts",
+    "keras_moe.feedforward",
     "keras_moe.layers",
     "keras_moe.layouts",
     "keras_moe.losses",
+    "keras_moe.metrics",
     "keras_moe.models.config",
     "keras_moe.models.gin_configurables",
     "keras_moe.models.losses",
+    "keras_moe.moe",
+    "keras_moe.routing",
 ]
 
 
