@@ -18,9 +18,17 @@ only place in the layers' code path that looks at the backend.
   `configure_tpu_spmd` turns the same tags into `xla_sharding` annotations
   (unverified on TPU: on CPU XLA drops them).
 
-Example (JAX, 8 devices):
+Example (JAX, 8 devices; the mesh line is skipped where they are missing):
+>>> import keras_moe
+>>> from keras_moe.models import T5Config, build_model
 >>> keras_moe.sharding.configure_mesh({"data": 2, "expert": 4})  # doctest: +SKIP
->>> model = build_model()  # create layers after configuring the mesh
+>>> model = build_model(T5Config(  # create layers after configuring the mesh
+...     vocab_size=64, d_model=32, num_heads=4, d_kv=8, d_ff=64, num_encoder_layers=2,
+...     num_decoder_layers=2, moe_type="switch", num_experts=8, encoder_sparse_step=2,
+...     decoder_sparse_step=2))
+>>> keras_moe.sharding.validate_mesh(  # the check configure_mesh does first
+...     {"data": 2, "expert": 4}, num_devices=8, num_experts=model.config.num_experts)[0]
+{'data': 2, 'expert': 4, 'model': 1}
 """
 
 import keras

@@ -21,6 +21,10 @@ def build_model(config=None, compile=False, learning_rate=1e-3, **overrides):
     Example:
     >>> model = build_model(T5Config(vocab_size=64, d_model=32, num_heads=4, d_ff=64,
     ...     num_encoder_layers=2, num_decoder_layers=2))
+    >>> type(model).__name__, model.config.d_model
+    ('EncoderDecoder', 32)
+    >>> build_model(model.config, d_model=16).config.d_model  # a field replaced
+    16
     """
     if config is None:
         config = T5Config()
@@ -46,7 +50,8 @@ def gin_path(name):
     Bare names are looked up under `models/` too.
 
     Example:
-    >>> gin_path("switch_tiny")  # .../gin/models/switch_tiny.gin
+    >>> gin_path("switch_tiny")  # the package's gin_files/models/switch_tiny.gin
+    '.../models/switch_tiny.gin'
     """
     candidates = [name if name.endswith(".gin") else name + ".gin"]
     if "/" not in candidates[0]:

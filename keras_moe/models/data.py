@@ -18,8 +18,24 @@ def seqio_to_keras(features):
         `(inputs_dict, decoder_target_tokens, decoder_loss_weights)`.
 
     Example:
+    >>> import numpy as np
+    >>> import tensorflow as tf
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> converted_ds = tf.data.Dataset.from_tensor_slices({  # as EncDecFeatureConverter gives
+    ...     "encoder_input_tokens": np.array([[5, 6, 1, 0]] * 4, "int32"),
+    ...     "decoder_input_tokens": np.array([[0, 7, 8]] * 4, "int32"),
+    ...     "decoder_target_tokens": np.array([[7, 8, 1]] * 4, "int32"),
+    ...     "decoder_loss_weights": np.array([[1, 1, 1]] * 4, "int32")})
     >>> ds = converted_ds.map(seqio_to_keras)
-    >>> model.fit(ds.batch(8))
+    >>> inputs, targets, weights = next(iter(ds))
+    >>> sorted(inputs), targets.numpy().tolist(), weights.dtype.name
+    (['decoder_input_tokens', 'encoder_input_tokens'], [7, 8, 1], 'float32')
+    >>> model = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=1, num_decoder_layers=1))
+    >>> model.compile(**model.compile_defaults(), run_eagerly=True)  # eager: no tracing
+    >>> history = model.fit(ds.batch(2), verbose=0)
+    >>> sorted(history.history)
+    ['accuracy', 'loss', 'neg_log_perplexity']
     """
     inputs = {k: features[k] for k in MODEL_FEATURES if k in features}
     targets = features["decoder_target_tokens"]

@@ -91,7 +91,13 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
         token, EOS included, 0 after it. With `return_scores`, also float `[B]`.
 
     Example:
+    >>> import numpy as np
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> model = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=1, num_decoder_layers=1))
     >>> tokens = generate(model, np.array([[5, 6, 1]]), max_length=8, method="beam")
+    >>> tokens.dtype, tokens.shape[0], tokens.shape[1] <= 8  # [B, T <= max_length]
+    (dtype('int32'), 1, True)
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")

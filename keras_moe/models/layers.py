@@ -16,7 +16,10 @@ class RMSNorm(keras.layers.Layer):
         epsilon: added to the mean square.
 
     Example:
-    >>> y = RMSNorm()(np.ones((2, 3, 8), "float32"))
+    >>> import numpy as np
+    >>> y = RMSNorm()(np.full((2, 3, 8), 3.0, "float32"))  # x / rms(x), scale starts at 1
+    >>> tuple(y.shape), round(float(y[0, 0, 0]), 4)
+    ((2, 3, 8), 1.0)
     """
 
     def __init__(self, epsilon=1e-6, **kwargs):
@@ -52,6 +55,7 @@ class DenseFeedForward(keras.layers.Layer):
         seed: dropout seed.
 
     Example:
+    >>> import numpy as np
     >>> ffn = DenseFeedForward(d_ff=64, activation="gated-gelu")
     >>> y = ffn(np.ones((2, 3, 16), "float32"))
     >>> tuple(y.shape)

@@ -25,7 +25,11 @@ def relative_position_bucket(relative_position, bidirectional=True, num_buckets=
         int32 tensor of the same shape, values in [0, num_buckets).
 
     Example:
-    >>> relative_position_bucket(np.array([-3, 0, 3]), bidirectional=True)
+    >>> import numpy as np
+    >>> relative_position_bucket(np.array([-3, 0, 3]), bidirectional=True).numpy().tolist()
+    [3, 0, 19]
+    >>> relative_position_bucket(np.array([-3, 0, 3]), bidirectional=False).numpy().tolist()
+    [3, 0, 0]
     """
     n = -ops.cast(relative_position, "int32")
     ret = ops.zeros_like(n)
@@ -58,8 +62,11 @@ class RelativePositionBias(keras.layers.Layer):
         bidirectional: True for the encoder, False for the decoder self-attention.
 
     Example:
+    >>> import numpy as np
     >>> bias = RelativePositionBias(num_heads=4)
-    >>> b = bias(np.arange(5)[None], np.arange(5)[None])  # [1, 4, 5, 5]
+    >>> b = bias(np.arange(5)[None], np.arange(5)[None])  # query, memory positions
+    >>> tuple(b.shape)  # [1, heads, query, memory]
+    (1, 4, 5, 5)
     """
 
     def __init__(self, num_heads, num_buckets=32, max_distance=128, bidirectional=True,

@@ -133,7 +133,11 @@ class EncoderBlock(_Block):
         layer_index: index of the layer in the encoder (decides dense vs sparse).
 
     Example:
+    >>> import numpy as np
     >>> block = EncoderBlock(T5Config(d_model=16, num_heads=2, d_kv=8, d_ff=32), 0)
+    >>> y = block(np.ones((2, 5, 16), "float32"), bias=np.zeros((1, 2, 5, 5), "float32"))
+    >>> block.is_sparse, type(block.ffn).__name__, tuple(y.shape)  # a dense config
+    (False, 'DenseFeedForward', (2, 5, 16))
     """
 
     def __init__(self, config, layer_index, **kwargs):
@@ -171,7 +175,13 @@ class DecoderBlock(_Block):
         layer_index: index of the layer in the decoder.
 
     Example:
+    >>> import numpy as np
     >>> block = DecoderBlock(T5Config(d_model=16, num_heads=2, d_kv=8, d_ff=32), 0)
+    >>> y = block(np.ones((2, 3, 16), "float32"), self_bias=np.zeros((1, 2, 3, 3), "float32"),
+    ...           encoder_outputs=np.ones((2, 5, 16), "float32"),
+    ...           cross_bias=np.zeros((1, 2, 3, 5), "float32"))
+    >>> tuple(y.shape)  # [B, L_dec, d_model]
+    (2, 3, 16)
     """
 
     def __init__(self, config, layer_index, **kwargs):
@@ -254,6 +264,7 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         config: a `T5Config` (or its dict).
 
     Example:
+    >>> import numpy as np
     >>> model = EncoderDecoder(T5Config(vocab_size=64, d_model=32, num_heads=4,
     ...     d_kv=8, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
     ...     moe_type="switch", num_experts=4, encoder_sparse_step=2,
@@ -261,7 +272,11 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
     >>> model.compile(**model.compile_defaults())
     >>> logits = model({"encoder_input_tokens": np.ones((2, 7), "int32"),
     ...                 "decoder_input_tokens": np.zeros((2, 5), "int32")})
+    >>> tuple(logits.shape)  # [B, L_dec, vocab_size]
+    (2, 5, 64)
     >>> tokens = model.generate(np.ones((2, 7), "int32"), max_length=5)
+    >>> tokens.dtype, tokens.shape[0], tokens.shape[1] <= 5
+    (dtype('int32'), 2, True)
     """
 
     def __init__(self, config, **kwargs):

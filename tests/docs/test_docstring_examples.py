@@ -21,11 +21,19 @@ MODULES = [
     "keras_moe.layouts",
     "keras_moe.losses",
     "keras_moe.metrics",
+    "keras_moe.models.attention",
+    "keras_moe.models.builder",
     "keras_moe.models.config",
+    "keras_moe.models.data",
+    "keras_moe.models.decoding",
     "keras_moe.models.gin_configurables",
+    "keras_moe.models.layers",
     "keras_moe.models.losses",
+    "keras_moe.models.position_bias",
+    "keras_moe.models.transformer",
     "keras_moe.moe",
     "keras_moe.routing",
+    "keras_moe.sharding",
 ]
 
 
