@@ -99,6 +99,25 @@ def gin_imports_allowed(extra=()):
         gin.config.ParseContext.process_import = original
 
 
+def _file_list(files):
+    """`files` (one name or path, or a list of them) as a list of str."""
+    allowed = "a gin file name or path (str or os.PathLike), or a list of them"
+    if files is None:
+        return []
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    elif not isinstance(files, (list, tuple)):
+        raise TrainingConfigError(f"`files` must be {allowed}, got {files!r}.")
+    out = []
+    for f in files:
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        if not isinstance(name, str):
+            raise TrainingConfigError(
+                f"`files` must be {allowed}; the list holds {f!r} ({type(f).__name__}).")
+        out.append(name)
+    return out
+
+
 def parse_gin(files, bindings=(), allowed_imports=()):
     """Parses gin files (names or paths) then bindings, with clear errors.
 
@@ -106,14 +125,26 @@ def parse_gin(files, bindings=(), allowed_imports=()):
     silently) or of an unknown configurable/parameter raises
     `TrainingConfigError` naming it and listing the known macros; so does an
     `import` of a module outside `DEFAULT_GIN_IMPORTS` + `allowed_imports`.
+
+    Args:
+        files: one gin file or a list of them: names found by
+            `resolve_gin_file` ("tiny_local.gin", "runs/tiny_local") or paths
+            (str or `os.PathLike`).
+        bindings: one gin binding ("BATCH_SIZE = 4") or a list of them,
+            applied after the files.
+        allowed_imports: module names gin `import` lines may name besides
+            `DEFAULT_GIN_IMPORTS`.
     """
     import gin
 
     import keras_moe.training.gin_configurables  # noqa: F401
     from keras_moe.models import gin_configurables as model_gin
 
+    files = _file_list(files)
+    if isinstance(bindings, str):
+        bindings = [bindings]
     model_gin.add_search_paths()  # includes are relative to the gin/ folders
-    paths = [resolve_gin_file(f) for f in files or ()]
+    paths = [resolve_gin_file(f) for f in files]
     with gin_imports_allowed(allowed_imports):
         try:
             for path in paths:

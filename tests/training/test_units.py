@@ -119,6 +119,34 @@ def test_bad_gin_bindings_are_named(binding, message):
     gin.clear_config()
 
 
+def test_parse_gin_takes_one_file_or_a_list(tmp_path):
+    import pathlib
+
+    import gin
+
+    def batch_size(files, bindings=()):
+        gin.clear_config()
+        config.parse_gin(files, bindings)
+        return gin.query_parameter("%BATCH_SIZE")
+
+    try:
+        assert batch_size("tiny_local.gin") == 16  # one name, not its characters
+        assert batch_size(["tiny_local.gin"], "BATCH_SIZE = 4") == 4  # one binding as a str
+        assert batch_size(("runs/tiny_local",), ["BATCH_SIZE = 8"]) == 8
+        path = pathlib.Path(config.resolve_gin_file("tiny_local.gin"))
+        assert batch_size(path) == 16  # os.PathLike
+        own = tmp_path / "mine.gin"
+        own.write_text("BATCH_SIZE = 2\n")
+        assert batch_size([path, own]) == 2  # a list of paths, applied in order
+        for bad in (5, b"tiny_local.gin", {"tiny_local.gin": 1}, ["tiny_local.gin", 5]):
+            with pytest.raises(TrainingConfigError,
+                               match=r"`files` must be a gin file name or path \(str or "
+                                     r"os.PathLike\), or a list of them"):
+                config.parse_gin(bad)
+    finally:
+        gin.clear_config()
+
+
 def test_all_run_files_parse():
     import gin
 
