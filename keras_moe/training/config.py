@@ -27,7 +27,8 @@ def resolve_gin_file(name):
     """Path of a gin file given as a path or a name ("tiny_local.gin", "runs/tiny_local").
 
     Example:
-    >>> resolve_gin_file("tiny_local.gin")  # .../gin/runs/tiny_local.gin
+    >>> resolve_gin_file("tiny_local.gin")  # found in the package's gin folder
+    '.../runs/tiny_local.gin'
     """
     if os.path.isfile(name):
         return os.path.abspath(name)
@@ -74,8 +75,21 @@ def gin_imports_allowed(extra=()):
         extra: more module names (each also allows its sub-modules).
 
     Example:
-    >>> with gin_imports_allowed(["my_project.tasks"]):
-    ...     gin.parse_config_file("my_run.gin")
+    >>> import os, shutil, tempfile
+    >>> import gin
+    >>> folder = tempfile.mkdtemp()
+    >>> path = os.path.join(folder, "my_run.gin")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("import json.decoder")
+    >>> with gin_imports_allowed():
+    ...     gin.parse_config_file(path)
+    Traceback (most recent call last):
+    ...
+    keras_moe.training.errors.TrainingConfigError: gin import 'import json.decoder' (...my_run.gin:1) is not allowed: ... allow it with --gin_allow_import json...
+    >>> with gin_imports_allowed(["json"]):  # json and its sub-modules
+    ...     gin.parse_config_file(path).imports
+    ['json.decoder']
+    >>> shutil.rmtree(folder)
     """
     import gin.config
 
@@ -134,6 +148,12 @@ def parse_gin(files, bindings=(), allowed_imports=()):
             applied after the files.
         allowed_imports: module names gin `import` lines may name besides
             `DEFAULT_GIN_IMPORTS`.
+
+    Example:
+    >>> import gin
+    >>> parse_gin("tiny_local.gin", "BATCH_SIZE = 4")
+    >>> gin.query_parameter("%BATCH_SIZE")
+    4
     """
     import gin
 

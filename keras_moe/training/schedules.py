@@ -31,8 +31,10 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Example:
     >>> schedule = InverseSqrtSchedule(scale=1.0, warmup_steps=100)
-    >>> float(schedule(0)), float(schedule(400))
+    >>> round(float(schedule(0)), 6), round(float(schedule(400)), 6)  # float32 tensors
     (0.1, 0.05)
+    >>> schedule.value(400)  # the same as a Python float
+    0.05
     """
 
     def __init__(self, scale=1.0, warmup_steps=10000, max_learning_rate=None):
@@ -92,6 +94,11 @@ def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup
 
     Example:
     >>> opt = make_optimizer("adam", learning_rate=1e-3, schedule="constant")
+    >>> type(opt).__name__, round(float(opt.learning_rate), 6)
+    ('Adam', 0.001)
+    >>> opt = make_optimizer(warmup_steps=100)  # T5: Adafactor, 1 / sqrt(max(step, warm-up))
+    >>> type(opt).__name__, learning_rate_at(opt, 400)
+    ('Adafactor', 0.05)
     """
     if name not in OPTIMIZERS:
         raise TrainingConfigError(f"`make_optimizer.name` must be one of {OPTIMIZERS}, got {name!r}.")
