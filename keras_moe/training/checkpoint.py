@@ -79,10 +79,19 @@ class CheckpointManager:
         keep: how many newest checkpoints to keep (>= 1).
 
     Example:
-    >>> manager = CheckpointManager("/tmp/run/checkpoints", keep=3)
-    >>> manager.save(model, step=100, batches_consumed=100)
+    >>> import os, shutil, tempfile
+    >>> import keras
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> run = tempfile.mkdtemp()
+    >>> manager = CheckpointManager(os.path.join(run, "checkpoints"), keep=2)
+    >>> for step in (100, 200, 300):
+    ...     meta = manager.save(model, step=step, batches_consumed=step)
     >>> manager.latest()["step"]
-    100
+    300
+    >>> [m["step"] for m in manager.all()]  # older ones pruned: keep=2
+    [200, 300]
+    >>> model.load_weights(manager.newest_valid()["path"])  # checksum verified first
+    >>> shutil.rmtree(run)
     """
 
     def __init__(self, directory, keep=3):

@@ -34,6 +34,7 @@ MODULES = [
     "keras_moe.moe",
     "keras_moe.routing",
     "keras_moe.sharding",
+    "keras_moe.training.checkpoint",
     "keras_moe.training.config",
     "keras_moe.training.schedules",
 ]
