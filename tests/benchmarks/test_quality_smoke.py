@@ -51,6 +51,11 @@ def test_compare_reads_steps_and_wall_time_off_the_curves():
     slow = dict(moe, step_time_s=2.0, curve=[dict(p, seconds=4 * p["seconds"])
                                              for p in moe["curve"]])
     assert compare(slow, dense)["meets"]["half_wall_clock"] is False
+    # With an interleaved step-time ratio the time is steps-to-reach x that ratio.
+    timed = compare(slow, dense, step_time_ratio=1.2)
+    assert timed["fraction_of_dense_time"] == pytest.approx(0.3125 * 1.2)
+    assert timed["meets"]["half_wall_clock"] is True
+    assert compare(moe, dense, step_time_ratio=1.7)["meets"]["half_wall_clock"] is False
     assert compare(dense, moe)["meets"]["gain"] is False
     # Difference of two 2-seed means: noise std sqrt((0.04^2 + 0.02^2) / 2) = 0.0316.
     d = difference_with_noise(moe, dense)
@@ -69,6 +74,10 @@ def test_cosine_schedule_warms_up_to_the_peak_and_ends_at_a_tenth():
     assert parse_args(["--schedule", "constant"]).schedule == "constant"
     with pytest.raises(SystemExit):
         parse_args(["--steps", "10", "--eval_every", "10", "--warmup_steps", "10"])
+
+
+def c_timed(data):
+    return data["comparison"]["switch2"]["step_time_vs_dense_interleaved"]
 
 
 def test_quality_smoke():
@@ -90,6 +99,10 @@ def test_quality_smoke():
         assert run["final_std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5)
     assert data["runs"]["switch2"]["params"] > data["runs"]["dense"]["params"]
     assert data["held_out_target_tokens"] > 0 and data["complete"] is True
+    assert set(data["interleaved_step_times"]) == {"dense", "switch2"}
+    assert c_timed(data) == pytest.approx(
+        data["interleaved_step_times"]["switch2"]["median"]
+        / data["interleaved_step_times"]["dense"]["median"])
     # Router health of every MoE layer is recorded, training and held-out.
     router = data["runs"]["switch2"]["per_seed"][0]["router"]
     dropped = [k for k in router if k.endswith("/dropped_fraction")]
