@@ -47,15 +47,31 @@ class Distiller(keras.Model):
         scale_soft_loss: multiply the soft term by `temperature ** 2`.
 
     Example:
+    >>> import os, shutil, tempfile
+    >>> import numpy as np
+    >>> import tensorflow as tf
+    >>> from keras_moe.distill.init_from_teacher import (dense_student_config,
+    ...     init_student_from_teacher)
+    >>> from keras_moe.models import EncoderDecoder, T5Config, seqio_to_keras
     >>> teacher = EncoderDecoder(T5Config(vocab_size=64, d_model=32, num_heads=4, d_kv=8,
     ...     d_ff=64, num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
     ...     num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
     >>> student = EncoderDecoder(dense_student_config(teacher.config))
-    >>> init_student_from_teacher(student, teacher)
+    >>> report = init_student_from_teacher(student, teacher)
     >>> distiller = Distiller(teacher, student, alpha=0.25, temperature=1.0)
-    >>> distiller.compile(**distiller.compile_defaults(learning_rate=1e-3))
-    >>> distiller.fit(dataset.map(seqio_to_keras), steps_per_epoch=100)
-    >>> distiller.student.save_weights("student.weights.h5")
+    >>> distiller.compile(**distiller.compile_defaults(learning_rate=1e-3),
+    ...                   run_eagerly=True)  # eager: no tracing for one step
+    >>> dataset = tf.data.Dataset.from_tensor_slices({  # seqio features, as converted
+    ...     "encoder_input_tokens": np.array([[5, 6, 1, 0]] * 4, "int32"),
+    ...     "decoder_input_tokens": np.array([[0, 7, 8]] * 4, "int32"),
+    ...     "decoder_target_tokens": np.array([[7, 8, 1]] * 4, "int32"),
+    ...     "decoder_loss_weights": np.array([[1, 1, 1]] * 4, "int32")}).batch(2)
+    >>> history = distiller.fit(dataset.map(seqio_to_keras), steps_per_epoch=1, verbose=0)
+    >>> sorted(history.history)
+    ['accuracy', 'hard_loss', 'kl_to_teacher', 'loss', 'neg_log_perplexity', 'soft_loss']
+    >>> folder = tempfile.mkdtemp()
+    >>> distiller.student.save_weights(os.path.join(folder, "student.weights.h5"))
+    >>> shutil.rmtree(folder)
     """
 
     def __init__(self, teacher, student, alpha=0.25, temperature=1.0, scale_soft_loss=True,

@@ -27,8 +27,14 @@ def relative_paths(model):
     model's scope) give the same relative paths for the same architecture.
 
     Example:
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> config = T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8, d_ff=32,
+    ...     num_encoder_layers=1, num_decoder_layers=1)
+    >>> model, other = EncoderDecoder(config), EncoderDecoder(config)
     >>> sorted(relative_paths(model))[:1]
     ['decoder_layer_0/cross_attention/key']
+    >>> relative_paths(model).keys() == relative_paths(other).keys()
+    True
     """
     variables = list(model.weights)
     paths = [v.path for v in variables]
@@ -56,6 +62,7 @@ def dense_student_config(teacher_config, **overrides):
             must keep their shapes to be copied).
 
     Example:
+    >>> from keras_moe.models import T5Config
     >>> dense_student_config(T5Config(moe_type="switch", num_experts=8,
     ...     encoder_sparse_step=2, decoder_sparse_step=2)).moe_type is None
     True
@@ -93,9 +100,19 @@ def init_student_from_teacher(student, teacher, expert_init="none"):
         ValueError: `expert_init` unknown; a shared path with different shapes.
 
     Example:
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> teacher = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=2, num_decoder_layers=2, activation="relu",
+    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    >>> student = EncoderDecoder(dense_student_config(teacher.config))
     >>> report = init_student_from_teacher(student, teacher)
-    >>> report["fresh"]
-    ['encoder_layer_1/ffn/wi', 'encoder_layer_1/ffn/wo', ...]
+    >>> report["fresh"]  # the dense FFNs where the teacher has experts (layers 1)
+    ['encoder_layer_1/ffn/wi', 'encoder_layer_1/ffn/wo', 'decoder_layer_1/ffn/wi', 'decoder_layer_1/ffn/wo']
+    >>> len(report["copied"]), report["from_experts"]
+    (44, [])
+    >>> report = init_student_from_teacher(student, teacher, expert_init="mean")
+    >>> report["from_experts"][:2], report["fresh"]
+    (['encoder_layer_1/ffn/wi', 'encoder_layer_1/ffn/wo'], [])
     """
     if expert_init not in EXPERT_INITS:
         raise ValueError(f"`expert_init` must be one of {EXPERT_INITS}, got {expert_init!r}.")

@@ -13,6 +13,8 @@ import pytest
 
 MODULES = [
     "keras_moe.dispatch",
+    "keras_moe.distill.distiller",
+    "keras_moe.distill.init_from_teacher",
     "keras_moe.distill.losses",
     "keras_moe.expert_parallel",
     "keras_moe.experts",
