@@ -87,7 +87,20 @@ def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
         **overrides: `T5Config` fields to set.
 
     Example:
-    >>> config = config_from_hf(json.load(open("config.json")))
+    >>> import json, os, shutil, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> with open(os.path.join(folder, "config.json"), "w") as f:  # a tiny switch-base-8
+    ...     json.dump({"model_type": "switch_transformers", "vocab_size": 64, "d_model": 16,
+    ...                "d_kv": 8, "d_ff": 32, "num_heads": 2, "num_layers": 4,
+    ...                "num_experts": 8, "num_sparse_encoder_layers": 2,
+    ...                "num_sparse_decoder_layers": 2, "expert_capacity": 4}, f)
+    >>> with open(os.path.join(folder, "config.json")) as f:
+    ...     config = config_from_hf(json.load(f))
+    >>> config.moe_type, config.num_experts, config.encoder_sparse_layers
+    ('switch', 8, (1, 3))
+    >>> config.group_size, config.min_expert_capacity  # HF: per sequence, fixed capacity
+    (None, 4)
+    >>> shutil.rmtree(folder)
     """
     model_type = cfg.get("model_type", "t5")
     if model_type not in ("t5", "switch_transformers"):
@@ -213,8 +226,22 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
         an `EncoderDecoder`; `model(features)` returns the logits.
 
     Example:
-    >>> model = from_hf("/ckpt/switch-base-8")
-    >>> model.generate(tokens, max_length=16)
+    >>> import os, shutil, tempfile
+    >>> import numpy as np
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> original = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=2, num_decoder_layers=2, activation="relu",
+    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    >>> folder = to_hf(original, os.path.join(tempfile.mkdtemp(), "switch-tiny"))
+    >>> model = from_hf(folder)
+    >>> features = {"encoder_input_tokens": np.array([[5, 6, 1]]),
+    ...             "decoder_input_tokens": np.array([[0, 7]])}
+    >>> bool(np.allclose(model(features), original(features), atol=1e-5))
+    True
+    >>> tokens = model.generate(np.array([[5, 6, 1]]), max_length=8)
+    >>> tokens.shape[0], tokens.shape[1] <= 8
+    (1, True)
+    >>> shutil.rmtree(os.path.dirname(folder))
     """
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
@@ -326,7 +353,21 @@ def to_hf(model, path, expert_capacity=None):
             `config.min_expert_capacity` (exact for models from `from_hf`).
 
     Example:
-    >>> to_hf(model, "/tmp/export")
+    >>> import json, os, shutil, tempfile
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> model = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=2, num_decoder_layers=2, activation="relu",
+    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    >>> folder = to_hf(model, os.path.join(tempfile.mkdtemp(), "export"))
+    >>> sorted(os.listdir(folder))
+    ['config.json', 'model.safetensors']
+    >>> with open(os.path.join(folder, "config.json")) as f:
+    ...     cfg = json.load(f)
+    >>> cfg["model_type"], cfg["num_experts"], cfg["encoder_sparse_step"], cfg["expert_capacity"]
+    ('switch_transformers', 4, 2, 4)
+    >>> from_hf(folder).config.encoder_sparse_layers  # read back
+    (1,)
+    >>> shutil.rmtree(os.path.dirname(folder))
     """
     from safetensors.numpy import save_file
 

@@ -12,6 +12,7 @@ import gin
 import pytest
 
 MODULES = [
+    "keras_moe.convert.hf",
     "keras_moe.dispatch",
     "keras_moe.distill.distiller",
     "keras_moe.distill.init_from_teacher",
