@@ -15,7 +15,18 @@ def resolve_checkpoint(path):
     keras-moe-train model dir (`<dir>/checkpoints`) or checkpoint folder.
 
     Example:
-    >>> resolve_checkpoint("/tmp/keras_moe_tiny")  # .../checkpoints/ckpt-00000300.weights.h5
+    >>> import os, shutil, tempfile
+    >>> import keras
+    >>> from keras_moe.training.checkpoint import CheckpointManager
+    >>> model_dir = tempfile.mkdtemp()  # as keras-moe-train leaves it: <dir>/checkpoints
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> manager = CheckpointManager(os.path.join(model_dir, "checkpoints"))
+    >>> _ = manager.save(model, step=300)
+    >>> resolve_checkpoint(model_dir)
+    '.../checkpoints/ckpt-00000300.weights.h5'
+    >>> resolve_checkpoint(manager.directory) == resolve_checkpoint(model_dir)  # or the folder
+    True
+    >>> shutil.rmtree(model_dir)
     """
     from keras_moe.training.checkpoint import CheckpointManager
 
@@ -42,7 +53,21 @@ def load_teacher(teacher_checkpoint, teacher_config=None):
         teacher_config: `T5Config` of a keras_moe checkpoint.
 
     Example:
-    >>> teacher = load_teacher("/tmp/keras_moe_tiny", T5Config(...))
+    >>> import os, shutil, tempfile
+    >>> import numpy as np
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> from keras_moe.training.checkpoint import CheckpointManager
+    >>> config = T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8, d_ff=32,
+    ...     num_encoder_layers=2, num_decoder_layers=2, moe_type="switch", num_experts=4,
+    ...     encoder_sparse_step=2, decoder_sparse_step=2)
+    >>> trained = EncoderDecoder(config)  # stands in for a trained model
+    >>> model_dir = tempfile.mkdtemp()
+    >>> _ = CheckpointManager(os.path.join(model_dir, "checkpoints")).save(trained, step=300)
+    >>> teacher = load_teacher(model_dir, config)
+    [keras_moe.distill] teacher: .../checkpoints/ckpt-00000300.weights.h5
+    >>> all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), trained.get_weights()))
+    True
+    >>> shutil.rmtree(model_dir)
     """
     from keras_moe import models
 
@@ -93,7 +118,21 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
         a `Distiller` (not compiled).
 
     Example:
-    >>> distiller = build_distiller("/tmp/keras_moe_tiny", teacher_config=config)
+    >>> import os, shutil, tempfile
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> from keras_moe.training.checkpoint import CheckpointManager
+    >>> config = T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8, d_ff=32,
+    ...     num_encoder_layers=2, num_decoder_layers=2, moe_type="switch", num_experts=4,
+    ...     encoder_sparse_step=2, decoder_sparse_step=2)
+    >>> model_dir = tempfile.mkdtemp()  # a teacher checkpoint, as keras-moe-train writes it
+    >>> _ = CheckpointManager(os.path.join(model_dir, "checkpoints")).save(
+    ...     EncoderDecoder(config), step=300)
+    >>> distiller = build_distiller(model_dir, teacher_config=config)
+    [keras_moe.distill] teacher: .../checkpoints/ckpt-00000300.weights.h5
+    [keras_moe.distill] student initialised from the teacher: 46 variables copied, 0 from experts (none), 6 fresh
+    >>> distiller.student.config.moe_type, distiller.teacher.trainable
+    (None, False)
+    >>> shutil.rmtree(model_dir)
     """
     from keras_moe import models
     from keras_moe.distill import losses as losses_lib

@@ -14,6 +14,7 @@ import pytest
 MODULES = [
     "keras_moe.convert.hf",
     "keras_moe.dispatch",
+    "keras_moe.distill.builder",
     "keras_moe.distill.distiller",
     "keras_moe.distill.init_from_teacher",
     "keras_moe.distill.losses",
@@ -37,8 +38,10 @@ MODULES = [
     "keras_moe.moe",
     "keras_moe.routing",
     "keras_moe.sharding",
+    "keras_moe.startup",
     "keras_moe.training.checkpoint",
     "keras_moe.training.config",
+    "keras_moe.training.console",
     "keras_moe.training.schedules",
 ]
 
