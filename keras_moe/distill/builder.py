@@ -129,7 +129,8 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
     ...     EncoderDecoder(config), step=300)
     >>> distiller = build_distiller(model_dir, teacher_config=config)
     [keras_moe.distill] teacher: .../checkpoints/ckpt-00000300.weights.h5
-    [keras_moe.distill] student initialised from the teacher: 46 variables copied, 0 from experts (none), 6 fresh
+    [keras_moe.distill] student initialised from the teacher: 46 variables copied,
+    0 from experts (none), 6 fresh
     >>> distiller.student.config.moe_type, distiller.teacher.trainable
     (None, False)
     >>> shutil.rmtree(model_dir)

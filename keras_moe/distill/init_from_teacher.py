@@ -107,7 +107,8 @@ def init_student_from_teacher(student, teacher, expert_init="none"):
     >>> student = EncoderDecoder(dense_student_config(teacher.config))
     >>> report = init_student_from_teacher(student, teacher)
     >>> report["fresh"]  # the dense FFNs where the teacher has experts (layers 1)
-    ['encoder_layer_1/ffn/wi', 'encoder_layer_1/ffn/wo', 'decoder_layer_1/ffn/wi', 'decoder_layer_1/ffn/wo']
+    ['encoder_layer_1/ffn/wi', 'encoder_layer_1/ffn/wo',
+     'decoder_layer_1/ffn/wi', 'decoder_layer_1/ffn/wo']
     >>> len(report["copied"]), report["from_experts"]
     (44, [])
     >>> report = init_student_from_teacher(student, teacher, expert_init="mean")

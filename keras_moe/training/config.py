@@ -85,7 +85,8 @@ def gin_imports_allowed(extra=()):
     ...     gin.parse_config_file(path)
     Traceback (most recent call last):
     ...
-    keras_moe.training.errors.TrainingConfigError: gin import 'import json.decoder' (...my_run.gin:1) is not allowed: ... allow it with --gin_allow_import json...
+    keras_moe.training.errors.TrainingConfigError: gin import 'import json.decoder'
+    (...my_run.gin:1) is not allowed: ... allow it with --gin_allow_import json...
     >>> with gin_imports_allowed(["json"]):  # json and its sub-modules
     ...     gin.parse_config_file(path).imports
     ['json.decoder']
