@@ -1,9 +1,10 @@
 """T5-style training loss and metrics for `EncoderDecoder`.
 
 Loss: token cross-entropy weighted by `decoder_loss_weights` and divided by
-the sum of the weights (Keras' `reduction="mean_with_sample_weight"`), plus
-the MoE aux / z losses that the layers add to `model.losses` (Keras adds
-those automatically).
+the sum of the weights over the global batch (all replicas of a
+`tf.distribute` step, as T5X normalises by the global count of target
+tokens), plus the MoE aux / z losses that the layers add to `model.losses`
+(Keras adds those automatically).
 """
 
 import keras
@@ -38,6 +39,13 @@ def token_log_likelihood(targets, logits):
 class TokenCrossEntropy(keras.losses.Loss):
     """Token cross-entropy on logits, normalised by the sum of the loss weights.
 
+    With the default reduction and sample weights, the weight sum is the
+    global one: under `tf.distribute` each replica divides its weighted sum
+    by the weights of all replicas (one scalar all-reduce), and the summed
+    gradients are those of one device with the whole batch. (Keras'
+    `"mean_with_sample_weight"` averages per-replica means instead, which
+    differs when replicas hold different numbers of target tokens.)
+
     Args:
         name: loss name (logged as "loss" by `fit`).
         reduction: Keras reduction; the T5 default divides by the weight sum.
@@ -58,6 +66,30 @@ class TokenCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return -token_log_likelihood(y_true, y_pred)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if self.reduction != "mean_with_sample_weight" or sample_weight is None:
+            return super().__call__(y_true, y_pred, sample_weight=sample_weight)
+        weights = ops.cast(sample_weight, "float32")
+        total = ops.sum(self.call(y_true, y_pred) * weights)
+        return ops.divide_no_nan(total, global_sum(ops.sum(weights)))
+
+
+def global_sum(value):
+    """`value` summed over the replicas of the current `tf.distribute` step
+    (itself elsewhere: one device, or JAX, whose programs see the global batch).
+
+    Example:
+    >>> float(global_sum(3.0))
+    3.0
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    return ops.convert_to_tensor(value)
 
 
 def token_cross_entropy():

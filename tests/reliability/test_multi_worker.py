@@ -64,8 +64,10 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
     one = json.load(open(tmp_path / "single" / "summary.json"))
     assert multi["replicas"] == 2 and multi["end_step"] == one["end_step"] == 6
     assert multi["eval_end"] is not None  # evaluate works under MWMS too.
-    # Same global batches; each replica normalises its loss by its own token count,
-    # so the match is close, not bit-exact, with packed (unequal) examples.
+    # Close, not exact: the loss is normalised by the global token count (exact
+    # in-process, tests/training/test_train.py), but here the first step's loss
+    # already differs by ~0.2 %, before any update: the workers do not start
+    # from the single run's weights or batch (not yet found which).
     np.testing.assert_allclose([l for _, l in multi["history"]],
                                [l for _, l in one["history"]], rtol=2e-2)
     step_a, weights_a, _ = helpers.final_weights(str(tmp_path / "mwms"), bindings)

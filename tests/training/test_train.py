@@ -93,7 +93,18 @@ def _fixed_batches(num, batch, seed=0):
     return out
 
 
-def _loss_trajectory(strategy, init_weights, batches):
+def _padded_batches(num, batch, seed=0):
+    """Batches whose first half keeps 1 of 6 target tokens and second half all 6:
+    under two replicas, one replica holds 4 loss tokens and the other 24."""
+    out = []
+    for x, y, w in _fixed_batches(num, batch, seed):
+        w = w.copy()
+        w[: batch // 2, 1:] = 0.0
+        out.append((x, y, w))
+    return out
+
+
+def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01):
     import tensorflow as tf
 
     from keras_moe.models import T5Config, build_model
@@ -101,7 +112,7 @@ def _loss_trajectory(strategy, init_weights, batches):
     config = T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
                       num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
                       num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2,
-                      aux_loss_factor=0.1, z_loss_factor=0.01, min_expert_capacity=1,
+                      aux_loss_factor=0.1, z_loss_factor=z_loss_factor, min_expert_capacity=1,
                       train_capacity_factor=1.0, group_size="sequence")
     with strategy.scope():
         model = build_model(config)
@@ -131,6 +142,23 @@ def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy):
     _, double, _, w_double = _loss_trajectory(mirrored, init, batches)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
     assert single[-1] < single[0]
+    for a, b in zip(w_single, w_double):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_mirrored_normalises_by_the_global_token_count(two_cpu_strategy):
+    """Replicas with different numbers of loss tokens: the loss is the global
+    token mean, as on one device (a mean of per-replica means was 3.5 % off
+    here). The z-loss is a mean over each replica's own tokens, so it is off."""
+    import tensorflow as tf
+
+    batches = _padded_batches(3, batch=8)
+    keras.utils.set_random_seed(0)
+    init, single, _, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches,
+                                                 z_loss_factor=0.0)
+    _, double, _, w_double = _loss_trajectory(two_cpu_strategy, init, batches,
+                                              z_loss_factor=0.0)
+    np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
     for a, b in zip(w_single, w_double):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
