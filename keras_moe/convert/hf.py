@@ -30,9 +30,13 @@ How HF SwitchTransformers semantics map to ours (transformers 5.x):
   embedding; the `d_model ** -0.5` scaling follows `scale_decoder_outputs`
   (T5, transformers >= 5) or `tie_word_embeddings` (older T5, Switch).
 - Embeddings: one input embedding shared by encoder and decoder. HF (5.x)
-  unties `encoder/decoder.embed_tokens` from `shared` when
-  `tie_word_embeddings=False`; such a checkpoint is refused with a ValueError
-  unless they are equal (as in the published checkpoints).
+  unties `encoder/decoder.embed_tokens` (and `lm_head`) from `shared` when a
+  SwitchTransformers config has `tie_word_embeddings=False`; such a checkpoint
+  is refused with a ValueError unless they are equal (as in the published
+  checkpoints). `to_hf` writes them as copies of `shared.weight` there, so HF
+  loads no missing key. HF's T5 always ties `embed_tokens` to `shared`, and
+  ties `lm_head` too unless the checkpoint's `lm_head.weight` differs (T5 v1.1:
+  HF then logs that it does not tie them); an untied model is exported that way.
 - Activations: "relu", "gated-gelu" / "gelu_new" (tanh GELU), "gated-relu",
   "gated-silu" / "silu". HF's exact-erf "gelu" is not supported (ours is tanh).
 """
@@ -310,13 +314,13 @@ def config_to_hf(config, expert_capacity=None):
     enc = config.resolved_encoder_sparse_layers()
     dec = config.resolved_decoder_sparse_layers()
     if not enc and not dec:
-        if config.tie_word_embeddings is False:
-            raise ValueError(
-                "HF transformers >= 5 always ties T5's lm_head to the input embedding; "
-                "an untied model cannot be exported as model_type 't5'.")
+        # HF (5.x) T5 ignores `tie_word_embeddings` beyond the default of
+        # `scale_decoder_outputs` (written explicitly) and always ties; an untied
+        # model's own `lm_head.weight` differs from `shared.weight`, so HF keeps
+        # it (as for T5 v1.1 checkpoints, whose config says False, as here).
         out.update(model_type="t5", architectures=["T5ForConditionalGeneration"],
                    feed_forward_proj="gated-gelu" if act == "gated-gelu" else act,
-                   tie_word_embeddings=True,
+                   tie_word_embeddings=bool(config.tie_word_embeddings),
                    scale_decoder_outputs=config.scales_decoder_outputs)
         return out
     if config.moe_type != "switch" or act.startswith("gated-"):
@@ -341,6 +345,15 @@ def config_to_hf(config, expert_capacity=None):
         router_dtype="float32", tie_word_embeddings=config.tie_word_embeddings,
     )
     return out
+
+
+def _hf_unties_input_embeddings(cfg):
+    """Whether HF (5.x) gives `encoder/decoder.embed_tokens` their own weights for `cfg`.
+
+    SwitchTransformers ties them to `shared` (with `lm_head`) only when
+    `tie_word_embeddings` is true; T5's config always sets it to True.
+    """
+    return cfg["model_type"] == "switch_transformers" and not cfg["tie_word_embeddings"]
 
 
 def to_hf(model, path, expert_capacity=None):
@@ -382,6 +395,10 @@ def to_hf(model, path, expert_capacity=None):
                 tensors[name.format(e=e)] = np.ascontiguousarray(value[e].T)
         else:
             tensors[name] = np.ascontiguousarray(value.T if how == "T" else value)
+    if _hf_unties_input_embeddings(cfg):
+        # Otherwise HF reports them missing and initialises them at random.
+        for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+            tensors[key] = tensors["shared.weight"].copy()
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json"), "w") as f:

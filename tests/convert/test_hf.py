@@ -1,5 +1,8 @@
 """HF parity: tiny random torch models saved as safetensors, imported without torch."""
 
+import json
+
+import keras
 import numpy as np
 import pytest
 # torch and transformers are test dependencies (scripts/install.sh test): a
@@ -9,6 +12,7 @@ import transformers
 from keras import ops
 
 from keras_moe.convert import from_hf, to_hf
+from keras_moe.models import EncoderDecoder, T5Config
 from keras_moe.moe import MoeLayer
 
 ENC = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 1, 0, 0, 0],
@@ -111,16 +115,50 @@ def test_sparse_placement_follows_hf(steps, tmp_path):
     np.testing.assert_allclose(_ours(ours), _hf_logits(hf), atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["switch-tied", "t5-gated-gelu"])
+def _keras_t5_untied():
+    """A dense keras_moe model with its own lm_head (`tie_word_embeddings=False`, the default)."""
+    keras.utils.set_random_seed(2)
+    return EncoderDecoder(T5Config(
+        vocab_size=60, d_model=16, num_heads=3, d_kv=6, d_ff=24, num_encoder_layers=2,
+        num_decoder_layers=3, activation="gated-gelu", relative_attention_num_buckets=8,
+        relative_attention_max_distance=16))
+
+
+EXPORT_CASES = {
+    "switch-tied": CASES["switch-tied"],
+    # untied: HF unties encoder/decoder.embed_tokens too, so the export needs them
+    "switch-untied-bias": CASES["switch-untied-bias"],
+    "t5-gated-gelu": CASES["t5-gated-gelu"],
+    # HF's T5 always ties; a separate lm_head.weight that differs stays separate
+    "keras-t5-untied": _keras_t5_untied,
+}
+HF_CLASSES = {"switch_transformers": transformers.SwitchTransformersForConditionalGeneration,
+              "t5": transformers.T5ForConditionalGeneration}
+
+
+@pytest.mark.parametrize("case", sorted(EXPORT_CASES))
 def test_export_round_trip(case, tmp_path):
-    hf = CASES[case]()
-    hf.save_pretrained(str(tmp_path / "in"))
-    ours = from_hf(str(tmp_path / "in"))
+    source = EXPORT_CASES[case]()
+    hf = None
+    if isinstance(source, EncoderDecoder):
+        ours = source
+    else:
+        hf = source
+        hf.save_pretrained(str(tmp_path / "in"))
+        ours = from_hf(str(tmp_path / "in"))
     to_hf(ours, str(tmp_path / "out"))
-    cls = type(hf)
-    back = cls.from_pretrained(str(tmp_path / "out")).eval()
-    np.testing.assert_allclose(_hf_logits(back), _hf_logits(hf), atol=1e-5)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] == ours.config.tie_word_embeddings
+    back, info = HF_CLASSES[cfg["model_type"]].from_pretrained(
+        str(tmp_path / "out"), output_loading_info=True)
+    back.eval()
+    # a missing weight would be initialised at random
+    assert not {k: v for k, v in info.items() if v}, info
+    np.testing.assert_allclose(_hf_logits(back), _ours(ours), atol=1e-5)
+    if hf is not None:
+        np.testing.assert_allclose(_hf_logits(back), _hf_logits(hf), atol=1e-5)
     again = from_hf(str(tmp_path / "out"))
+    assert again.config.tie_word_embeddings == ours.config.tie_word_embeddings
     np.testing.assert_allclose(_ours(again), _ours(ours), atol=1e-6)
 
 
@@ -136,8 +174,6 @@ def test_from_hf_rejects_separate_input_embeddings(tmp_path):
 
 
 def test_from_hf_rejects_unknown_model_type(tmp_path):
-    import json
-
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bart"}))
     with pytest.raises(ValueError, match="model_type"):
         from_hf(str(tmp_path))
