@@ -3,4 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=3 JAX_PLATFORMS=cpu PYTHONHASHSEED=0
-exec python -m pytest tests "$@"
+# No path among the arguments: the whole suite.
+paths=tests
+for arg in "$@"; do
+  [[ "$arg" != -* && -e "${arg%%::*}" ]] && paths=
+done
+exec python -m pytest $paths --durations=15 "$@"

@@ -51,7 +51,9 @@ def main(argv=None):
             raise TrainingConfigError(f"--model_dir {args.model_dir!r} is not a folder.")
         files = args.gin_file or [os.path.join(args.model_dir, "operative_config.gin")]
         import keras_moe.training.gin_configurables  # noqa: F401
+        from keras_moe.models import gin_configurables as model_gin
 
+        model_gin.add_search_paths()  # a run file's includes name files in gin/
         for f in files:
             path = config.resolve_gin_file(f)
             try:
