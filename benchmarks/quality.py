@@ -96,6 +96,11 @@ def parse_args(argv=None):
     p.add_argument("--timing_repeats", type=int, default=20,
                    help="training steps per model timed interleaved (one batch, every model "
                         "in turn) for the wall-time comparison; 0: use the runs' own clocks")
+    p.add_argument("--retime", action="store_true",
+                   help="train nothing: time the models of the existing result --output "
+                        "interleaved (with the same size arguments it was run with) and "
+                        "recompute its wall-time comparison; for a result whose runs met "
+                        "different machine load")
     p.add_argument("--output", default="quality", help="result name under benchmarks/results/")
     p.add_argument("--no_plot", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
@@ -119,6 +124,8 @@ def parse_args(argv=None):
         p.error(f"--warmup_steps must be in [0, --steps), got {args.warmup_steps}")
     if args.steps % args.eval_every:
         p.error(f"--steps ({args.steps}) must be a multiple of --eval_every ({args.eval_every})")
+    if args.retime and not args.timing_repeats:
+        p.error("--retime needs --timing_repeats >= 1")
     if args.no_main and not args.table1:
         p.error("--no_main without --table1 leaves nothing to run")
     return args
@@ -368,6 +375,37 @@ def interleaved_step_times(configs, train_ds, repeats):
     return {name: {k: v for k, v in t.items() if k != "samples"} for name, t in timings.items()}
 
 
+def retime(output, step_times, main_configs, table1_configs):
+    """Adds `step_times` to the result `output` and recomputes its comparison
+    and Table 1 ratios from them; returns the updated payload."""
+    import json
+
+    from benchmarks import common
+
+    path = os.path.join(common.RESULTS_DIR, f"{output}.json")
+    with open(path) as f:
+        payload = json.load(f)
+    runs = payload["runs"]
+    dense = step_times["dense"]["median"]
+    for name in main_configs:
+        if name in runs:
+            payload["comparison"][name] = compare(runs[name], runs["dense"],
+                                                  step_times[name]["median"] / dense)
+    for row in payload.get("table1", []):
+        if row["name"] in table1_configs:
+            row["step_time_vs_dense_interleaved"] = step_times[row["name"]]["median"] / dense
+    payload["interleaved_step_times"] = step_times
+    payload["retimed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    common.write_result(output, payload)
+    for name, c in payload["comparison"].items():
+        print(f"{name}: step time x{c['step_time_vs_dense_interleaved']:.3f} of dense "
+              "(interleaved); " + ("never reaches the dense final value"
+                                   if c["fraction_of_dense_time"] is None else
+                                   f"{100 * c['fraction_of_dense_time']:.0f}% of the dense "
+                                   "training time to its final value"), flush=True)
+    return payload
+
+
 def learning_rate(args):
     """The peak rate, or a warmup + cosine-decay schedule ending at 10% of it."""
     import keras
@@ -438,14 +476,6 @@ def main(argv=None):
             eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity,
             track_router_metrics=True)
 
-    held_out = data_lib.make_dataset(task, lengths, "validation", args.batch_size,
-                                     shuffle=False, seed=args.seed, repeat=False)
-    held_out = data_lib.finite(held_out.take(args.eval_batches) if args.eval_batches
-                               else held_out)
-    held_out_tokens = int(sum(float(keras.ops.sum(w)) for _, _, w in held_out))
-    print(f"held-out set: {held_out.cardinality()} batches, {held_out_tokens} target tokens",
-          flush=True)
-
     seeds = [args.seed + i for i in range(args.seeds)]
 
     main_configs = {} if args.no_main else {
@@ -465,6 +495,17 @@ def main(argv=None):
     def time_ratio(name):
         return None if step_times is None else (step_times[name]["median"]
                                                 / step_times["dense"]["median"])
+
+    if args.retime:
+        return retime(args.output, step_times, main_configs, table1_configs)
+
+    held_out = data_lib.make_dataset(task, lengths, "validation", args.batch_size,
+                                     shuffle=False, seed=args.seed, repeat=False)
+    held_out = data_lib.finite(held_out.take(args.eval_batches) if args.eval_batches
+                               else held_out)
+    held_out_tokens = int(sum(float(keras.ops.sum(w)) for _, _, w in held_out))
+    print(f"held-out set: {held_out.cardinality()} batches, {held_out_tokens} target tokens",
+          flush=True)
 
     def run(name, config):
         outs = []

@@ -143,3 +143,35 @@ def test_translation_bleu_and_smoke():
             assert sample["reference"] and isinstance(sample["prediction"], str)
     assert {r["language"] for r in data["per_language"]} == langs
     assert data["bleu_self_check"] == 100.0
+
+
+def test_retime_adds_interleaved_step_times_to_an_existing_result():
+    import json
+    import os
+
+    from benchmarks import common, quality
+
+    curve = [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+             {"step": 4, "seconds": 999.0, "neg_log_perplexity": -8.0}]
+    run = {"curve": curve, "final_neg_log_perplexity": -8.0, "final_std": None,
+           "step_time_s": 1.0, "final_per_seed": [-8.0]}
+    moe = dict(run, curve=[curve[0], {"step": 2, "seconds": 1.0, "neg_log_perplexity": -8.0},
+                           dict(curve[1], neg_log_perplexity=-7.0)],
+               final_neg_log_perplexity=-7.0)
+    output = "smoke_retime"
+    common.write_result(output, {"runs": {"dense": run, "switch2": moe}, "comparison": {},
+                                 "table1": []})
+    try:
+        payload = quality.main(["--smoke", "--retime", "--output", output])
+        with open(os.path.join(common.RESULTS_DIR, f"{output}.json")) as f:
+            written = json.load(f)
+    finally:
+        os.remove(os.path.join(common.RESULTS_DIR, f"{output}.json"))
+    times = written["interleaved_step_times"]
+    assert set(times) == {"dense", "switch2"} and all(t["median"] > 0 for t in times.values())
+    ratio = times["switch2"]["median"] / times["dense"]["median"]
+    c = written["comparison"]["switch2"]
+    # Reaches dense's final value at step 2 of 4: half the steps, times the step-time ratio.
+    assert c["fraction_of_dense_time"] == pytest.approx(0.5 * ratio)
+    assert c["step_time_vs_dense_interleaved"] == pytest.approx(ratio)
+    assert payload["comparison"] == written["comparison"]
