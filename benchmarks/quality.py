@@ -1,36 +1,32 @@
 """Quality at equal compute: dense T5.1.1 vs Switch-8 / Switch-16 (Switch Transformer Fig. 1, Table 1).
 
-In miniature, on real English (span corruption on the Debian Python/Perl docs):
-a dense T5.1.1-style model and Switch models with 8 and 16 experts of the same
-FLOPs per token (each expert has the dense model's d_model/d_ff, top-1 routing,
-an MoE FFN in every other layer) are trained for the same steps, on the same
-batches in the same order, from the same seed. Every `--eval_every` steps each
-is scored on a fixed set of held-out batches (validation split, unshuffled):
-negative log perplexity = weighted mean log-probability of the target tokens
-(higher is better). Reports
+In miniature, on real English (T5 prefix LM on the Debian Python/Perl docs):
+a dense T5.1.1-style model (4+4 layers) and Switch models with 8 and 16
+experts of the same FLOPs per token (each expert has the dense model's
+d_model/d_ff, top-1 routing, an MoE FFN in every other layer) are trained for
+the same steps (Adam, warmup + cosine decay), on the same batches in the same
+order, for 3 seeds. Every `--eval_every` steps each is scored on the whole
+validation split (105k target tokens at the default lengths): negative log
+perplexity = weighted mean log-probability of the target tokens (higher is
+better). Reports, per model, the mean curve with each seed's values and std,
+and the router health of every MoE layer; per Switch model, the gain over dense
+in nats and in dense seed std, the step and the training time at which it
+reaches the dense model's final value (`targets`: <= 1/2 of dense), and
+whether each target is met; with `--table1`, top-1 (Switch) vs top-2 (GShard)
+routing at capacity factors 1.0 / 1.25 / 2.0 (paper Table 1) with step times.
+The JSON is rewritten after every model, so a stopped run keeps what it
+measured.
 
-* the curves (JSON + a PNG plot, `benchmarks/results/<output>.png`);
-* for each Switch model, the step at which it reaches the dense model's final
-  value (linear interpolation between eval points; null if never) and that as
-  a fraction of the dense model's steps (paper's spirit: <= 0.5);
-* with `--table1`: top-1 (Switch) vs top-2 (GShard) routing at capacity
-  factors 1.0 / 1.25 / 2.0 (paper Table 1): final neg log perplexity and the
-  median training step time of each.
+    python benchmarks/quality.py --steps 800 --eval_every 200   # dense, Switch-8, -16: ~2.5 h*
+    python benchmarks/quality.py --steps 800 --eval_every 200 --retime   # wall-time figures
+    python benchmarks/quality.py --table1         # + 6 Table 1 runs
+    python benchmarks/quality.py --smoke          # about a minute; checks it runs
 
-    python benchmarks/quality.py                  # default: dense, Switch-8, Switch-16 (~15 min*)
-    python benchmarks/quality.py --table1         # + 6 Table 1 runs (~45-60 min* on 2 cores)
-    python benchmarks/quality.py --d_model 64 --d_ff 128 --layers 2 --steps 300 \
-        --eval_every 50 --table1 --output quality_small    # ~10 min
-    python benchmarks/quality.py --seeds 3        # mean of 3 seeds, with the spread
-    python benchmarks/quality.py --smoke          # seconds; checks it runs
-    python benchmarks/quality.py --no_main --table1   # only the Table 1 runs (and the dense one)
-
-(*) estimated from the measured small run (about 0.1 s/step for the dense
-d_model 64 model on 2 idle cores), not measured at the default size.
+(*) dense and Switch-8, 3 seeds each, took 95 min on 2 shared cores.
 
 The docs task needs `apt-get install -y python3.11-doc perl-doc`; without the
-Debian docs the embedded English corpus (`embedded_span_corruption`) is used
-and the JSON says so (`task`, `task_fallback_reason`).
+Debian docs the embedded English corpus (`embedded_prefix_lm`) is used and the
+JSON says so (`task`, `task_fallback_reason`).
 """
 
 import argparse
