@@ -19,6 +19,8 @@ measured.
 
     python benchmarks/quality.py --steps 800 --eval_every 200   # dense, Switch-8, -16: ~2.5 h*
     python benchmarks/quality.py --steps 800 --eval_every 200 --retime   # wall-time figures
+    python benchmarks/quality.py --steps 800 --eval_every 200 --experts 8 16 --reuse
+                                                  # trains only the models the result lacks
     python benchmarks/quality.py --table1         # + 6 Table 1 runs
     python benchmarks/quality.py --smoke          # about a minute; checks it runs
 
@@ -97,18 +99,20 @@ def parse_args(argv=None):
                         "interleaved (with the same size arguments it was run with) and "
                         "recompute its wall-time comparison; for a result whose runs met "
                         "different machine load")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the runs of the existing result --output (its models trained "
+                        "with the same training arguments) and train only the models it "
+                        "lacks, e.g. add --experts 8 16 to a dense + Switch-8 result")
     p.add_argument("--output", default="quality", help="result name under benchmarks/results/")
     p.add_argument("--no_plot", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.inputs, args.targets, args.batch_size = 32, None, 2
-        args.steps, args.eval_every, args.eval_batches = 4, 2, 1
-        args.d_model, args.d_ff, args.num_heads, args.layers = 16, 32, 2, 2
-        args.experts, args.table1_experts, args.table1_cf = [2], 2, [1.0, 2.0]
-        args.timing_repeats = 2
-        if args.task.startswith("docs_"):
-            args.task = FALLBACK_TASK  # no dependency on the Debian docs in tests
+    if args.smoke:  # tiny defaults; arguments given explicitly still win
+        p.set_defaults(inputs=32, batch_size=2, steps=4, eval_every=2, eval_batches=1,
+                       d_model=16, d_ff=32, num_heads=2, layers=2, experts=[2],
+                       table1_experts=2, table1_cf=[1.0, 2.0], timing_repeats=2,
+                       task=FALLBACK_TASK)  # no dependency on the Debian docs in tests
+        args = p.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or args.seeds < 1:
         p.error("--steps, --eval_every and --seeds must be >= 1")
     if args.eval_batches < 0:
@@ -120,6 +124,8 @@ def parse_args(argv=None):
         p.error(f"--warmup_steps must be in [0, --steps), got {args.warmup_steps}")
     if args.steps % args.eval_every:
         p.error(f"--steps ({args.steps}) must be a multiple of --eval_every ({args.eval_every})")
+    if args.retime and args.reuse:
+        p.error("--retime and --reuse exclude each other: --retime trains nothing")
     if args.retime and not args.timing_repeats:
         p.error("--retime needs --timing_repeats >= 1")
     if args.no_main and not args.table1:
@@ -402,6 +408,34 @@ def retime(output, step_times, main_configs, table1_configs):
     return payload
 
 
+# Arguments that only choose which models run or where results go; every other
+# argument changes what a model's training measures.
+SELECTION_ARGS = frozenset({"experts", "no_main", "table1", "table1_experts", "table1_cf",
+                            "timing_repeats", "retime", "reuse", "output", "no_plot", "smoke"})
+
+
+def reusable_runs(output, args):
+    """The runs of the existing result `output`, checked to have been trained with
+    the same training arguments as `args` ({} if there is no such result)."""
+    import json
+
+    from benchmarks import common
+
+    path = os.path.join(common.RESULTS_DIR, f"{output}.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        payload = json.load(f)
+    stored = payload.get("args", {})
+    differing = sorted(k for k, v in vars(args).items()
+                       if k not in SELECTION_ARGS and stored.get(k) != v)
+    if differing:
+        raise SystemExit(
+            f"--reuse: {path} was trained with different arguments: " + ", ".join(
+                f"--{k} {stored.get(k)!r} there, {getattr(args, k)!r} now" for k in differing))
+    return payload["runs"]
+
+
 def learning_rate(args):
     """The peak rate, or a warmup + cosine-decay schedule ending at 10% of it."""
     import keras
@@ -453,6 +487,7 @@ def main(argv=None):
     from keras_moe.models import T5Config, build_model, count_params
     from keras_moe.training import data as data_lib
 
+    reused = reusable_runs(args.output, args) if args.reuse else {}
     quiet_logs()
     command = command_line("quality.py", argv)
     targets = args.targets or (args.inputs if "prefix_lm" in args.task
@@ -550,13 +585,19 @@ def main(argv=None):
         }
         return payload, common.write_result(args.output, payload)
 
-    runs = {"dense": run("dense", dense_config)}
+    if reused:
+        print("reusing " + ", ".join(reused) + f" from {args.output}.json", flush=True)
+
+    def run_or_reuse(name, config):
+        return reused[name] if name in reused else run(name, config)
+
+    runs = {"dense": run_or_reuse("dense", dense_config)}
     dense_final = runs["dense"]["final_neg_log_perplexity"]
     comparison, ordering = {}, None
     save(runs, comparison, [])
     if not args.no_main:
         for name, config in main_configs.items():
-            runs[name] = run(name, config)
+            runs[name] = run_or_reuse(name, config)
             comparison[name] = compare(runs[name], runs["dense"], time_ratio(name))
             save(runs, comparison, [])
         names = [f"switch{e}" for e in sorted(args.experts)]
@@ -566,7 +607,7 @@ def main(argv=None):
     table1 = []
     if args.table1:
         for name, config in table1_configs.items():
-            r = run(name, config)
+            r = run_or_reuse(name, config)
             runs[name] = r
             table1.append({
                 "name": name, "router": "top1" if config.moe_type == "switch" else "top2",

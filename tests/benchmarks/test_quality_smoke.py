@@ -175,3 +175,34 @@ def test_retime_adds_interleaved_step_times_to_an_existing_result():
     assert c["fraction_of_dense_time"] == pytest.approx(0.5 * ratio)
     assert c["step_time_vs_dense_interleaved"] == pytest.approx(ratio)
     assert payload["comparison"] == written["comparison"]
+
+
+def test_reuse_trains_only_the_models_a_result_lacks():
+    import json
+    import os
+
+    from benchmarks import common, quality
+
+    output = "smoke_reuse"
+    base = ["--smoke", "--seeds", "1", "--timing_repeats", "0", "--no_plot", "--output", output]
+    stored_args = vars(quality.parse_args(base + ["--experts", "2"]))
+    # Values no training run could produce, so a retrained model would show.
+    curve = [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -90.0},
+             {"step": 4, "seconds": 1.0, "neg_log_perplexity": -80.0}]
+    fake = {"curve": curve, "final_neg_log_perplexity": -80.0, "final_std": None,
+            "step_time_s": 1.0, "final_per_seed": [-80.0]}
+    path = os.path.join(common.RESULTS_DIR, f"{output}.json")
+    common.write_result(output, {"args": stored_args, "runs": {"dense": fake, "switch2": fake}})
+    try:
+        with pytest.raises(SystemExit, match="--steps 4 there, 6 now"):
+            quality.main(base + ["--reuse", "--experts", "2", "3", "--steps", "6"])
+        quality.main(base + ["--reuse", "--experts", "2", "3"])
+        with open(path) as f:
+            written = json.load(f)
+    finally:
+        os.remove(path)
+    assert written["runs"]["dense"] == fake and written["runs"]["switch2"] == fake
+    trained = written["runs"]["switch3"]
+    assert [p["step"] for p in trained["curve"]] == [0, 2, 4]
+    assert -20.0 < trained["final_neg_log_perplexity"] < 0.0
+    assert written["args"]["experts"] == [2, 3] and written["complete"] is True
