@@ -24,7 +24,8 @@ measured.
     python benchmarks/quality.py --table1         # + 6 Table 1 runs
     python benchmarks/quality.py --smoke          # about a minute; checks it runs
 
-(*) dense and Switch-8, 3 seeds each, took 95 min on 2 shared cores.
+(*) dense and Switch-8, 3 seeds each, took 95 min on 2 shared cores; Switch-16's
+3 seeds 50 min.
 
 The docs task needs `apt-get install -y python3.11-doc perl-doc`; without the
 Debian docs the embedded English corpus (`embedded_prefix_lm`) is used and the
@@ -629,7 +630,7 @@ def main(argv=None):
         main_runs = {k: v for k, v in runs.items() if k == "dense" or k.startswith("switch")}
         title = (f"{task}: d_model {args.d_model}, d_ff {args.d_ff}, {args.layers}+{args.layers} "
                  f"layers, batch {args.batch_size}x{args.inputs}"
-                 + (f", mean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else ""))
+                 + (f"\nmean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else ""))
         extra["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
                                         os.path.dirname(common.RESULTS_DIR))
     payload, path = save(runs, comparison, table1, ordering, final=True, extra=extra)
