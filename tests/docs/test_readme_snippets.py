@@ -18,6 +18,9 @@ from tests.training.helpers import REPO
 
 README = os.path.join(REPO, "README.md")
 SHARDING = os.path.join(REPO, "docs", "sharding.md")
+# Start-up lines and known-harmless warnings the CLIs keep off the console.
+CONSOLE_NOISE = ("cuInit", "cudart_stub", "absl::InitializeLog", "cpu_feature_guard",
+                 "uncached FunctionDataset", "shuffle=True")
 
 
 def code_blocks(path, language):
@@ -53,6 +56,7 @@ def test_readme_layer_quick_start():
     assert "shape (4, 128, 1) losses 2" in out, out
 
 
+@pytest.mark.slow
 def test_readme_notebook_quick_start():
     block = code_blocks(README, "python")[1]
     out = run_python(block + (
@@ -67,8 +71,11 @@ def test_readme_notebook_quick_start():
     assert int(match.group(2)) == 2 and int(match.group(3)) <= 32
 
 
+@pytest.mark.slow
 def test_readme_command_line_training_and_eval(tmp_path):
-    """The pre-training commands, shortened by gin bindings and a temporary model_dir."""
+    """The pre-training commands, shortened by gin bindings and a temporary
+    model_dir, run as a user runs them (no TF_CPP_MIN_LOG_LEVEL of ours): they
+    succeed and their consoles are short and clean."""
     block = code_blocks(README, "bash")[1]
     commands = [shlex.split(c, comments=True) for c in block.replace("\\\n", " ").splitlines()
                 if c.strip()]
@@ -76,8 +83,11 @@ def test_readme_command_line_training_and_eval(tmp_path):
     model_dir = str(tmp_path / "run")
     shrink = ["--gin_bindings=TRAIN_STEPS = 2", "--gin_bindings=BATCH_SIZE = 4",
               "--gin_bindings=CHECKPOINT_EVERY = 2", "--gin_bindings=SUMMARY_BATCHES = 1",
-              "--gin_bindings=EXPERT_LOAD_EVERY = 0", "--gin_bindings=BACKUP_EVERY = None"]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+              "--gin_bindings=EXPERT_LOAD_EVERY = 0", "--gin_bindings=BACKUP_EVERY = None",
+              "--gin_bindings=LOG_EVERY = 1"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    consoles = []
     for command in commands:
         executable = shutil.which(command[0])
         assert executable, f"{command[0]} is not on PATH: install the package (scripts/install.sh)"
@@ -89,8 +99,26 @@ def test_readme_command_line_training_and_eval(tmp_path):
             args += ["--eval_batches=1", "--gin_bindings=BATCH_SIZE = 4"]
         result = subprocess.run([executable] + args, cwd=str(tmp_path), env=env,
                                 capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        consoles.append(result.stdout + result.stderr)
+        assert result.returncode == 0, consoles[-1][-6000:]
     assert os.path.isfile(os.path.join(model_dir, "checkpoints", "ckpt-00000002.weights.h5"))
+    train, evaluate = consoles
+    for out in consoles:
+        for noise in CONSOLE_NOISE:
+            assert noise not in out, (noise, out[:4000])
+    # Keras' per-epoch line: loss and learning rate, none of the per-layer statistics.
+    epoch_lines = [line for line in train.splitlines() if re.match(r"\d+/\d+ - ", line)]
+    assert epoch_lines and all(" - lr: " in line and "/ffn/" not in line
+                               for line in epoch_lines), epoch_lines
+    assert max(len(line) for line in train.splitlines()) < 200
+    # Every log step: one router-table row per MoE layer (every other layer of
+    # pretrain_docs.gin's 4 + 4), percentages of dropped tokens.
+    tables = re.findall(r"MoE layer +dropped +imbalance +confidence +out/in rms\n"
+                        r"((?: +\S+ +[\d.]+% +[\d.]+ +[\d.]+ +[\d.]+\n)+)", train)
+    assert len(tables) == 2, train[:4000]
+    assert [row.split()[0] for row in tables[0].splitlines()] == [
+        "encoder_layer_1/ffn", "encoder_layer_3/ffn", "decoder_layer_1/ffn",
+        "decoder_layer_3/ffn"]
 
 
 def test_sharding_doc_rules_are_the_librarys():
