@@ -1,5 +1,8 @@
 """SIGKILL at a seeded random point, restart with the same command: same data, same weights.
 
+The restart reports where it resumed, logs only the steps after it, and its
+summary.json records the resumed and the final step.
+
 Every consumed training batch is fingerprinted to a file (`train.record_batches`,
 written when the training loop takes the batch), so the test counts the data
 directly: the killed run's batches up to its last checkpoint followed by the
@@ -8,6 +11,7 @@ only the batches after that checkpoint (at most CHECKPOINT_EVERY, plus the one
 in flight) are seen twice.
 """
 
+import json
 import random
 import re
 import signal
@@ -15,8 +19,11 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 
 from tests.reliability import helpers
+
+pytestmark = pytest.mark.slow
 
 STEPS = 16
 EVERY = 4
@@ -64,6 +71,10 @@ def test_sigkill_at_a_random_point_then_restart_continues_exactly(tmp_path):
     assert match.group(1).endswith(f"ckpt-{resumed_at:08d}.weights.h5")
     # The newest checkpoint: every step the killed run completed, rounded down.
     assert len(before) - EVERY - 1 <= resumed_at <= len(before), (resumed_at, len(before))
+    logged = [int(s) for s in re.findall(r"\[keras_moe\] step (\d+)/", result.stdout)]
+    assert logged and min(logged) > resumed_at and logged[-1] == STEPS, logged
+    summary = json.load(open(killed_dir / "summary.json"))
+    assert summary["start_step"] == resumed_at and summary["end_step"] == STEPS
 
     reference = helpers.read_lines(straight_rec)
     after = helpers.read_lines(killed_rec)[len(before):]
