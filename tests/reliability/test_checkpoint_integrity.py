@@ -1,12 +1,15 @@
 """A checkpoint torn by a crash never replaces the last good one; a corrupt one is skipped."""
 
 import os
+import shutil
 
 import keras
 import pytest
 
 from keras_moe.training import checkpoint as ckpt_lib
 from tests.reliability import helpers
+
+pytestmark = pytest.mark.slow
 
 RUN = helpers.FAST + ["CHECKPOINT_EVERY = 4", "KEEP_CHECKPOINTS = 3"]
 
@@ -15,10 +18,24 @@ def _ckpt_dir(model_dir):
     return os.path.join(model_dir, "checkpoints")
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_bytes"])
-def test_corrupt_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path, capsys, damage):
-    model_dir = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def _trained_to_8(tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("template") / "run")
     helpers.train_in_process(model_dir, RUN + ["TRAIN_STEPS = 8"])
+    return model_dir
+
+
+@pytest.fixture
+def run_at_8(_trained_to_8, tmp_path):
+    """A copy of one run trained for 8 steps, with checkpoints at steps 4 and 8."""
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(_trained_to_8, model_dir)
+    return model_dir
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_bytes"])
+def test_corrupt_newest_checkpoint_is_named_and_the_previous_one_used(run_at_8, capsys, damage):
+    model_dir = run_at_8
     manager = ckpt_lib.CheckpointManager(_ckpt_dir(model_dir))
     assert [m["step"] for m in manager.all()] == [4, 8]
     bad = manager.weights_path(8)
@@ -40,15 +57,14 @@ def test_corrupt_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path, 
     manager.verify(manager.all()[1])
 
 
-def test_all_checkpoints_corrupt_is_a_clear_error(tmp_path):
+def test_all_checkpoints_corrupt_is_a_clear_error(run_at_8):
     from keras_moe.training.errors import TrainingConfigError
 
-    model_dir = str(tmp_path / "run")
-    helpers.train_in_process(model_dir, RUN + ["TRAIN_STEPS = 4"])
-    manager = ckpt_lib.CheckpointManager(_ckpt_dir(model_dir))
-    open(manager.weights_path(4), "wb").close()
+    manager = ckpt_lib.CheckpointManager(_ckpt_dir(run_at_8))
+    for step in (4, 8):
+        open(manager.weights_path(step), "wb").close()
     with pytest.raises(TrainingConfigError, match="none of them can be loaded"):
-        helpers.train_in_process(model_dir, RUN + ["TRAIN_STEPS = 8"])
+        helpers.train_in_process(run_at_8, RUN + ["TRAIN_STEPS = 12"])
 
 
 def test_death_in_the_middle_of_a_checkpoint_write_keeps_the_last_good_one(
@@ -78,10 +94,9 @@ def test_death_in_the_middle_of_a_checkpoint_write_keeps_the_last_good_one(
     assert summary["start_step"] == 4 and summary["end_step"] == 12
 
 
-def test_a_crash_before_the_metadata_commit_is_not_a_checkpoint(tmp_path, monkeypatch):
-    model_dir = str(tmp_path / "run")
-    helpers.train_in_process(model_dir, RUN + ["TRAIN_STEPS = 4"])
-    manager = ckpt_lib.CheckpointManager(_ckpt_dir(model_dir))
+def test_a_crash_before_the_metadata_commit_is_not_a_checkpoint(run_at_8, monkeypatch):
+    helpers.parse(RUN)
+    manager = ckpt_lib.CheckpointManager(_ckpt_dir(run_at_8))
 
     def dies(path, text):
         raise SystemExit("died before the json was renamed into place")
@@ -92,5 +107,5 @@ def test_a_crash_before_the_metadata_commit_is_not_a_checkpoint(tmp_path, monkey
     net = trainer.build_compiled_model()
     ckpt_lib.restore(net, manager.latest())
     with pytest.raises(SystemExit):
-        manager.save(net, 8)
-    assert manager.latest()["step"] == 4  # A weights file without its json is ignored.
+        manager.save(net, 12)
+    assert manager.latest()["step"] == 8  # A weights file without its json is ignored.

@@ -29,23 +29,25 @@ def _routers(model):
     return [l for l in model._flatten_layers() if type(l).__name__.endswith("Router")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("router_dtype", ["float32", "bfloat16"])
 def test_mixed_bfloat16_training_with_a_float32_router_stays_finite(router_dtype):
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     keras.utils.set_random_seed(0)
     model = build_model(_config(router_dtype=router_dtype))
     model.compile(**model.compile_defaults(learning_rate=1e-2))
-    x, y = _batches()
-    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    stable = router_dtype == "float32"  # the configuration that must be stable
+    # The bfloat16 router only has to build and run: one step.
+    x, y = _batches(n=6 if stable else 1)
+    history = model.fit(x, y, batch_size=8, epochs=2 if stable else 1, verbose=0)
     routers = _routers(model)
     assert len(routers) == 4
     for router in routers:
         assert router.compute_dtype == router_dtype
         assert router.kernel.dtype == ("float32" if router_dtype == "float32" else "bfloat16")
     losses = history.history["loss"]
-    if router_dtype == "float32":  # The configuration that must be stable.
+    if stable:
         assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
-    # bfloat16 routers are allowed to misbehave: only building and running is required.
 
 
 def test_router_dtype_is_validated_and_gin_configurable():
@@ -95,6 +97,7 @@ def test_default_expert_init_is_the_t5_fan_in_init_per_expert():
             assert std == pytest.approx(np.sqrt(1.0 / fan_in), rel=0.1), (w.path, fan_in, std)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_training_naming_the_step_without_a_checkpoint(tmp_path, capsys):
     from keras_moe.training import checkpoint as ckpt_lib
     from keras_moe.training import cli
