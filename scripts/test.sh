@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (TensorFlow backend; JAX checks run in subprocesses).
+# Runs the test suite (TensorFlow backend; JAX checks run in subprocesses) on
+# two pytest-xdist workers; KERAS_MOE_TEST_WORKERS=N sets how many (0: none).
+#
+#   bash scripts/test.sh                            # the whole suite
+#   bash scripts/test.sh tests/core -k routing      # only the given paths
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TF_CPP_MIN_LOG_LEVEL=3 JAX_PLATFORMS=cpu PYTHONHASHSEED=0
+workers="${KERAS_MOE_TEST_WORKERS:-2}"
+parallel=()
+if [[ "$workers" != 0 ]]; then
+  # loadgroup: tests marked with one xdist_group share a worker (and its
+  # once-per-session subprocess); the rest go to whichever worker is free.
+  parallel=(-n "$workers" --dist loadgroup)
+fi
 # No path among the arguments: the whole suite.
 paths=tests
 for arg in "$@"; do
   [[ "$arg" != -* && -e "${arg%%::*}" ]] && paths=
 done
-exec python -m pytest $paths --durations=15 "$@"
+exec python -m pytest $paths "${parallel[@]}" --durations=15 "$@"

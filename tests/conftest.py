@@ -48,3 +48,11 @@ def _reset_keras_state():
     keras.mixed_precision.set_global_policy("float32")
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked `slow` run first, those of an `xdist_group` (one long
+    subprocess each) before the rest, so that pytest-xdist workers are not left
+    waiting on one long test at the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("xdist_group") is None))

@@ -98,6 +98,7 @@ def test_mean_over_seeds_averages_curves_and_reports_the_spread():
     assert mean_over_seeds([record([-9.0, -4.0], 0.1)], [0])["final_std"] is None
 
 
+@pytest.mark.slow
 def test_quality_smoke():
     data, has_plot = _run("quality.py", "smoke_quality", "--seeds", "1", "--timing_repeats", "0")
     assert data["benchmark"] == "quality" and data["seeds"] == [0]
@@ -131,6 +132,7 @@ def test_quality_smoke():
     assert data["table1"] == []
 
 
+@pytest.mark.slow
 def test_translation_bleu_and_smoke():
     from benchmarks.translation import corpus_bleu, language_of, strip_ids
 
@@ -156,6 +158,7 @@ def test_translation_bleu_and_smoke():
     assert data["bleu_self_check"] == 100.0
 
 
+@pytest.mark.slow
 def test_retime_adds_interleaved_step_times_to_an_existing_result():
     import json
     import os

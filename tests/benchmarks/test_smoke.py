@@ -70,6 +70,7 @@ def test_layer_speed_smoke():
     assert len({row["t_dense_s"] for row in data["rows"]}) == 1
 
 
+@pytest.mark.slow
 def test_memory_smoke():
     data = _run("memory.py", "smoke_memory")
     rows = {r["kind"]: r for r in data["rows"]}
@@ -119,6 +120,7 @@ def fake_tfm_python(tmp_path, monkeypatch):
     return str(path), record
 
 
+@pytest.mark.slow
 def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
     python, record = fake_tfm_python
     data = _run("peers.py", "smoke_peers", "--tfm_python", python)
@@ -139,6 +141,7 @@ def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
     assert all(_positive_seconds(t) for t in row["median_s"].values())
 
 
+@pytest.mark.slow
 def test_peers_smoke_in_mixed_bfloat16_skips_the_float32_only_peer(fake_tfm_python):
     python, record = fake_tfm_python
     data = _run("peers.py", "smoke_peers_bf16", "--precision", "mixed_bfloat16",
@@ -152,6 +155,7 @@ def test_peers_smoke_in_mixed_bfloat16_skips_the_float32_only_peer(fake_tfm_pyth
     assert all(_positive_seconds(t) for t in row["median_s"].values())
 
 
+@pytest.mark.slow
 def test_model_speed_smoke():
     data = _run("model_speed.py", "smoke_model_speed")
     assert set(data["results"]) == {"keras_moe", "keras_moe_xla", "hf_switch_torch"}

@@ -35,6 +35,7 @@ def _distill(model_dir, teacher_dir, steps):
         gin.clear_config()
 
 
+@pytest.mark.slow
 def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, capsys):
     import keras
 

@@ -40,6 +40,7 @@ def test_loss_is_normalised_by_weight_sum(rng):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fit_on_tf_data():
     """fit on a dataset of whole seqio feature dicts; evaluate on (x, y, w) tuples."""
     keras.utils.set_random_seed(0)

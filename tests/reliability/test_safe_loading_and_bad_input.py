@@ -72,6 +72,7 @@ def test_bad_bindings_fail_before_the_model_dir_is_written(tmp_path, binding, me
     assert not os.path.exists(tmp_path / "run") or os.listdir(tmp_path / "run") == []
 
 
+@pytest.mark.slow
 def test_token_ids_beyond_vocab_size_are_named():
     import tensorflow as tf
 

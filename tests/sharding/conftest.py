@@ -1,8 +1,9 @@
 """Runs the JAX and TensorFlow multi-device check scripts once per session.
 
 Both scripts need a fresh process (backend and device count are fixed when
-the framework initialises), so they run as subprocesses. They start together
-on first use and run in parallel; each test waits for the one it needs.
+the framework initialises), so they run as subprocesses, each started on the
+first use of its result. Under pytest-xdist each script's tests form one
+`xdist_group` (see the test modules), so one worker runs each script once.
 """
 
 import json
@@ -47,18 +48,24 @@ class _Run:
 
 @pytest.fixture(scope="session")
 def _sharding_runs():
-    runs = {name: _Run(script, env) for name, (script, env) in SCRIPTS.items()}
+    runs = {}
     yield runs
     for run in runs.values():
         if run.proc.poll() is None:
             run.proc.kill()
 
 
+def _result(runs, name):
+    if name not in runs:
+        runs[name] = _Run(*SCRIPTS[name])
+    return runs[name].result()
+
+
 @pytest.fixture(scope="session")
 def jax_result(_sharding_runs):
-    return _sharding_runs["jax"].result()
+    return _result(_sharding_runs, "jax")
 
 
 @pytest.fixture(scope="session")
 def tf_result(_sharding_runs):
-    return _sharding_runs["tf"].result()
+    return _result(_sharding_runs, "tf")

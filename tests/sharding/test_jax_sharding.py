@@ -2,6 +2,9 @@
 
 import pytest
 
+# One pytest-xdist worker runs all of them, so the check script runs once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jax_checks")]
+
 MESHES = {"data=2,expert=4": 4, "data=1,expert=8": 8}
 CASES = [("data=2,expert=4", "einsum"), ("data=2,expert=4", "gather"),
          ("data=1,expert=8", "einsum")]

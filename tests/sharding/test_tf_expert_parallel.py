@@ -2,6 +2,9 @@
 
 import pytest
 
+# One pytest-xdist worker runs all of them, so the check script runs once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tf_checks")]
+
 CASES = ["gather/relu", "einsum/gated-gelu"]
 
 

@@ -24,6 +24,7 @@ def _batches(seed, n=2, name="embedded_span_corruption_byte", **kw):
   return [{k: v.numpy() for k, v in b.items()} for b in ds.take(n)]
 
 
+@pytest.mark.slow
 def test_get_dataset_is_packed_batched_and_deterministic():
   a, b, c = _batches(7), _batches(7), _batches(8)
   assert set(a[0]) == PACKED

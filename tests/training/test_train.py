@@ -17,6 +17,7 @@ def _train(model_dir, bindings=()):
                                    tensorboard=False, verbose=0)
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss_on_the_embedded_data(tmp_path):
     keras.utils.set_random_seed(0)
     summary = _train(tmp_path, ["TRAIN_STEPS = 40", "CHECKPOINT_EVERY = 20"])
@@ -45,6 +46,7 @@ def _final_weights(model_dir):
         v.numpy() for v in model.optimizer.variables]
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     # SGD: Adam's m/sqrt(v) turns float round-off of near-zero gradients into
     # lr-sized steps, which would hide nothing but makes exact comparison noisy.
@@ -130,6 +132,7 @@ def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01):
     return weights, np.array(losses), aux, [v.numpy() for v in model.weights]
 
 
+@pytest.mark.slow
 def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy):
     import tensorflow as tf
 
@@ -146,6 +149,7 @@ def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_mirrored_normalises_by_the_global_token_count(two_cpu_strategy):
     """Replicas with different numbers of loss tokens: the loss is the global
     token mean, as on one device (a mean of per-replica means was 3.5 % off
