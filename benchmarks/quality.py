@@ -575,7 +575,7 @@ def main(argv=None):
                           else f"Adam, linear warmup to {args.learning_rate} over "
                                f"{args.warmup_steps} steps, cosine decay to 10% at step "
                                f"{args.steps}"),
-            "seeds": seeds,
+            "seeds": seeds, "reused_runs": sorted(reused),
             "sparse_layers": "every other layer (encoder and decoder layers 1, 3, ...)",
             "runs": runs, "dense_final_neg_log_perplexity": runs["dense"][
                 "final_neg_log_perplexity"],

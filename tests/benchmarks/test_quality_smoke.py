@@ -229,3 +229,4 @@ def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
     assert written["runs"]["switch3"]["final_neg_log_perplexity"] == -7.0
     assert written["comparison"]["switch3"]["final_gain_over_dense"] == pytest.approx(1.0)
     assert written["args"]["experts"] == [2, 3] and written["complete"] is True
+    assert written["reused_runs"] == ["dense", "switch2"]
