@@ -48,9 +48,22 @@ def interleaved_medians(functions, repeats, warmup=2):
     }
 
 
+def result_path(name):
+    return os.path.join(RESULTS_DIR, f"{name}.json")
+
+
+def read_result(name):
+    """The payload `write_result(name, ...)` wrote, or None if there is none."""
+    path = result_path(name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_result(name, payload):
     os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    path = result_path(name)
     with open(path + ".tmp", "w") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)

@@ -381,13 +381,11 @@ def interleaved_step_times(configs, train_ds, repeats):
 def retime(output, step_times, main_configs, table1_configs):
     """Adds `step_times` to the result `output` and recomputes its comparison
     and Table 1 ratios from them; returns the updated payload."""
-    import json
-
     from benchmarks import common
 
-    path = os.path.join(common.RESULTS_DIR, f"{output}.json")
-    with open(path) as f:
-        payload = json.load(f)
+    payload = common.read_result(output)
+    if payload is None:
+        raise SystemExit(f"--retime: no result {common.result_path(output)} to retime")
     runs = payload["runs"]
     dense = step_times["dense"]["median"]
     for name in main_configs:
@@ -418,15 +416,12 @@ SELECTION_ARGS = frozenset({"experts", "no_main", "table1", "table1_experts", "t
 def reusable_runs(output, args):
     """The runs of the existing result `output`, checked to have been trained with
     the same training arguments as `args` ({} if there is no such result)."""
-    import json
-
     from benchmarks import common
 
-    path = os.path.join(common.RESULTS_DIR, f"{output}.json")
-    if not os.path.exists(path):
+    payload = common.read_result(output)
+    if payload is None:
         return {}
-    with open(path) as f:
-        payload = json.load(f)
+    path = common.result_path(output)
     stored = payload.get("args", {})
     differing = sorted(k for k, v in vars(args).items()
                        if k not in SELECTION_ARGS and stored.get(k) != v)
