@@ -13,7 +13,7 @@ import pytest
 from tests.reliability import helpers
 
 pytestmark = pytest.mark.slow
-from tests.training.test_cli import _lines_in_background, _wait_for_line
+from tests.training.helpers import lines_in_background, wait_for_line
 
 RUN = helpers.FAST + ["CHECKPOINT_EVERY = 3", "train.collective_timeout = 30",
                       "train.cluster_wait_timeout = 120"]
@@ -89,10 +89,10 @@ def test_a_dead_worker_makes_the_other_fail_clearly_not_hang(tmp_path):
     procs = _start_workers(str(tmp_path / "mwms"), RUN + ["TRAIN_STEPS = 100000",
                                                           "SUMMARY_BATCHES = 0"])
     survivor, victim = procs
-    lines = _lines_in_background(survivor.stdout)
+    lines = lines_in_background(survivor.stdout)
     try:
         # Wait until training really runs; a silent hang fails at the deadline.
-        _wait_for_line(lines, r"\[keras_moe\] step \d+/", time.monotonic() + 200,
+        wait_for_line(lines, r"\[keras_moe\] step \d+/", time.monotonic() + 200,
                        "the workers did not start training")
         victim.send_signal(signal.SIGKILL)
         t_kill = time.monotonic()

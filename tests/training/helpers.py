@@ -1,8 +1,14 @@
-"""Shared tiny configuration for the training tests."""
+"""Shared tiny configuration and subprocess helpers for the training tests."""
 
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
+import time
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,3 +44,38 @@ def cli_bindings(bindings):
     for b in TINY + list(bindings):
         out.append(f"--gin_bindings={b}")
     return out
+
+
+def lines_in_background(stream):
+    """A queue fed with `stream`'s lines by a thread (None at the end of the stream).
+
+    Waiting on the queue with a timeout gives a real deadline: iterating over
+    the stream itself blocks until a line arrives, so a silent hang would never
+    reach the deadline check.
+    """
+    lines = queue.Queue()
+
+    def read():
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def wait_for_line(lines, pattern, deadline, what):
+    """The first match of `pattern` in the next lines; fails at `deadline` or end of output."""
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pytest.fail(f"{what}: nothing matched {pattern!r} in time; last output:\n"
+                        + "".join(seen[-40:]))
+        if line is None:
+            pytest.fail(f"{what}: output ended; last output:\n" + "".join(seen[-40:]))
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match

@@ -1,49 +1,13 @@
-"""The training CLI's errors, and the deadline-bounded line reader its subprocess tests use."""
+"""The training CLI's errors, and the deadline-bounded line reader of the subprocess tests."""
 
 import os
-import queue
-import re
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-
-def _lines_in_background(stream):
-    """A queue fed with `stream`'s lines by a thread (None at the end of the stream).
-
-    Waiting on the queue with a timeout gives a real deadline: iterating over
-    the stream itself blocks until a line arrives, so a silent hang would never
-    reach the deadline check.
-    """
-    lines = queue.Queue()
-
-    def read():
-        for line in stream:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    return lines
-
-
-def _wait_for_line(lines, pattern, deadline, what):
-    """The first match of `pattern` in the next lines; fails at `deadline` or end of output."""
-    seen = []
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            pytest.fail(f"{what}: nothing matched {pattern!r} in time; last output:\n"
-                        + "".join(seen[-40:]))
-        if line is None:
-            pytest.fail(f"{what}: output ended; last output:\n" + "".join(seen[-40:]))
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match
+from tests.training.helpers import lines_in_background, wait_for_line
 
 
 def test_line_wait_fails_at_its_deadline_on_a_silent_process():
@@ -52,7 +16,7 @@ def test_line_wait_fails_at_its_deadline_on_a_silent_process():
     try:
         start = time.monotonic()
         with pytest.raises(pytest.fail.Exception, match="in time"):
-            _wait_for_line(_lines_in_background(proc.stdout), "never", start + 1.0, "sleeper")
+            wait_for_line(lines_in_background(proc.stdout), "never", start + 1.0, "sleeper")
         assert time.monotonic() - start < 10
     finally:
         proc.kill()
