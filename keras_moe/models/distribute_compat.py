@@ -1,14 +1,18 @@
-"""Works around Keras 3.15's first-batch peek under multi-worker strategies.
+"""Works around two Keras 3.15 problems of `fit`/`evaluate` under `tf.distribute`.
 
-Before `fit`/`evaluate`, Keras' TF trainer (`_maybe_symbolic_build`) takes one
-batch of the distributed dataset and calls `strategy.reduce("MEAN", batch,
-axis=None)` on the whole (nested) batch, only to learn its shapes and dtypes.
-`MultiWorkerMirroredStrategy.reduce` does not accept a nest (a dict of
-`PerReplica` values) and fails with "Attempt to convert a value ({...
-PerReplica}) with an unsupported type (dict) to a Tensor"; it would also
-all-reduce integer token ids for nothing. The mixin below replaces the reduce
-by the first local replica's values: the same shapes (per replica) and dtypes,
-no collective, any strategy.
+1. Before `fit`/`evaluate`, Keras' TF trainer (`_maybe_symbolic_build`) takes
+   one batch from the distributed dataset's iterator, only to learn shapes and
+   dtypes, then restarts the iterator. Training therefore reads the dataset a
+   second time, and a seeded pipeline that reshuffles on each pass (seqio's
+   shuffle does) trains on different examples than on one device: a 2-worker
+   run saw other batches than the 1-worker run of the same seed. It then
+   reduces that batch with `strategy.reduce("MEAN", batch, axis=None)`, which
+   `MultiWorkerMirroredStrategy` refuses for a nest ("Attempt to convert a
+   value ({... PerReplica}) with an unsupported type (dict) to a Tensor").
+   The mixin builds from the dataset's element spec instead: no batch is read,
+   nothing is reduced.
+2. Keras' `reduce_per_replica` fails on scalar logs under multi-worker
+   `MultiWorkerMirroredStrategy` (see `_vectorize_logs`).
 """
 
 
@@ -24,14 +28,34 @@ def _local_batch(strategy, batch):
     return tree.map_structure(local, batch)
 
 
+def _symbolic_batch(epoch_iterator):
+    """KerasTensors shaped like one batch of the iterator's dataset (batch axis None),
+    or None when its element spec is not a plain nest of `tf.TensorSpec`."""
+    import keras
+    import tensorflow as tf
+
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    get_dataset = getattr(adapter, "get_tf_dataset", None)
+    if get_dataset is None:
+        return None
+    spec = getattr(get_dataset(), "element_spec", None)
+    specs = tf.nest.flatten(spec) if spec is not None else []
+    if not specs or not all(type(s) is tf.TensorSpec and s.shape.rank for s in specs):
+        return None
+    return tf.nest.map_structure(
+        lambda s: keras.KerasTensor((None,) + tuple(s.shape[1:]), s.dtype.name), spec)
+
+
 class _BuildMixin:
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = getattr(self, "_distribute_strategy", None)
         if iterator is not None and data_batch is None and strategy is not None:
-            for _, _, it in iterator:
-                data_batch = _local_batch(strategy, next(it))
-                break
+            data_batch = _symbolic_batch(iterator)
+            if data_batch is None:  # A spec it cannot describe: peek, as Keras does.
+                for _, _, it in iterator:
+                    data_batch = _local_batch(strategy, next(it))
+                    break
             iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
@@ -78,7 +102,6 @@ class DistributedStepMixin:
 class DistributedBuildMixin(DistributedStepMixin, _BuildMixin):
     """`keras.Model` mixin making `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
 
-    Both Keras 3.15 problems above; a no-op with one worker, Mirrored, TPU
-    or the default strategy (and on other backends, which never call these
-    methods through tf.distribute).
+    Both Keras 3.15 problems above. Without a strategy (and on other backends,
+    which never call these methods through tf.distribute) it changes nothing.
     """

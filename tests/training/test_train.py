@@ -106,9 +106,8 @@ def _padded_batches(num, batch, seed=0):
     return out
 
 
-def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01):
-    import tensorflow as tf
-
+def _tiny_switch(strategy, init_weights, z_loss_factor=0.01):
+    """A compiled 2+2-layer Switch T5 built under `strategy`, with `init_weights` if given."""
     from keras_moe.models import T5Config, build_model
 
     config = T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
@@ -121,6 +120,13 @@ def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01):
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
     if init_weights is not None:
         model.set_weights(init_weights)
+    return model
+
+
+def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01):
+    import tensorflow as tf
+
+    model = _tiny_switch(strategy, init_weights, z_loss_factor)
     weights = model.get_weights()
     losses = []
     for x, y, w in batches:
@@ -164,6 +170,35 @@ def test_mirrored_normalises_by_the_global_token_count(two_cpu_strategy):
                                               z_loss_factor=0.0)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
     for a, b in zip(w_single, w_double):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_mirrored_fit_trains_on_the_first_pass_of_a_reshuffling_dataset(two_cpu_strategy):
+    """A seeded shuffle redraws its order on every pass (seqio's does). Keras
+    3.15 read one batch of a distributed fit's dataset and restarted it, so
+    replicas trained on the second pass's order: other batches than one device."""
+    import tensorflow as tf
+
+    batches = _fixed_batches(4, batch=8)
+    stacked = tuple(np.stack([b[i] for b in batches]) if i else
+                    {k: np.stack([b[0][k] for b in batches]) for k in batches[0][0]}
+                    for i in range(3))
+    ds = tf.data.Dataset.from_tensor_slices(stacked).shuffle(4, seed=7)
+    passes = [[int(x["encoder_input_tokens"][0, 0]) for x, _, _ in ds] for _ in range(2)]
+    assert passes[0] != passes[1]
+    losses, weights = [], []
+    init = None
+    for strategy in (tf.distribute.get_strategy(), two_cpu_strategy):
+        keras.utils.set_random_seed(0)
+        model = _tiny_switch(strategy, init)
+        init = model.get_weights()
+        fresh = tf.data.Dataset.from_tensor_slices(stacked).shuffle(4, seed=7)
+        losses.append(model.fit(fresh, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)
+                      .history["loss"][0])
+        weights.append([v.numpy() for v in model.weights])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    for a, b in zip(*weights):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
