@@ -4,6 +4,8 @@ import keras
 from keras import ops
 
 from keras_moe.distill import losses as losses_lib
+from keras_moe.models import losses as model_losses
+from keras_moe.models.distribute_compat import DistributedBuildMixin
 
 
 def _vocab_size(model, role):
@@ -16,7 +18,7 @@ def _vocab_size(model, role):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class Distiller(keras.Model):
+class Distiller(DistributedBuildMixin, keras.Model):
     """Distils a frozen teacher (e.g. a Switch Transformer) into a student (e.g. a dense T5).
 
     Calling the distiller runs the student; training minimises
@@ -134,12 +136,19 @@ class Distiller(keras.Model):
             y, y_pred, teacher, sample_weight, alpha=self.alpha, temperature=self.temperature,
             scale_soft_loss=self.scale_soft_loss)
         kl = losses_lib.kl_to_teacher(teacher, y_pred, sample_weight, self.temperature)
-        self.hard_loss_tracker.update_state(hard)
-        self.soft_loss_tracker.update_state(soft)
-        self.kl_tracker.update_state(kl)
+        # Under tf.distribute each replica returns its share of the global
+        # token mean (the replicas' gradients are summed), as the T5 loss does;
+        # the trackers, averaged over replicas, then report the global means.
+        local_weight = ops.sum(sample_weight)
+        share = ops.divide_no_nan(local_weight, model_losses.global_sum(local_weight))
+        replicas = model_losses.replicas_in_sync()
+        self.hard_loss_tracker.update_state(hard * share * replicas)
+        self.soft_loss_tracker.update_state(soft * share * replicas)
+        self.kl_tracker.update_state(kl * share * replicas)
+        loss = loss * share
         extra = [ops.cast(v, "float32") for v in self.student.losses]
         if extra:
-            loss = loss + ops.sum(ops.stack(extra))
+            loss = loss + ops.sum(ops.stack(extra)) / replicas
         return loss
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):

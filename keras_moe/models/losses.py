@@ -92,6 +92,22 @@ def global_sum(value):
     return ops.convert_to_tensor(value)
 
 
+def replicas_in_sync():
+    """Replicas of the current `tf.distribute` step (1 elsewhere: one device, or JAX).
+
+    Example:
+    >>> replicas_in_sync()
+    1
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is not None:
+            return context.num_replicas_in_sync
+    return 1
+
+
 def token_cross_entropy():
     """`TokenCrossEntropy()`: the T5 loss, normalised by the sum of the loss weights.
 

@@ -74,6 +74,33 @@ def test_fit_moves_student_toward_teacher_and_freezes_teacher(rng):
                for b, v in zip(student_before, student.trainable_variables))
 
 
+@pytest.mark.slow
+def test_two_mirrored_replicas_train_as_one_device(rng, two_cpu_strategy):
+    """The replicas hold different numbers of loss tokens (the padded rows are in
+    the first half) and the student is sparse (aux and z losses): the logged
+    loss terms and the update equal one device's."""
+    import tensorflow as tf
+
+    x, y, w = batch(rng, batch_size=8)
+    assert w[:4].sum() != w[4:].sum()
+    runs = []
+    for strategy in (tf.distribute.get_strategy(), two_cpu_strategy):
+        keras.utils.set_random_seed(3)
+        with strategy.scope():
+            teacher = build_model(teacher_config())
+            student = build_model(teacher_config(group_size="sequence"))
+            distiller = Distiller(teacher, student, alpha=0.5, temperature=2.0)
+            distiller.compile(**distiller.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
+        ds = tf.data.Dataset.from_tensors((x, y, w)).repeat(2)
+        history = distiller.fit(ds, epochs=1, verbose=0, shuffle=False).history
+        runs.append((history, [v.numpy() for v in student.trainable_variables]))
+    (one, weights_one), (two, weights_two) = runs
+    for key in ("loss", "hard_loss", "soft_loss", "kl_to_teacher", "neg_log_perplexity"):
+        np.testing.assert_allclose(two[key], one[key], rtol=1e-5, err_msg=key)
+    for a, b in zip(weights_one, weights_two):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
 def test_keras_round_trip(rng, tmp_path):
     teacher, student = _pair()
     x, _, _ = batch(rng)
