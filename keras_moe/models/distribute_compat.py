@@ -100,7 +100,8 @@ class DistributedStepMixin:
 
 
 class DistributedBuildMixin(DistributedStepMixin, _BuildMixin):
-    """`keras.Model` mixin making `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
+    """`keras.Model` mixin: under `tf.distribute`, `fit`/`evaluate` read the data as on one device
+    and work with `MultiWorkerMirroredStrategy`.
 
     Both Keras 3.15 problems above. Without a strategy (and on other backends,
     which never call these methods through tf.distribute) it changes nothing.
