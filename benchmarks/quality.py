@@ -4,8 +4,8 @@ In miniature, on real English (T5 prefix LM on the Debian Python/Perl docs):
 a dense T5.1.1-style model (4+4 layers) and Switch models with 8 and 16
 experts of the same FLOPs per token (each expert has the dense model's
 d_model/d_ff, top-1 routing, an MoE FFN in every other layer) are trained for
-the same steps (Adam, warmup + cosine decay), on the same batches in the same
-order, for 3 seeds. Every `--eval_every` steps each is scored on the whole
+the same steps (Adam at a constant rate, or warmup + cosine decay), on the same
+batches in the same order, for 3 seeds. Every `--eval_every` steps each is scored on the whole
 validation split (105k target tokens at the default lengths): negative log
 perplexity = weighted mean log-probability of the target tokens (higher is
 better). Reports, per model, the mean curve with each seed's values and std,
@@ -17,14 +17,17 @@ routing at capacity factors 1.0 / 1.25 / 2.0 (paper Table 1) with step times.
 The JSON is rewritten after every model, so a stopped run keeps what it
 measured.
 
-    python benchmarks/quality.py --steps 800 --eval_every 200   # dense, Switch-8, -16: ~2.5 h*
-    python benchmarks/quality.py --steps 800 --eval_every 200 --retime   # wall-time figures
-    python benchmarks/quality.py --steps 800 --eval_every 200 --experts 8 16 --reuse
+    python benchmarks/quality.py --steps 800 --eval_every 100 --experts 8 \
+        --output quality_constant                 # dense vs Switch-8, 3 seeds: ~1.5 h*
+    python benchmarks/quality.py --steps 800 --eval_every 200 --schedule cosine \
+        --experts 8 16                            # the cosine result (quality.json): ~2.5 h*
+    python benchmarks/quality.py ... --retime     # wall-time figures of a result
+    python benchmarks/quality.py ... --experts 8 16 --reuse
                                                   # trains only the models the result lacks
     python benchmarks/quality.py --table1         # + 6 Table 1 runs
     python benchmarks/quality.py --smoke          # about a minute; checks it runs
 
-(*) dense and Switch-8, 3 seeds each, took 95 min on 2 shared cores; Switch-16's
+(*) on 2 shared cores: dense and Switch-8, 3 seeds each, 90-95 min; Switch-16's
 3 seeds 50 min.
 
 The docs task needs `apt-get install -y python3.11-doc perl-doc`; without the
@@ -76,9 +79,10 @@ def parse_args(argv=None):
                    help="evaluation capacity factor of the main comparison")
     p.add_argument("--min_expert_capacity", type=int, default=4)
     p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam peak learning rate")
-    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
-                   help="cosine: linear warmup over --warmup_steps, then cosine decay to 10%% "
-                        "of the peak at the last step")
+    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                   help="constant: the peak rate throughout (it trains every model of this "
+                        "size furthest in 800 steps); cosine: linear warmup over "
+                        "--warmup_steps, then cosine decay to 10%% of the peak at the last step")
     p.add_argument("--warmup_steps", type=int, default=None,
                    help="warmup steps of the cosine schedule (default: 10%% of --steps)")
     p.add_argument("--seed", type=int, default=0)

@@ -66,12 +66,12 @@ def test_cosine_schedule_warms_up_to_the_peak_and_ends_at_a_tenth():
     from benchmarks.quality import learning_rate, parse_args
 
     schedule = learning_rate(parse_args(["--steps", "100", "--eval_every", "10",
-                                         "--learning_rate", "0.002"]))
+                                         "--learning_rate", "0.002", "--schedule", "cosine"]))
     assert float(schedule(0)) == pytest.approx(0.0)
     assert float(schedule(5)) == pytest.approx(0.001)
     assert float(schedule(10)) == pytest.approx(0.002)
     assert float(schedule(100)) == pytest.approx(0.0002)
-    assert parse_args(["--schedule", "constant"]).schedule == "constant"
+    assert learning_rate(parse_args(["--learning_rate", "0.002"])) == 0.002
     with pytest.raises(SystemExit):
         parse_args(["--steps", "10", "--eval_every", "10", "--warmup_steps", "10"])
 
