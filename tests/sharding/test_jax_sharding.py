@@ -42,7 +42,9 @@ def test_loss_and_gradients_match_unsharded(jax_result, mesh, dispatch):
     res = jax_result["meshes"][mesh][dispatch]
     assert res["loss"] == pytest.approx(res["ref_loss"], rel=1e-5)
     assert res["max_grad"] > 1e-3  # the comparison is not vacuous
-    assert res["max_grad_diff"] < 1e-6
+    # Float32 sums over the replicas in another order differ by a few ulp of the
+    # largest gradient (1.9e-6 of 9.6 on an AVX-512 CPU); a wrong expert is O(max_grad).
+    assert res["max_grad_diff"] < 1e-5 * res["max_grad"]
 
 
 def test_tokens_are_split_over_data_and_expert(jax_result):

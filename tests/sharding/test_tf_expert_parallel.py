@@ -25,7 +25,9 @@ def test_gradients_match_unsharded(tf_result, case):
     res = tf_result[case]
     assert len(res["grad_names"]) in (3, 4)
     assert res["max_grad"] > 1e-3
-    assert res["max_grad_diff"] < 1e-6
+    # Float32 sums over the replicas in another order differ by a few ulp of the
+    # largest gradient (1.9e-6 of 9.6 on an AVX-512 CPU); a wrong expert is O(max_grad).
+    assert res["max_grad_diff"] < 1e-5 * res["max_grad"]
 
 
 def test_fit_matches_single_device(tf_result):
