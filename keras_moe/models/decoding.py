@@ -3,8 +3,10 @@
 Greedy search is beam search with one beam. Beams that emitted EOS are
 frozen (they only extend with padding at no cost) and keep competing with the
 live beams; the search stops when every beam of every example has finished
-or `max_length` tokens were produced. The bookkeeping runs in NumPy; the
-model runs eagerly one step at a time.
+or `max_length` tokens were produced. By default `generate` runs the search
+as one compiled loop (`keras_moe.models.search`); with `compiled=False` it
+runs the reference loop here: the model eagerly one step at a time, the
+bookkeeping in float64 NumPy.
 
 With the cache, each step feeds one token per sequence; MoE layers then see
 one-token groups, which are never over capacity. Cached and uncached decoding
@@ -69,7 +71,8 @@ def _reorder(caches, index):
 
 
 def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
-             length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False):
+             length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
+             compiled=True, jit_compile=False):
     """Decodes output token ids for a batch of inputs.
 
     Args:
@@ -85,6 +88,9 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
             whole prefix at every step (False; slower, for checking).
         eos_id: end-of-sequence id; defaults to `model.config.eos_id` (1).
         return_scores: also return the log-probability of each output.
+        compiled: run the cached search as one compiled loop (True) or as the
+            eager reference loop (False). `use_cache=False` is always eager.
+        jit_compile: with `compiled` on TensorFlow, compile the loop with XLA.
 
     Returns:
         int32 `[B, T]` with `T <= max_length`: the tokens after the start
@@ -111,6 +117,15 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     enc = np.asarray(ops.convert_to_numpy(encoder_input_tokens)).astype(np.int32)
     batch = enc.shape[0]
     beams = 1 if method == "greedy" else num_beams
+    if compiled and use_cache:
+        from keras_moe.models.search import compiled_search
+
+        run = compiled_search(model, max_length, beams, length_penalty, eos, jit_compile)
+        tokens, scores, steps = (ops.convert_to_numpy(t) for t in run(enc))
+        tokens = np.asarray(tokens)[:, :int(steps)]
+        if return_scores:
+            return tokens, np.asarray(scores, np.float64)
+        return tokens
     enc = np.repeat(enc, beams, axis=0)
     enc_out, enc_mask = model.encode(enc, training=False)
     caches = model.init_cache(enc_out, max_length) if use_cache else None

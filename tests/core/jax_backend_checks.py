@@ -91,6 +91,23 @@ def check_fit_and_save():
     print("OK fit_save_bf16")
 
 
+def check_compiled_decoding():
+    from keras_moe.models import EncoderDecoder
+    from keras_moe.models.decoding import generate
+    from tests.models.helpers import tiny_switch_config
+
+    keras.utils.set_random_seed(4)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8, min_expert_capacity=32))
+    inputs = np.array([[5, 6, 7, 1, 0], [2, 3, 1, 0, 0], [4, 5, 6, 7, 1]], "int32")
+    for method in ("greedy", "beam"):
+        reference = generate(model, inputs, max_length=8, method=method, num_beams=3,
+                             compiled=False)
+        tokens = generate(model, inputs, max_length=8, method=method, num_beams=3)
+        np.testing.assert_array_equal(tokens, reference)
+    print("OK compiled_decoding")
+
+
 check_reference()
 check_gradients_agree()
 check_fit_and_save()
+check_compiled_decoding()

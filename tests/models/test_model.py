@@ -119,7 +119,7 @@ def test_beam_scores_at_least_greedy(decode_model):
     np.testing.assert_array_equal(g_tok, one_tok)
     _, b_score = generate(decode_model, ENC, max_length=6, method="beam", num_beams=4,
                           return_scores=True)
-    assert (b_score >= g_score - 1e-9).all()
+    assert (b_score >= g_score - 1e-5 * np.abs(g_score)).all()  # float32 scores
 
 
 def test_eos_stops_decoding():
@@ -138,8 +138,8 @@ def test_eos_stops_decoding():
             boost[1, 1] = 1e4
         return out + ops.reshape(boost, (2,) + (1,) * (len(out.shape) - 2) + (24,))
 
-    model.logits = eos_at_second_step
-    tokens = model.generate(ENC, max_length=6)
+    model.logits = eos_at_second_step  # counts Python calls: the eager reference loop
+    tokens = model.generate(ENC, max_length=6, compiled=False)
     assert step["n"] == 3 and tokens.shape == (2, 3)  # stopped once both rows finished
     assert tokens[0, 1] == 1 and tokens[0, 2] == 0  # padding after EOS
     assert tokens[1, 2] == 1

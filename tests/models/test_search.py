@@ -1,0 +1,89 @@
+"""The compiled search against the eager float64 reference loop of `decoding.generate`."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_moe.models import EncoderDecoder
+from keras_moe.models.decoding import generate
+from tests.models.helpers import tiny_switch_config
+
+EOS = 1
+# Six inputs of different lengths. With an 8-token vocabulary and EOS's logit
+# raised by 1, the random model ends rows at different steps (or not at all).
+INPUTS = np.array([[5, 6, 7, 1, 0, 0, 0], [2, 3, 1, 0, 0, 0, 0], [7, 7, 7, 7, 7, 7, 1],
+                   [4, 1, 0, 0, 0, 0, 0], [3, 5, 2, 6, 1, 0, 0], [6, 2, 4, 3, 5, 1, 0]], "int32")
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(11)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8, min_expert_capacity=32))
+    eos_bias = np.zeros(8, "float32")
+    eos_bias[EOS] = 1.0
+    original = model.logits
+    model.logits = lambda x: original(x) + eos_bias
+    return model
+
+
+@pytest.mark.parametrize("method, length_penalty", [("greedy", 0.0), ("beam", 0.0),
+                                                    ("beam", 0.8)])
+def test_compiled_search_equals_the_eager_reference(model, method, length_penalty):
+    kwargs = dict(max_length=10, method=method, num_beams=3, length_penalty=length_penalty,
+                  return_scores=True)
+    reference, reference_scores = generate(model, INPUTS, compiled=False, **kwargs)
+    tokens, scores = generate(model, INPUTS, **kwargs)
+    np.testing.assert_array_equal(tokens, reference)
+    np.testing.assert_allclose(scores, reference_scores, rtol=1e-5)
+    # The case exercises EOS: rows end at different steps, padding follows EOS.
+    ended = (reference == EOS).any(axis=1)
+    first = np.where(ended, (reference == EOS).argmax(axis=1), reference.shape[1])
+    assert ended.any() and len(set(first.tolist())) > 1, reference
+    for row in np.where(ended)[0]:
+        assert (reference[row, first[row] + 1:] == 0).all()
+
+
+def test_xla_and_uncached_give_the_same_tokens(model):
+    reference = generate(model, INPUTS, max_length=10, method="beam", num_beams=3,
+                         use_cache=False)
+    xla = generate(model, INPUTS, max_length=10, method="beam", num_beams=3, jit_compile=True)
+    np.testing.assert_array_equal(xla, reference)
+
+
+def test_search_stops_when_every_row_has_finished():
+    keras.utils.set_random_seed(0)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8))
+    eos_bias = np.zeros(8, "float32")
+    eos_bias[EOS] = 1e4
+    original = model.logits
+    model.logits = lambda x: original(x) + eos_bias  # every beam emits EOS first
+    greedy = generate(model, INPUTS, max_length=10)
+    assert greedy.shape == (6, 1) and (greedy == EOS).all()
+    # Step 0 extends only beam 0: with EOS and one other token; that second
+    # beam emits EOS at step 1, and the loop stops after it.
+    beam = generate(model, INPUTS, max_length=10, method="beam", num_beams=2)
+    np.testing.assert_array_equal(beam, np.tile([[EOS, 0]], (6, 1)))
+
+
+def test_compiled_search_reads_the_current_weights():
+    keras.utils.set_random_seed(5)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8, min_expert_capacity=32))
+    before = generate(model, INPUTS, max_length=8)  # traces the function
+    rng = np.random.default_rng(0)
+    model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    after = generate(model, INPUTS, max_length=8)
+    np.testing.assert_array_equal(after, generate(model, INPUTS, max_length=8, compiled=False))
+    assert not np.array_equal(before, after)
+
+
+def test_decoding_adds_no_losses_and_no_router_statistics():
+    keras.utils.set_random_seed(2)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8, track_router_metrics=True))
+    generate(model, INPUTS, max_length=6, method="beam", num_beams=2)
+    assert model.losses == []
+    trackers = [t for layer in model.encoder_layers + model.decoder_layers if layer.is_sparse
+                for t in layer.ffn._trackers.values()]
+    counts = [float(ops.convert_to_numpy(t.count)) for t in trackers]
+    assert counts and not any(counts), counts
