@@ -34,6 +34,8 @@ MODULES = [
     "keras_moe.models.layers",
     "keras_moe.models.losses",
     "keras_moe.models.position_bias",
+    "keras_moe.models.search",
+    "keras_moe.models.serving",
     "keras_moe.models.transformer",
     "keras_moe.moe",
     "keras_moe.routing",

@@ -1,0 +1,156 @@
+"""Export an `EncoderDecoder` with its compiled search as a TensorFlow SavedModel.
+
+The SavedModel needs neither keras_moe nor Keras to run: load it with
+`tf.saved_model.load` (plus `import tensorflow_text` for the text signature,
+whose SentencePiece ops live there) or serve it with TF Serving. Signatures:
+
+- `generate_ids` (also `serving_default`): `encoder_input_tokens` int32
+  `[batch, length]` (0-padded; cut or padded to `max_input_length`) ->
+  `output_tokens` int32 `[batch, max_length]` (EOS included, 0 after it) and
+  `scores` float32 `[batch]` (log-probability of each output).
+- `generate_text` (with a SentencePiece vocabulary): `inputs` string `[batch]`
+  -> `outputs` string `[batch]`. The text is tokenized in the graph, cut to
+  `max_input_length - 1` tokens and closed with EOS, as seqio's
+  `append_eos_after_trim` does.
+
+TF Serving's model server has the SentencePiece ops; `saved_model_cli`
+does not, so it runs SavedModels exported without a vocabulary.
+"""
+
+import keras
+from keras import ops
+
+from keras_moe.models.search import search
+
+
+def _sentencepiece_model(vocabulary):
+    """The serialized SentencePiece model of a seqio vocabulary or a `.model` path."""
+    if isinstance(vocabulary, str):
+        with open(vocabulary, "rb") as f:
+            return f.read()
+    model = getattr(vocabulary, "sp_model", None)
+    if model is None:
+        raise ValueError(
+            "`vocabulary` must be a seqio.SentencePieceVocabulary or the path of a "
+            f"SentencePiece `.model` file, got {type(vocabulary).__name__}.")
+    return model
+
+
+def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_length=64,
+                       method="greedy", num_beams=4, length_penalty=0.0):
+    """Writes `model`'s search as a SavedModel with token and text signatures.
+
+    Args:
+        model: an `EncoderDecoder` (TensorFlow backend).
+        path: directory of the SavedModel.
+        vocabulary: None (ids only), a `seqio.SentencePieceVocabulary` or the
+            path of a SentencePiece `.model`: adds the `generate_text` signature.
+        max_input_length: encoder length the inputs are cut or padded to
+            (MoE layers size their capacity from it), >= 1.
+        max_length: most output tokens, >= 1.
+        method: "greedy" or "beam".
+        num_beams: beams of beam search, >= 1.
+        length_penalty: GNMT length-penalty alpha of beam search.
+
+    Returns:
+        `path`.
+
+    Example:
+    >>> import os, tempfile
+    >>> import numpy as np, tensorflow as tf
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> model = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=1, num_decoder_layers=1))
+    >>> path = export_for_serving(model, os.path.join(tempfile.mkdtemp(), "served"),
+    ...                           max_input_length=8, max_length=6)
+    >>> served = tf.saved_model.load(path)
+    >>> out = served.signatures["generate_ids"](
+    ...     encoder_input_tokens=tf.constant([[5, 6, 1]], tf.int32))
+    >>> out["output_tokens"].shape.as_list()
+    [1, 6]
+    """
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "export_for_serving writes a TensorFlow SavedModel and needs "
+            f"KERAS_BACKEND=tensorflow, got {keras.backend.backend()!r}; save the "
+            "weights and export from a TensorFlow process.")
+    for name, value in (("max_input_length", max_input_length), ("max_length", max_length),
+                        ("num_beams", num_beams)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+    if method not in ("greedy", "beam"):
+        raise ValueError(f"`method` must be 'greedy' or 'beam', got {method!r}.")
+    import tensorflow as tf
+
+    config = model.config
+    beams = 1 if method == "greedy" else num_beams
+
+    def fixed_length(tokens):
+        tokens = tokens[:, :max_input_length]
+        tokens = tf.pad(tokens, [[0, 0], [0, max_input_length - tf.shape(tokens)[1]]])
+        return tf.reshape(tokens, [-1, max_input_length])
+
+    def generate_ids(encoder_input_tokens):
+        with keras.StatelessScope():  # no MoE losses or metric updates in the graph
+            tokens, scores, _ = search(model, fixed_length(encoder_input_tokens), max_length,
+                                       beams, length_penalty)
+        return {"output_tokens": tokens, "scores": scores}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("generate_ids", generate_ids, input_signature=[
+        tf.TensorSpec([None, None], tf.int32, name="encoder_input_tokens")])
+    if vocabulary is not None:
+        import tensorflow_text
+
+        tokenizer = tensorflow_text.SentencepieceTokenizer(
+            model=_sentencepiece_model(vocabulary), out_type=tf.int32)
+        pieces = int(tokenizer.vocab_size())
+        archive.track(tokenizer)
+
+        def generate_text(inputs):
+            ids = tokenizer.tokenize(inputs)[:, :max_input_length - 1]
+            eos = tf.fill([ids.nrows(), 1], tf.constant(config.eos_id, tf.int32))
+            ids = tf.concat([ids, eos], axis=1).to_tensor(default_value=config.pad_id)
+            out = generate_ids(ids)["output_tokens"]
+            before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(out, config.eos_id), tf.int32),
+                                            axis=1), 0)
+            keep = before_eos & tf.not_equal(out, config.pad_id) & tf.less(out, pieces)
+            return {"outputs": tokenizer.detokenize(tf.ragged.boolean_mask(out, keep))}
+
+        archive.add_endpoint("generate_text", generate_text, input_signature=[
+            tf.TensorSpec([None], tf.string, name="inputs")])
+    archive.write_out(path, verbose=False)
+    return path
+
+
+def decode_with_vocabulary(model, texts, vocabulary, max_input_length=64, **generate_kwargs):
+    """Reference for `generate_text`: seqio encode, `model.generate`, seqio decode.
+
+    Args:
+        model: an `EncoderDecoder`.
+        texts: input strings.
+        vocabulary: a `seqio.Vocabulary`.
+        max_input_length: inputs are cut to `max_input_length - 1` tokens + EOS.
+        **generate_kwargs: passed to `model.generate`.
+
+    Returns:
+        A list of output strings.
+
+    Example:
+    >>> from keras_moe.models import EncoderDecoder, T5Config
+    >>> import seqio
+    >>> model = EncoderDecoder(T5Config(vocab_size=359, d_model=16, num_heads=2, d_kv=8,
+    ...     d_ff=32, num_encoder_layers=1, num_decoder_layers=1))
+    >>> outputs = decode_with_vocabulary(model, ["Hello"], seqio.ByteVocabulary(),
+    ...                                  max_length=4)
+    >>> len(outputs), type(outputs[0]).__name__
+    (1, 'str')
+    """
+    from keras_moe.models.decoding import pad_input_tokens, strip_ids
+
+    eos = model.config.eos_id
+    ids = [list(vocabulary.encode(text))[:max_input_length - 1] + [eos] for text in texts]
+    out = model.generate(pad_input_tokens(ids, max_input_length), **generate_kwargs)
+    return [vocabulary.decode(strip_ids(ops.convert_to_numpy(row), eos, model.config.pad_id))
+            for row in out]

@@ -1,0 +1,112 @@
+"""The serving SavedModel, loaded where keras_moe cannot be imported."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_moe.models import EncoderDecoder
+from keras_moe.models.serving import decode_with_vocabulary, export_for_serving
+from tasks.vocab import get_vocabulary
+from tests.models.helpers import tiny_switch_config
+
+MAX_INPUT, MAX_LENGTH = 12, 8
+IDS = [[5, 6, 7, 1], [900, 31, 402, 77, 1], [12, 1]]
+TEXTS = ["In the beginning was the word", "Python is a programming language", "Hello"]
+DECODING = dict(max_length=MAX_LENGTH, method="beam", num_beams=3, length_penalty=0.6)
+
+# Runs in a fresh interpreter where keras_moe and its tasks cannot be imported
+# (tensorflow_text itself imports Keras).
+LOADER = """
+import json, sys
+for name in ("keras_moe", "tasks"):
+    sys.modules[name] = None
+import tensorflow as tf
+import tensorflow_text  # the SentencePiece ops of the text signature
+served = tf.saved_model.load(sys.argv[1])
+ids = served.signatures["generate_ids"](encoder_input_tokens=tf.constant(json.loads(sys.argv[2])))
+text = served.signatures["generate_text"](inputs=tf.constant(json.loads(sys.argv[3])))
+print(json.dumps({"tokens": ids["output_tokens"].numpy().tolist(),
+                  "scores": ids["scores"].numpy().tolist(),
+                  "texts": [t.decode() for t in text["outputs"].numpy()],
+                  "signatures": sorted(served.signatures)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    vocabulary = get_vocabulary()
+    keras.utils.set_random_seed(1)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=vocabulary.vocab_size,
+                                              min_expert_capacity=32))
+    path = export_for_serving(model, str(tmp_path_factory.mktemp("served") / "model"),
+                              vocabulary=vocabulary, max_input_length=MAX_INPUT, **DECODING)
+    return model, vocabulary, path
+
+
+def _padded(ids):
+    out = np.zeros((len(ids), MAX_INPUT), "int32")
+    for row, seq in enumerate(ids):
+        out[row, :len(seq)] = seq
+    return out
+
+
+def test_the_saved_model_runs_without_keras_moe_and_matches_generate(exported):
+    model, vocabulary, path = exported
+    width = max(len(s) for s in IDS)
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, path, json.dumps(_padded(IDS)[:, :width].tolist()),
+         json.dumps(TEXTS)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd="/")
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert served["signatures"] == ["generate_ids", "generate_text", "serving_default"]
+
+    tokens, scores = model.generate(_padded(IDS), return_scores=True, **DECODING)
+    expected = np.zeros((len(IDS), MAX_LENGTH), "int32")
+    expected[:, :tokens.shape[1]] = tokens  # the signature returns all max_length slots
+    np.testing.assert_array_equal(np.array(served["tokens"]), expected)
+    np.testing.assert_allclose(served["scores"], scores, rtol=1e-5)
+    assert served["texts"] == decode_with_vocabulary(model, TEXTS, vocabulary, MAX_INPUT,
+                                                     **DECODING)
+    assert any(served["texts"])  # the comparison is not between empty strings
+
+
+def test_saved_model_cli_runs_the_token_signature(exported, tmp_path):
+    # saved_model_cli loads every op of the graph and has no tensorflow_text
+    # SentencePiece ops, so it runs a SavedModel exported without a vocabulary.
+    model = exported[0]
+    path = export_for_serving(model, str(tmp_path / "ids_only"), max_input_length=MAX_INPUT,
+                              **DECODING)
+    cli = shutil.which("saved_model_cli", path=os.path.dirname(sys.executable))
+    assert cli, "saved_model_cli comes with tensorflow"
+    inputs = str(tmp_path / "inputs.npy")
+    np.save(inputs, np.array([IDS[0]], "int32"))
+    result = subprocess.run(
+        [cli, "run", "--dir", path, "--tag_set", "serve", "--signature_def", "generate_ids",
+         "--inputs", f"encoder_input_tokens={inputs}"],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = re.search(r"output_tokens:\s*\n(\[\[.*?\]\])", result.stdout, re.S)
+    assert printed, result.stdout
+    expected = model.generate(_padded([IDS[0]]), **DECODING)[0]
+    got = np.array(json.loads(re.sub(r"\s+", ",", printed.group(1).replace("[ ", "["))))
+    np.testing.assert_array_equal(got[0, :len(expected)], expected)
+
+
+def test_export_rejects_bad_arguments(tmp_path):
+    model = EncoderDecoder(tiny_switch_config())
+    with pytest.raises(ValueError, match="`max_input_length`"):
+        export_for_serving(model, str(tmp_path), max_input_length=0)
+    with pytest.raises(ValueError, match="`method`"):
+        export_for_serving(model, str(tmp_path), method="sample")
+    with pytest.raises(ValueError, match="`vocabulary`"):
+        export_for_serving(model, str(tmp_path), vocabulary=object())
