@@ -156,17 +156,22 @@ class Router(keras.layers.Layer):
         raise NotImplementedError
 
     def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
-        """Slots per expert per group: `max(min, ceil(cf * K * S / E))`.
+        """Slots per expert per group: `min(S, max(min, ceil(cf * K * S / E)))`.
 
-        `group_size` is a Python int, or a scalar tensor when the group size
-        is only known at run time (then so is the capacity).
+        A token takes at most one slot of an expert, so no expert can be sent
+        more than the group's `S` tokens: capping at `S` drops nothing and keeps
+        small groups (one token per sequence in cached decoding) from computing
+        `min_expert_capacity` slots per token. `group_size` is a Python int, or
+        a scalar tensor when the group size is only known at run time (then so
+        is the capacity).
         """
         k = self.num_choices()
         if isinstance(group_size, int):
             capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
-            return max(int(min_expert_capacity), capacity)
+            return min(group_size, max(int(min_expert_capacity), capacity))
         capacity = _dynamic_ceil(capacity_factor * k / self.num_experts, group_size)
-        return ops.maximum(int(min_expert_capacity), capacity)
+        return ops.minimum(ops.cast(group_size, "int32"),
+                           ops.maximum(int(min_expert_capacity), capacity))
 
     def route(self, logits, token_mask, capacity, training=False):
         """Turns logits [G, S, E] into `RoutingInstructions`."""

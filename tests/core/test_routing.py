@@ -179,3 +179,16 @@ def test_bad_router_arguments(kwargs, match):
 def test_bad_top2_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         routing.Top2Router(4, **kwargs)
+
+
+@pytest.mark.parametrize("router", [routing.SwitchRouter(4), routing.Top2Router(4),
+                                    routing.TopKRouter(4, k=3)])
+def test_capacity_is_capped_at_the_group_size_and_still_drops_nothing(router):
+    assert router.expert_capacity(1, 1.25, min_expert_capacity=4) == 1  # one decoding token
+    assert router.expert_capacity(3, 1.25, min_expert_capacity=4) == 3
+    assert router.expert_capacity(64, 1.25, min_expert_capacity=4) == math.ceil(
+        1.25 * router.num_choices() * 64 / 4)
+    # Three tokens that all prefer expert 0 fit in the capped capacity of 3.
+    logits = [[[3.0, 2.0, 1.0, 0.0]] * 3]
+    r = _route(router, logits, capacity=router.expert_capacity(3, 1.0, 4))
+    assert r["kept"].all()
