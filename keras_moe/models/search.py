@@ -79,14 +79,26 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
         return ops.logical_and(ops.less(step, max_length),
                                ops.logical_not(ops.all(finished)))
 
+    def greedy_step(logits, scores, finished):
+        # argmax and one logsumexp instead of a log-softmax and a top-k over the vocabulary
+        token = ops.cast(ops.argmax(logits, axis=-1), "int32")
+        logp = (ops.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+                - ops.logsumexp(logits, axis=-1))
+        done = finished[:, 0]
+        token = ops.where(done, config.pad_id, token)[:, None]
+        return ops.where(done, scores[:, 0], scores[:, 0] + logp)[:, None], token
+
     def body(step, last, seqs, scores, finished, *flat):
         logits, new_caches = model.decode_step(last, step, unflatten(flat), encoder_mask)
-        logp = ops.reshape(ops.log_softmax(logits, axis=-1), (batch, beams, vocab))
-        logp = ops.where(finished[..., None], frozen, logp)
-        candidates = ops.reshape(scores[..., None] + logp, (batch, beams * vocab))
-        scores, order = ops.top_k(candidates, beams)
-        beam, token = order // vocab, ops.cast(order % vocab, "int32")
         new_flat = tuple(t for cache in new_caches for t in cache["self"])
+        if beams == 1:
+            scores, token = greedy_step(logits, scores, finished)
+        else:
+            logp = ops.reshape(ops.log_softmax(logits, axis=-1), (batch, beams, vocab))
+            logp = ops.where(finished[..., None], frozen, logp)
+            candidates = ops.reshape(scores[..., None] + logp, (batch, beams * vocab))
+            scores, order = ops.top_k(candidates, beams)
+            beam, token = order // vocab, ops.cast(order % vocab, "int32")
         if beams > 1:  # every beam continues one of the previous step's beams
             rows = ops.reshape(ops.arange(batch)[:, None] * beams + beam, (-1,))
             seqs = ops.reshape(ops.take(ops.reshape(seqs, (-1, max_length)), rows, axis=0),

@@ -361,7 +361,8 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         if self.config.scales_decoder_outputs:
             x = x * (self.config.d_model ** -0.5)
         if self.lm_head is None:
-            out = ops.matmul(x, ops.transpose(ops.cast(self.token_embedding.embeddings, x.dtype)))
+            out = ops.einsum("...d,vd->...v", x,
+                             ops.cast(self.token_embedding.embeddings, x.dtype))
         else:
             out = self.lm_head(x)
         return ops.cast(out, "float32")
@@ -444,6 +445,13 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
                                  length_penalty=length_penalty, use_cache=use_cache,
                                  eos_id=eos_id, return_scores=return_scores,
                                  compiled=compiled, jit_compile=jit_compile)
+
+    def export_for_serving(self, path, vocabulary=None, **kwargs):
+        """Writes a TensorFlow SavedModel of the compiled search with token and text
+        signatures (see `keras_moe.models.serving.export_for_serving`)."""
+        from keras_moe.models import serving
+
+        return serving.export_for_serving(self, path, vocabulary=vocabulary, **kwargs)
 
     def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
