@@ -37,7 +37,7 @@ def _sentencepiece_model(vocabulary):
 
 
 def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_length=64,
-                       method="greedy", num_beams=4, length_penalty=0.0):
+                       method="greedy", num_beams=4, length_penalty=0.0, eos_id=None):
     """Writes `model`'s search as a SavedModel with token and text signatures.
 
     Args:
@@ -51,6 +51,7 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
         method: "greedy" or "beam".
         num_beams: beams of beam search, >= 1.
         length_penalty: GNMT length-penalty alpha of beam search.
+        eos_id: end-of-sequence id; defaults to `model.config.eos_id`.
 
     Returns:
         `path`.
@@ -84,6 +85,7 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
 
     config = model.config
     beams = 1 if method == "greedy" else num_beams
+    eos_id = config.eos_id if eos_id is None else eos_id
 
     def fixed_length(tokens):
         tokens = tokens[:, :max_input_length]
@@ -93,7 +95,7 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
     def generate_ids(encoder_input_tokens):
         with keras.StatelessScope():  # no MoE losses or metric updates in the graph
             tokens, scores, _ = search(model, fixed_length(encoder_input_tokens), max_length,
-                                       beams, length_penalty)
+                                       beams, length_penalty, eos_id)
         return {"output_tokens": tokens, "scores": scores}
 
     archive = keras.export.ExportArchive()
@@ -110,11 +112,11 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
 
         def generate_text(inputs):
             ids = tokenizer.tokenize(inputs)[:, :max_input_length - 1]
-            eos = tf.fill([ids.nrows(), 1], tf.constant(config.eos_id, tf.int32))
+            eos = tf.fill([ids.nrows(), 1], tf.constant(eos_id, tf.int32))
             ids = tf.concat([ids, eos], axis=1).to_tensor(default_value=config.pad_id)
             out = generate_ids(ids)["output_tokens"]
-            before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(out, config.eos_id), tf.int32),
-                                            axis=1), 0)
+            before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(out, eos_id), tf.int32), axis=1),
+                                  0)
             keep = before_eos & tf.not_equal(out, config.pad_id) & tf.less(out, pieces)
             return {"outputs": tokenizer.detokenize(tf.ragged.boolean_mask(out, keep))}
 

@@ -1,8 +1,12 @@
 """`keras-moe-eval`: loss / neg-log-perplexity of a checkpoint, and BLEU for translation tasks.
 
+With `--export_dir` it writes the checkpoint as a serving SavedModel instead
+(token and text signatures; see `keras_moe.models.serving`).
+
 Example:
   keras-moe-eval --model_dir=/tmp/keras_moe_tiny
   keras-moe-eval --model_dir=/tmp/bible --split=test --decode_examples=200
+  keras-moe-eval --model_dir=/tmp/keras_moe_tiny --export_dir=/tmp/keras_moe_served
 """
 
 import argparse
@@ -28,6 +32,9 @@ def build_parser():
     p.add_argument("--max_decode_length", type=int, default=None)
     p.add_argument("--beam_size", type=int, default=1, help="1 = greedy")
     p.add_argument("--task", default=None, help="evaluate on another task than train.task")
+    p.add_argument("--export_dir", default=None,
+                   help="write the checkpoint as a serving SavedModel here instead of "
+                        "evaluating (decoding with --beam_size and --max_decode_length)")
     add_gin_allow_import_flag(p)
     return p
 
@@ -68,11 +75,21 @@ def main(argv=None):
                 gin.parse_config(binding)
             except ValueError as e:
                 raise TrainingConfigError(f"gin binding {binding!r}: {e}") from None
+        method = "greedy" if args.beam_size <= 1 else "beam"
+        if args.export_dir:
+            exported = eval_lib.export_run(args.model_dir, args.export_dir, args.checkpoint,
+                                           args.max_decode_length, method,
+                                           max(args.beam_size, 1))
+            print(f"[keras_moe] exported {exported['checkpoint']} (step {exported['step']}) "
+                  f"to {exported['path']}: signatures {', '.join(exported['signatures'])}; "
+                  f"inputs cut to {exported['max_input_length']} tokens, at most "
+                  f"{exported['max_length']} output tokens ({method})", flush=True)
+            return 0
         decode = {"auto": None, "yes": True, "no": False}[args.decode]
         results = eval_lib.evaluate(
             args.model_dir, args.checkpoint, args.split, args.eval_batches, decode,
             args.decode_examples, args.max_decode_length,
-            "greedy" if args.beam_size <= 1 else "beam", max(args.beam_size, 1), args.task)
+            method, max(args.beam_size, 1), args.task)
         path = eval_lib.write_results(args.model_dir, results)
     except TrainingConfigError as e:
         print(f"keras-moe-eval: error: {e}", file=sys.stderr, flush=True)

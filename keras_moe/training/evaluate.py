@@ -66,28 +66,18 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
         zip(inputs, preds, refs))
 
 
-def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, decode=None,
-             decode_examples=32, max_decode_length=None, method="greedy", num_beams=4,
-             task=None):
-    """Evaluates the newest (or the given) checkpoint of `model_dir`.
-
-    The model, task, feature lengths and batch size come from the parsed gin
-    config (normally `model_dir/operative_config.gin`).
+def restore_from_run(model_dir, checkpoint=None):
+    """The gin-configured model with the newest (or the given) checkpoint of `model_dir`.
 
     Returns:
-        dict: loss, accuracy, neg_log_perplexity (token-weighted, padding
-        excluded) and, for translation tasks (or `decode=True`), bleu.
+        `(model, checkpoint metadata, the gin bindings of train)`.
     """
     import gin
 
-    from keras_moe.training import data as data_lib
     from keras_moe.training.trainer import build_compiled_model
 
     bindings = gin.get_bindings("train")
-    task = task or bindings.get("task")
-    feature_lengths = bindings.get("feature_lengths")
-    batch_size = bindings.get("batch_size", 16)
-    if not task or not feature_lengths:
+    if not bindings.get("task") or not bindings.get("feature_lengths"):
         raise TrainingConfigError(
             "the gin config does not bind train.task and train.feature_lengths; pass "
             "--gin_file (e.g. the run's operative_config.gin).")
@@ -101,6 +91,58 @@ def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, de
         meta = {"path": checkpoint, "step": None}
     model = build_compiled_model()
     ckpt_lib.restore(model, meta)
+    return model, meta, bindings
+
+
+def export_run(model_dir, export_dir, checkpoint=None, max_decode_length=None,
+               method="greedy", num_beams=4):
+    """Writes the run's checkpoint as a serving SavedModel (`export_for_serving`).
+
+    The encoder length and the default output length are the run's
+    `feature_lengths`; the text signature uses the task's vocabulary when it
+    is a SentencePiece one.
+
+    Returns:
+        dict: the SavedModel's path, checkpoint, step, lengths and signatures.
+    """
+    import seqio
+
+    from keras_moe.models.serving import export_for_serving
+
+    model, meta, bindings = restore_from_run(model_dir, checkpoint)
+    task = seqio.get_mixture_or_task(bindings["task"])
+    vocabulary = task.output_features["inputs"].vocabulary
+    if not isinstance(vocabulary, seqio.SentencePieceVocabulary):
+        vocabulary = None  # a byte vocabulary: the token signature only
+    lengths = bindings["feature_lengths"]
+    max_length = max_decode_length or lengths["targets"]
+    export_for_serving(model, export_dir, vocabulary=vocabulary,
+                       max_input_length=lengths["inputs"], max_length=max_length,
+                       method=method, num_beams=num_beams)
+    return {"path": export_dir, "checkpoint": meta["path"],
+            "step": int(model.optimizer.iterations.numpy()),
+            "max_input_length": lengths["inputs"], "max_length": max_length,
+            "signatures": ["generate_ids"] + (["generate_text"] if vocabulary else [])}
+
+
+def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, decode=None,
+             decode_examples=32, max_decode_length=None, method="greedy", num_beams=4,
+             task=None):
+    """Evaluates the newest (or the given) checkpoint of `model_dir`.
+
+    The model, task, feature lengths and batch size come from the parsed gin
+    config (normally `model_dir/operative_config.gin`).
+
+    Returns:
+        dict: loss, accuracy, neg_log_perplexity (token-weighted, padding
+        excluded) and, for translation tasks (or `decode=True`), bleu.
+    """
+    from keras_moe.training import data as data_lib
+
+    model, meta, bindings = restore_from_run(model_dir, checkpoint)
+    task = task or bindings.get("task")
+    feature_lengths = bindings["feature_lengths"]
+    batch_size = bindings.get("batch_size", 16)
     step = int(model.optimizer.iterations.numpy())
     ds = data_lib.make_dataset(task, feature_lengths, split, batch_size,
                                pack=bindings.get("pack", True), shuffle=False, seed=0,

@@ -1,4 +1,4 @@
-"""The code blocks of README.md and docs/sharding.md run as written.
+"""The code blocks of README.md, docs/sharding.md and docs/serving.md run as written.
 
 Each Python block runs in a fresh interpreter exactly as it appears, followed
 by a few checks of what it built. The README's command-line block runs with
@@ -18,6 +18,7 @@ from tests.training.helpers import REPO
 
 README = os.path.join(REPO, "README.md")
 SHARDING = os.path.join(REPO, "docs", "sharding.md")
+SERVING = os.path.join(REPO, "docs", "serving.md")
 # Start-up lines and known-harmless warnings the CLIs keep off the console.
 CONSOLE_NOISE = ("cuInit", "cudart_stub", "absl::InitializeLog", "cpu_feature_guard",
                  "uncached FunctionDataset", "shuffle=True")
@@ -43,6 +44,8 @@ def test_the_blocks_this_file_runs_are_the_ones_in_the_docs():
     assert len(code_blocks(README, "python")) == 2
     assert len(code_blocks(README, "bash")) == 2
     assert len(code_blocks(SHARDING, "python")) == 2
+    assert len(code_blocks(SERVING, "python")) == 1
+    assert not code_blocks(SERVING, "bash")
 
 
 def test_readme_layer_quick_start():
@@ -79,7 +82,7 @@ def test_readme_command_line_training_and_eval(tmp_path):
     block = code_blocks(README, "bash")[1]
     commands = [shlex.split(c, comments=True) for c in block.replace("\\\n", " ").splitlines()
                 if c.strip()]
-    assert [c[0] for c in commands] == ["keras-moe-train", "keras-moe-eval"]
+    assert [c[0] for c in commands] == ["keras-moe-train", "keras-moe-eval", "keras-moe-eval"]
     model_dir = str(tmp_path / "run")
     shrink = ["--gin_bindings=TRAIN_STEPS = 2", "--gin_bindings=BATCH_SIZE = 4",
               "--gin_bindings=CHECKPOINT_EVERY = 2", "--gin_bindings=SUMMARY_BATCHES = 1",
@@ -94,16 +97,25 @@ def test_readme_command_line_training_and_eval(tmp_path):
         assert executable, f"{command[0]} is not on PATH: install the package (scripts/install.sh)"
         args = [a if not a.startswith("--model_dir=") else f"--model_dir={model_dir}"
                 for a in command[1:]]
+        args = [a if not a.startswith("--export_dir=") else f"--export_dir={tmp_path}/served"
+                for a in args]
         if command[0] == "keras-moe-train":
             args = [a for a in args if "TRAIN_STEPS" not in a] + shrink
-        else:
+        elif not any(a.startswith("--export_dir=") for a in args):
             args += ["--eval_batches=1", "--gin_bindings=BATCH_SIZE = 4"]
         result = subprocess.run([executable] + args, cwd=str(tmp_path), env=env,
                                 capture_output=True, text=True, timeout=600)
         consoles.append(result.stdout + result.stderr)
         assert result.returncode == 0, consoles[-1][-6000:]
     assert os.path.isfile(os.path.join(model_dir, "checkpoints", "ckpt-00000002.weights.h5"))
-    train, evaluate = consoles
+    train, evaluate, export = consoles
+    assert "signatures generate_ids, generate_text" in export, export[-3000:]
+    served = run_python(
+        "import tensorflow as tf, tensorflow_text\n"
+        f"served = tf.saved_model.load({str(tmp_path / 'served')!r})\n"
+        "out = served.signatures['generate_text'](inputs=tf.constant(['The module']))\n"
+        "print('outputs', out['outputs'].shape, out['outputs'].dtype.name)\n", timeout=300)
+    assert "outputs (1,) string" in served, served
     for out in consoles:
         for noise in CONSOLE_NOISE:
             assert noise not in out, (noise, out[:4000])
@@ -134,3 +146,12 @@ def test_sharding_doc_jax_example():
     block = code_blocks(SHARDING, "python")[1]
     out = run_python(block, timeout=300, env={"JAX_PLATFORMS": "cpu"})
     assert out.strip().splitlines()[-1] == "(2, 32, 64)", out
+
+
+def test_serving_doc_exports_and_loads_the_search():
+    block = code_blocks(SERVING, "python")[0]
+    out = run_python(block + (
+        "import json\n"
+        "print('EQUAL', json.dumps(ids['output_tokens'].numpy()[0, :tokens.shape[1]].tolist()"
+        " == tokens[0].tolist()))\n"), timeout=300)
+    assert "(1, 16)" in out and "EQUAL true" in out, out
