@@ -30,13 +30,15 @@ from keras_moe import convert, models  # noqa: E402
 
 
 def tiny_switch_config(vocab_size, num_experts, capacity):
-    """gin/models/switch_tiny.gin's architecture, with an HF-compatible fixed capacity."""
+    """gin/models/switch_tiny.gin's architecture, routed as HF routes: per-sequence
+    groups with a fixed capacity (the "batch" groups of the default would give a whole
+    batch the capacity HF gives one sequence)."""
     return models.T5Config(
         vocab_size=vocab_size, d_model=128, num_heads=4, d_kv=32, d_ff=256,
         num_encoder_layers=2, num_decoder_layers=2, activation="relu", moe_type="switch",
         num_experts=num_experts, encoder_sparse_layers=[1], decoder_sparse_layers=[1],
         train_capacity_factor=1e-6, eval_capacity_factor=1e-6, min_expert_capacity=capacity,
-        tie_word_embeddings=True, z_loss_factor=0.0)
+        tie_word_embeddings=True, z_loss_factor=0.0, group_size="sequence")
 
 
 def make_batch(rng, batch_size, inputs, targets, vocab_size):

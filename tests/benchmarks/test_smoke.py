@@ -171,3 +171,17 @@ def test_model_speed_smoke():
     assert data["ratio_keras_moe_xla_over_hf"] == pytest.approx(
         hf_s / data["results"]["keras_moe_xla"]["median_s"])
     assert data["command"].endswith("--smoke --output smoke_model_speed")
+
+
+@pytest.mark.slow
+def test_decode_speed_smoke():
+    data = _run("decode_speed.py", "smoke_decode_speed", "--eager")
+    (case,) = data["cases"]  # --smoke: batch 2, 4 new tokens
+    assert (case["batch_size"], case["new_tokens"]) == (2, 4)
+    # Same weights, EOS disabled: the compiled search, HF and the SavedModel agree.
+    assert case["greedy_tokens_equal_hf"] is True
+    assert case["saved_model_greedy_tokens_equal"] is True
+    assert set(case["results"]) == {
+        f"{who}_{method}" for method in ("greedy", "beam")
+        for who in ("hf", "keras_moe", "keras_moe_xla", "keras_moe_eager", "saved_model")}
+    assert all(_positive_seconds(r["median_s"]) for r in case["results"].values())
