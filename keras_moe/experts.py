@@ -1,6 +1,7 @@
 """Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`."""
 
 import math
+import random
 
 import keras
 from keras import ops
@@ -44,10 +45,16 @@ class PerExpertFanIn(keras.initializers.Initializer):
     def __init__(self, scale=0.1, seed=None):
         self.scale = float(scale)
         self.seed = seed
+        # As Keras' own initializers: without a seed, draw an integer one now
+        # (from Python's generator, which keras.utils.set_random_seed seeds).
+        # Drawing from Keras' global SeedGenerator instead fails when the
+        # weights are first built inside fit()'s traced step.
+        self._draw_seed = seed if seed is not None else random.randint(1, int(1e9))
 
     def __call__(self, shape, dtype=None):
         stddev = math.sqrt(self.scale / shape[-2]) / _TRUNCATED_NORMAL_STD
-        return keras.random.truncated_normal(shape, stddev=stddev, dtype=dtype, seed=self.seed)
+        return keras.random.truncated_normal(shape, stddev=stddev, dtype=dtype,
+                                             seed=self._draw_seed)
 
     def get_config(self):
         return {"scale": self.scale, "seed": self.seed}

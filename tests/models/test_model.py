@@ -86,7 +86,9 @@ ENC = np.array([[5, 6, 7, 8, 1, 0], [9, 10, 11, 12, 13, 1]], "int32")
 @pytest.fixture(scope="module")
 def decode_model():
     keras.utils.set_random_seed(3)
-    return EncoderDecoder(tiny_switch_config(vocab_size=24, min_expert_capacity=16))
+    # Room for every token of the uncached pass (2 rows x 3 beams x 7 positions in
+    # one "batch" group): cached and uncached decoding then route alike.
+    return EncoderDecoder(tiny_switch_config(vocab_size=24, min_expert_capacity=64))
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam"])
