@@ -171,8 +171,11 @@ def _compile(model, key):
 
     def run(tokens):
         # A stateless scope keeps the MoE layers' losses and metric updates of
-        # the decoding steps out of the model.
-        with keras.StatelessScope():
+        # the decoding steps out of the model. It creates no variables, so it
+        # leaves Keras' global list of deferred initialisations alone: a fit()
+        # that failed while building another model had left variables there,
+        # and initialising them on exit raised "already initialized".
+        with keras.StatelessScope(initialize_variables=False):
             return search(model, tokens, max_length, num_beams, length_penalty, eos_id)
 
     backend = keras.backend.backend()
@@ -187,7 +190,8 @@ def _compile(model, key):
 
         def stateless(values, tokens):
             mapping = zip(model.variables, values)
-            with keras.StatelessScope(state_mapping=mapping):
+            with keras.StatelessScope(state_mapping=mapping,
+                                      initialize_variables=False):
                 return search(model, tokens, max_length, num_beams, length_penalty, eos_id)
 
         jitted = jax.jit(stateless)

@@ -93,7 +93,8 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
         return tf.reshape(tokens, [-1, max_input_length])
 
     def generate_ids(encoder_input_tokens):
-        with keras.StatelessScope():  # no MoE losses or metric updates in the graph
+        # No MoE losses or metric updates in the graph (see search.compiled_search).
+        with keras.StatelessScope(initialize_variables=False):
             tokens, scores, _ = search(model, fixed_length(encoder_input_tokens), max_length,
                                        beams, length_penalty, eos_id)
         return {"output_tokens": tokens, "scores": scores}
