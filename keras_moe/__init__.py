@@ -10,7 +10,12 @@ _startup.import_keras_quietly()
 
 from keras_moe import losses  # noqa: E402
 from keras_moe import sharding  # noqa: E402
-from keras_moe.dispatch import EinsumDispatcher, GatherDispatcher, get_dispatcher  # noqa: E402
+from keras_moe.dispatch import (  # noqa: E402
+    Dispatcher,
+    EinsumDispatcher,
+    GatherDispatcher,
+    get_dispatcher,
+)
 from keras_moe.experts import FeedForwardExperts  # noqa: E402
 from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: E402
 from keras_moe.metrics import router_metrics  # noqa: E402
@@ -20,6 +25,7 @@ from keras_moe.routing import (  # noqa: E402
     Router,
     RoutingInstructions,
     SwitchRouter,
+    TokenChoiceRouter,
     Top2Router,
     TopKRouter,
 )
@@ -27,8 +33,8 @@ from keras_moe.routing import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts", "GShardFeedForward",
-    "GatherDispatcher", "MoeLayer", "Router", "RoutingInstructions", "SwitchFeedForward",
-    "SwitchRouter", "Top2Router", "TopKRouter", "get_dispatcher", "losses", "router_metrics",
-    "sharding",
+    "Dispatcher", "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts",
+    "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RoutingInstructions",
+    "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
+    "get_dispatcher", "losses", "router_metrics", "sharding",
 ]

@@ -24,22 +24,51 @@ from keras_moe import sharding
 DISPATCH_MODES = ("auto", "einsum", "gather")
 
 
-class DispatchPlan(NamedTuple):
-    """Per-call data a dispatcher derives from `RoutingInstructions`."""
+class EinsumPlan(NamedTuple):
+    """What `EinsumDispatcher` derives from `RoutingInstructions`."""
+
+    num_groups: object
+    group_size: int
+    num_experts: int
+    capacity: int
+    dispatch_tensor: object  # [G, S, E, C] 0/1
+    combine_tensor: object  # [G, S, E, C] combine weights
+
+
+class GatherPlan(NamedTuple):
+    """What `GatherDispatcher` derives from `RoutingInstructions`."""
 
     num_groups: object
     group_size: object  # int, or a scalar tensor when known at run time only
     num_experts: int
     capacity: object  # int, or a scalar tensor (see RoutingInstructions)
-    dispatch_tensor: object = None  # einsum: [G, S, E, C] 0/1
-    combine_tensor: object = None  # einsum: [G, S, E, C] weights
-    slot_token: object = None  # gather: int32 [E*G*C], token index or G*S if empty
-    slot_weight: object = None  # gather: float32 [E*G*C]
-    token_slot: object = None  # gather: int32 [G*S, K], slot index or E*G*C if not kept
-    token_weight: object = None  # gather: float32 [G*S, K]
+    slot_token: object  # int32 [E*G*C]: token index, or G*S if the slot is empty
+    slot_weight: object  # float32 [E*G*C]
+    token_slot: object  # int32 [G*S, K]: slot index, or E*G*C if not kept
+    token_weight: object  # float32 [G*S, K]
 
 
-class EinsumDispatcher:
+class Dispatcher:
+    """Moves tokens into expert buffers `[E, G, C, d]` and expert outputs back.
+
+    `plan(routing)` derives the per-call data once; `dispatch(x, plan)` maps
+    group tokens `[G, S, d]` to expert buffers, `combine(expert_outputs, plan)`
+    maps them back, weighted by the combine weights (0 for dropped tokens).
+    """
+
+    name = None
+
+    def plan(self, routing):
+        raise NotImplementedError
+
+    def dispatch(self, x, plan):
+        raise NotImplementedError
+
+    def combine(self, expert_outputs, plan):
+        raise NotImplementedError
+
+
+class EinsumDispatcher(Dispatcher):
     """One-hot einsum dispatch (TPU / GSPMD friendly).
 
     Example:
@@ -75,7 +104,7 @@ class EinsumDispatcher:
         dispatch_tensor = ops.einsum("gske,gskc->gsec", kept_expert, slot_hot)
         weighted_expert = expert_hot * routing.combine_weight[..., None]
         combine_tensor = ops.einsum("gske,gskc->gsec", weighted_expert, slot_hot)
-        return DispatchPlan(
+        return EinsumPlan(
             num_groups=shape[0],
             group_size=routing.expert_index.shape[1],
             num_experts=routing.num_experts,
@@ -97,7 +126,7 @@ class EinsumDispatcher:
         return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
 
 
-class GatherDispatcher:
+class GatherDispatcher(Dispatcher):
     """Gather/scatter dispatch by slot index (CPU / GPU friendly).
 
     Example:
@@ -142,7 +171,7 @@ class GatherDispatcher:
             slot, ops.reshape(routing.combine_weight, (-1,)), (num_slots + 1,)
         )[:num_slots]
         num_choices = routing.expert_index.shape[-1]
-        return DispatchPlan(
+        return GatherPlan(
             num_groups=num_groups,
             group_size=group_size,
             num_experts=num_experts,

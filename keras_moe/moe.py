@@ -114,13 +114,13 @@ class MoeLayer(keras.layers.Layer):
         for name, value in (("aux_loss_factor", aux_loss_factor), ("z_loss_factor", z_loss_factor)):
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
-        if causal and not getattr(router, "is_causal_safe", True):
+        if causal and not router.is_causal_safe:
             raise ValueError(
                 f"`router` {type(router).__name__} looks at every token of a group and "
                 "cannot be used in a causal layer (causal=True); use a token-choice "
                 "router such as SwitchRouter or Top2Router."
             )
-        if causal and getattr(router, "batch_prioritized_routing", False):
+        if causal and router.batch_prioritized_routing:
             raise ValueError(
                 "`batch_prioritized_routing=True` fills capacity by router confidence over "
                 "the whole group, so later tokens decide which earlier ones are dropped; it "

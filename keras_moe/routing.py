@@ -78,7 +78,12 @@ def _check_positive_int(name, value, minimum=1):
 class Router(keras.layers.Layer):
     """Base router: float32 linear projection to expert logits, with jitter.
 
-    Subclasses implement `route()`. The layer defaults to `dtype="float32"`, so
+    `route()` is a template: it turns the logits into float32 probabilities and
+    a float token mask, asks the subclass's `assign()` which experts and slots
+    each token gets, and adds what every router reports (logits, z-loss,
+    capacity). Token-choice routers share `TokenChoiceRouter.assign()` and
+    implement only which choices ask for a slot and their combine weights.
+    The layer defaults to `dtype="float32"`, so
     under a `mixed_bfloat16` policy its matmul and softmax still run in float32
     (the Switch paper's selective precision). Pass another `dtype` only to
     study what happens without it.
@@ -95,7 +100,8 @@ class Router(keras.layers.Layer):
         seed: seed for jitter and random routing decisions.
     """
 
-    tokens_per_choice = None  # set by subclasses: K, or None if it depends on E
+    is_causal_safe = True  # False when a token's routing depends on later tokens
+    batch_prioritized_routing = False  # True: capacity filled by confidence, not order
 
     def __init__(
         self,
@@ -175,11 +181,11 @@ class Router(keras.layers.Layer):
 
     def route(self, logits, token_mask, capacity, training=False):
         """Turns logits [G, S, E] into `RoutingInstructions`."""
-        raise NotImplementedError
-
-    def _finish(self, logits, probs, token_mask, expert_index, position, kept,
-                combine_weight, capacity, aux_loss):
         logits = ops.cast(logits, "float32")
+        probs = ops.softmax(logits, axis=-1)
+        mask = ops.cast(token_mask, "float32")
+        expert_index, position, kept, combine_weight, aux_loss = self.assign(
+            probs, mask, capacity, training)
         return RoutingInstructions(
             expert_index=ops.cast(expert_index, "int32"),
             position=ops.cast(position, "int32"),
@@ -188,10 +194,21 @@ class Router(keras.layers.Layer):
             router_probs=probs,
             router_logits=logits,
             aux_loss=aux_loss,
-            z_loss=losses.router_z_loss(logits, token_mask),
+            z_loss=losses.router_z_loss(logits, mask),
             capacity=capacity,
             num_experts=self.num_experts,
         )
+
+    def assign(self, probs, token_mask, capacity, training):
+        """The routing decision of probabilities [G, S, E] and a float mask [G, S].
+
+        Returns:
+            `(expert_index, position, kept, combine_weight, aux_loss)`: int
+            [G, S, K] experts, [G, S, K] slots in them, float [G, S, K] 1 where
+            the assignment holds a slot, float [G, S, K] combine weights (masked
+            by `kept` afterwards), and the scalar load-balancing loss.
+        """
+        raise NotImplementedError
 
     def get_config(self):
         config = super().get_config()
@@ -244,6 +261,11 @@ def _keep_within_capacity(expert_index, active, num_experts, capacity, token_ord
     return position, kept
 
 
+def _normalized(gates):
+    """Gates [..., K] divided by their sum (0 where all are 0)."""
+    return gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
+
+
 def _priority_order(probs, token_mask, batch_prioritized):
     if not batch_prioritized:
         return None
@@ -252,8 +274,54 @@ def _priority_order(probs, token_mask, batch_prioritized):
     return ops.argsort(-score, axis=1)
 
 
+class TokenChoiceRouter(Router):
+    """Base of the routers where each token picks its top-K experts.
+
+    Experts take the choices that ask for a slot in priority order (every
+    first choice before any second choice; tokens in sequence order, or by
+    router confidence with `batch_prioritized_routing`) until their capacity is
+    full. Subclasses implement `num_choices`, `choices_asking` (which of the K
+    choices ask for a slot) and `combine_weights`.
+
+    Example (a top-2 router whose second choice asks only when it is at least
+    half as likely as the first):
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> class HalfTop2(TokenChoiceRouter):
+    ...     def num_choices(self):
+    ...         return 2
+    ...     def choices_asking(self, gates, token_mask, training):
+    ...         second = ops.cast(gates[..., 1] >= 0.5 * gates[..., 0], "float32")
+    ...         return ops.stack([token_mask, token_mask * second], axis=-1)
+    ...     def combine_weights(self, gates, kept):
+    ...         return gates
+    >>> router = HalfTop2(num_experts=4)
+    >>> logits = np.log(np.array([[[0.6, 0.2, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1]]], "float32"))
+    >>> np.asarray(router.route(logits, np.ones((1, 2)), capacity=2).kept).tolist()
+    [[[1.0, 0.0], [1.0, 1.0]]]
+    """
+
+    def assign(self, probs, token_mask, capacity, training):
+        gates, expert_index = ops.top_k(probs, self.num_choices())
+        active = self.choices_asking(gates, token_mask, training)
+        order = _priority_order(probs, token_mask, self.batch_prioritized_routing)
+        position, kept = _keep_within_capacity(
+            expert_index, active, self.num_experts, capacity, order
+        )
+        aux = losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
+        return expert_index, position, kept, self.combine_weights(gates, kept), aux
+
+    def choices_asking(self, gates, token_mask, training):
+        """Float [G, S, K]: 1 where a choice asks for a slot (real tokens only)."""
+        raise NotImplementedError
+
+    def combine_weights(self, gates, kept):
+        """Float [G, S, K] combine weights from the K chosen probabilities."""
+        raise NotImplementedError
+
+
 @keras.saving.register_keras_serializable(package="keras_moe")
-class TopKRouter(Router):
+class TopKRouter(TokenChoiceRouter):
     """Token-choice router: each token picks its `k` highest-probability experts.
 
     Combine weights are the router probabilities of the chosen experts
@@ -292,20 +360,13 @@ class TopKRouter(Router):
     def num_choices(self):
         return self.k
 
-    def route(self, logits, token_mask, capacity, training=False):
-        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        mask = ops.cast(token_mask, "float32")
-        gates, expert_index = ops.top_k(probs, self.k)
+    def choices_asking(self, gates, token_mask, training):
+        return ops.broadcast_to(token_mask[..., None], ops.shape(gates))
+
+    def combine_weights(self, gates, kept):
         if self.normalize_top_k:
-            gates = gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
-        active = ops.broadcast_to(mask[..., None], ops.shape(gates))
-        order = _priority_order(probs, mask, self.batch_prioritized_routing)
-        position, kept = _keep_within_capacity(
-            expert_index, active, self.num_experts, capacity, order
-        )
-        aux = losses.load_balancing_loss(probs, expert_index[..., 0], mask)
-        return self._finish(logits, probs, mask, expert_index, position, kept,
-                            gates, capacity, aux)
+            return gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
+        return gates
 
     def get_config(self):
         config = super().get_config()
@@ -351,7 +412,7 @@ class SwitchRouter(TopKRouter):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class Top2Router(Router):
+class Top2Router(TokenChoiceRouter):
     """GShard top-2 router (Lepikhin et al., Algorithm 1).
 
     The top-1 expert always gets the token (capacity permitting). The second
@@ -423,13 +484,9 @@ class Top2Router(Router):
             return self.second_expert_threshold
         return 0.5 if policy == "random" else 0.2
 
-    def route(self, logits, token_mask, capacity, training=False):
-        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        mask = ops.cast(token_mask, "float32")
-        gates, expert_index = ops.top_k(probs, 2)
-        normalized = gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
+    def choices_asking(self, gates, token_mask, training):
         policy = self.second_expert_policy if training else self.eval_second_expert_policy
-        second_gate = normalized[..., 1]
+        second_gate = _normalized(gates)[..., 1]
         if policy == "all":
             take_second = ops.ones_like(second_gate)
         elif policy == "threshold":
@@ -437,19 +494,12 @@ class Top2Router(Router):
         else:
             draw = keras.random.uniform(ops.shape(second_gate), seed=self.seed_generator)
             take_second = ops.cast(draw < second_gate / self._threshold(policy), "float32")
-        active = ops.stack([mask, mask * take_second], axis=-1)
-        order = _priority_order(probs, mask, self.batch_prioritized_routing)
-        position, kept = _keep_within_capacity(
-            expert_index, active, self.num_experts, capacity, order
-        )
+        return ops.stack([token_mask, token_mask * take_second], axis=-1)
+
+    def combine_weights(self, gates, kept):
         if self.normalize_gates == "before_capacity":
-            weights = normalized
-        else:
-            surviving = gates * kept
-            weights = surviving / ops.maximum(ops.sum(surviving, axis=-1, keepdims=True), 1e-9)
-        aux = losses.load_balancing_loss(probs, expert_index[..., 0], mask)
-        return self._finish(logits, probs, mask, expert_index, position, kept,
-                            weights, capacity, aux)
+            return _normalized(gates)
+        return _normalized(gates * kept)
 
     def get_config(self):
         config = super().get_config()
@@ -500,9 +550,8 @@ class ExpertChoiceRouter(Router):
         return ops.minimum(ops.cast(group_size, "int32"),
                            ops.maximum(int(min_expert_capacity), capacity))
 
-    def route(self, logits, token_mask, capacity, training=False):
-        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        mask = ops.cast(token_mask, "float32")
+    def assign(self, probs, token_mask, capacity, training):
+        mask = token_mask
         shape = ops.shape(probs)
         num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts
         # Padding scores below any real token, so experts pick it only when
@@ -528,6 +577,4 @@ class ExpertChoiceRouter(Router):
         expert_index = ops.broadcast_to(
             ops.reshape(ops.arange(num_experts, dtype="int32"), (1, 1, -1)), ops.shape(probs)
         )
-        aux = ops.zeros((), "float32")
-        return self._finish(logits, probs, mask, expert_index, position, kept,
-                            probs, capacity, aux)
+        return expert_index, position, kept, probs, ops.zeros((), "float32")
