@@ -1,0 +1,149 @@
+"""One check for every registered keras_moe layer, in the spirit of keras-hub's `run_layer_test`.
+
+`CASES` maps each registered layer's name ("keras_moe>Class") to how to build
+and call a small instance and what it must produce. `check_layer` then checks,
+on whichever backend runs it: output shapes, trainable / non-trainable weight
+counts, `get_config` -> `from_config` giving an equal config and the same
+outputs with the same weights, and a `.keras` round trip of a model holding the
+layer, loaded in safe mode, giving the same outputs. `test_layer_harness.py`
+runs it on TensorFlow, and the same cases on JAX in a subprocess.
+"""
+
+import dataclasses
+import os
+import tempfile
+from typing import Callable
+
+import keras
+import numpy as np
+
+import keras_moe
+from keras_moe import expert_parallel, routing
+from keras_moe.models import T5Config
+from keras_moe.models.attention import T5Attention
+from keras_moe.models.layers import DenseFeedForward, RMSNorm
+from keras_moe.models.position_bias import RelativePositionBias
+from keras_moe.models.transformer import DecoderBlock, EncoderBlock
+
+D = 16  # d_model of every case
+
+
+@dataclasses.dataclass
+class Case:
+    build: Callable  # () -> layer
+    inputs: Callable  # rng -> list of positional numpy inputs (batch axis first)
+    output_shape: tuple
+    trainable_weights: int
+    non_trainable_weights: int = 0
+    backends: tuple = ("tensorflow", "jax")
+
+
+def _tokens(rng, *shape):
+    return rng.normal(size=shape).astype("float32")
+
+
+def _block_config():
+    return T5Config(vocab_size=32, d_model=D, num_heads=2, d_kv=8, d_ff=32, dropout_rate=0.0)
+
+
+CASES = {
+    "keras_moe>FeedForwardExperts": Case(
+        lambda: keras_moe.FeedForwardExperts(4, 8, activation="gated-gelu"),
+        lambda rng: [_tokens(rng, 4, 2, 3, D)], (4, 2, 3, D), 3),
+    # tf.distribute expert parallelism: a TensorFlow-only class (JAX shards with a mesh).
+    "keras_moe>ExpertParallelExperts": Case(
+        lambda: expert_parallel.ExpertParallelExperts(4, 8),
+        lambda rng: [_tokens(rng, 4, 2, 3, D)], (4, 2, 3, D), 2, backends=("tensorflow",)),
+    "keras_moe>TopKRouter": Case(
+        lambda: routing.TopKRouter(4, k=3, use_bias=True),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 2),
+    "keras_moe>SwitchRouter": Case(
+        lambda: routing.SwitchRouter(4, jitter_noise=0.1),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 1),
+    "keras_moe>Top2Router": Case(
+        lambda: routing.Top2Router(4, second_expert_policy="threshold",
+                                   second_expert_threshold=0.2),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 1),
+    "keras_moe>ExpertChoiceRouter": Case(
+        lambda: routing.ExpertChoiceRouter(4),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 1),
+    "keras_moe>MoeLayer": Case(
+        lambda: keras_moe.MoeLayer(routing.Top2Router(4), keras_moe.FeedForwardExperts(4, 8),
+                                   group_size="sequence", track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 3),
+    "keras_moe>SwitchFeedForward": Case(
+        lambda: keras_moe.SwitchFeedForward(4, 8, activation="gated-gelu", track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4),
+    "keras_moe>GShardFeedForward": Case(
+        lambda: keras_moe.GShardFeedForward(4, 8, group_size=4, track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 3),
+    "keras_moe>RelativePositionBias": Case(
+        lambda: RelativePositionBias(num_heads=3, num_buckets=8, max_distance=16,
+                                     bidirectional=False),
+        lambda rng: [np.arange(5, dtype="int32")[None], np.arange(7, dtype="int32")[None]],
+        (1, 3, 5, 7), 1),
+    "keras_moe>RMSNorm": Case(
+        lambda: RMSNorm(1e-6), lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, D), 1),
+    "keras_moe>DenseFeedForward": Case(
+        lambda: DenseFeedForward(32, "gated-gelu"),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, D), 3),
+    "keras_moe>T5Attention": Case(
+        lambda: T5Attention(num_heads=2, d_kv=8),
+        lambda rng: [_tokens(rng, 2, 5, D), _tokens(rng, 2, 7, D)], (2, 5, D), 4),
+    "keras_moe>EncoderBlock": Case(
+        lambda: EncoderBlock(_block_config(), 0),
+        lambda rng: [_tokens(rng, 2, 5, D), np.zeros((1, 2, 5, 5), "float32")], (2, 5, D), 9),
+    "keras_moe>DecoderBlock": Case(
+        lambda: DecoderBlock(_block_config(), 0),
+        lambda rng: [_tokens(rng, 2, 3, D), np.zeros((1, 2, 3, 3), "float32"),
+                     _tokens(rng, 2, 5, D), np.zeros((1, 2, 3, 5), "float32")],
+        (2, 3, D), 14),
+}
+
+
+def registered_layers():
+    """Names of the registered keras_moe classes that are layers but not models."""
+    return sorted(name for name, obj in keras.saving.get_custom_objects().items()
+                  if name.startswith("keras_moe>") and isinstance(obj, type)
+                  and issubclass(obj, keras.layers.Layer) and not issubclass(obj, keras.Model))
+
+
+def _numpy(tree):
+    return [np.asarray(keras.ops.convert_to_numpy(t)) for t in keras.tree.flatten(tree)]
+
+
+def _assert_same(a, b, what):
+    for x, y in zip(_numpy(a), _numpy(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6, err_msg=what)
+
+
+def check_layer(name, case, seed=0):
+    """Runs every check of `case`; raises AssertionError naming what failed."""
+    rng = np.random.default_rng(seed)
+    keras.utils.set_random_seed(seed)
+    inputs = case.inputs(rng)
+    layer = case.build()
+    out = layer(*inputs)
+    assert tuple(out.shape) == case.output_shape, (name, tuple(out.shape))
+    assert len(layer.trainable_weights) == case.trainable_weights, (
+        name, [w.path for w in layer.trainable_weights])
+    assert len(layer.non_trainable_weights) == case.non_trainable_weights, (
+        name, [w.path for w in layer.non_trainable_weights])
+
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    clone(*inputs)
+    assert keras.saving.serialize_keras_object(clone) == keras.saving.serialize_keras_object(
+        layer), name
+    clone.set_weights(layer.get_weights())
+    _assert_same(clone(*inputs), out, f"{name}: from_config")
+
+    symbolic = [keras.Input(shape=x.shape[1:], batch_size=x.shape[0], dtype=str(x.dtype))
+                for x in inputs]
+    model = keras.Model(symbolic, layer(*symbolic))
+    path = os.path.join(tempfile.mkdtemp(), "layer.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    _assert_same(loaded(inputs), out, f"{name}: .keras round trip")
+    loaded_layer = [l for l in loaded.layers if isinstance(l, type(layer))]
+    assert len(loaded_layer) == 1 and type(loaded_layer[0]) is type(layer), name
