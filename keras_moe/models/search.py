@@ -99,7 +99,7 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
             candidates = ops.reshape(scores[..., None] + logp, (batch, beams * vocab))
             scores, order = ops.top_k(candidates, beams)
             beam, token = order // vocab, ops.cast(order % vocab, "int32")
-        if beams > 1:  # every beam continues one of the previous step's beams
+            # Every beam continues one of the previous step's beams.
             rows = ops.reshape(ops.arange(batch)[:, None] * beams + beam, (-1,))
             seqs = ops.reshape(ops.take(ops.reshape(seqs, (-1, max_length)), rows, axis=0),
                                (batch, beams, max_length))
@@ -159,6 +159,9 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     >>> tuple(tokens.shape)
     (2, 8)
     """
+    for name, value in (("max_length", max_length), ("num_beams", num_beams)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
     key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile))
     functions = _COMPILED.setdefault(model, {})
     if key not in functions:

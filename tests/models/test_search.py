@@ -102,3 +102,12 @@ def test_decoding_adds_no_losses_and_no_router_statistics():
                 for t in layer.ffn._trackers.values()]
     counts = [float(ops.convert_to_numpy(t.count)) for t in trackers]
     assert counts and not any(counts), counts
+
+
+def test_compiled_search_rejects_bad_arguments(model):
+    from keras_moe.models.search import compiled_search
+
+    with pytest.raises(ValueError, match="`max_length`"):
+        compiled_search(model, max_length=0)
+    with pytest.raises(ValueError, match="`num_beams`"):
+        compiled_search(model, max_length=4, num_beams=2.5)
