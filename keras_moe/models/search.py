@@ -16,12 +16,12 @@ same logits only when it drops nothing either (an `eval_capacity_factor` /
 `min_expert_capacity` large enough for the decoded length).
 """
 
-import weakref
-
 import keras
 from keras import ops
 
-_COMPILED = weakref.WeakKeyDictionary()  # model -> {options: compiled function}
+# The compiled functions live on the model (outside Keras' attribute tracking),
+# so they go away with it.
+_CACHE_ATTRIBUTE = "_keras_moe_compiled_searches"
 
 
 def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=0.0,
@@ -163,7 +163,10 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
     key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile))
-    functions = _COMPILED.setdefault(model, {})
+    functions = model.__dict__.get(_CACHE_ATTRIBUTE)
+    if functions is None:
+        functions = {}
+        object.__setattr__(model, _CACHE_ATTRIBUTE, functions)
     if key not in functions:
         functions[key] = _compile(model, key)
     return functions[key]

@@ -111,3 +111,15 @@ def test_compiled_search_rejects_bad_arguments(model):
         compiled_search(model, max_length=0)
     with pytest.raises(ValueError, match="`num_beams`"):
         compiled_search(model, max_length=4, num_beams=2.5)
+
+
+def test_a_model_that_decoded_can_be_garbage_collected():
+    import gc
+    import weakref
+
+    decoded = EncoderDecoder(tiny_switch_config(vocab_size=8))
+    generate(decoded, INPUTS, max_length=2, method="beam", num_beams=2)
+    alive = weakref.ref(decoded)
+    del decoded
+    gc.collect()
+    assert alive() is None
