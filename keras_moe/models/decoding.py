@@ -21,6 +21,8 @@ token by token; the two agree whenever the uncached pass drops nothing.
 import numpy as np
 from keras import ops
 
+from keras_moe.models.config import _check_int
+
 METHODS = ("greedy", "beam")
 
 
@@ -107,8 +109,7 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"`max_length` must be an integer >= 1, got {max_length!r}.")
+    _check_int("max_length", max_length, 1)
     if method == "beam" and (not isinstance(num_beams, int) or num_beams < 1):
         raise ValueError(f"`num_beams` must be an integer >= 1, got {num_beams!r}.")
     config = model.config

@@ -19,6 +19,8 @@ same logits only when it drops nothing either (an `eval_capacity_factor` /
 import keras
 from keras import ops
 
+from keras_moe.models.config import _check_int
+
 # The compiled functions live on the model (outside Keras' attribute tracking),
 # so they go away with it.
 _CACHE_ATTRIBUTE = "_keras_moe_compiled_searches"
@@ -159,9 +161,8 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     >>> tuple(tokens.shape)
     (2, 8)
     """
-    for name, value in (("max_length", max_length), ("num_beams", num_beams)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+    _check_int("max_length", max_length, 1)
+    _check_int("num_beams", num_beams, 1)
     key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile))
     functions = model.__dict__.get(_CACHE_ATTRIBUTE)
     if functions is None:
@@ -172,17 +173,26 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     return functions[key]
 
 
+def stateless_search(model, tokens, *search_args, state_mapping=None):
+    """`search(model, tokens, *search_args)` in a stateless scope (for tracing).
+
+    The scope keeps the MoE layers' losses and metric updates of the decoding
+    steps out of the model; `state_mapping` (JAX) gives the variables' values.
+    It creates no variables, so it leaves Keras' global list of deferred
+    initialisations alone: a fit() that failed while building another model had
+    left variables there, and initialising them on exit raised "already
+    initialized".
+    """
+    with keras.StatelessScope(state_mapping=state_mapping, initialize_variables=False):
+        return search(model, tokens, *search_args)
+
+
 def _compile(model, key):
     max_length, num_beams, length_penalty, eos_id, jit_compile = key
+    options = (max_length, num_beams, length_penalty, eos_id)
 
     def run(tokens):
-        # A stateless scope keeps the MoE layers' losses and metric updates of
-        # the decoding steps out of the model. It creates no variables, so it
-        # leaves Keras' global list of deferred initialisations alone: a fit()
-        # that failed while building another model had left variables there,
-        # and initialising them on exit raised "already initialized".
-        with keras.StatelessScope(initialize_variables=False):
-            return search(model, tokens, max_length, num_beams, length_penalty, eos_id)
+        return stateless_search(model, tokens, *options)
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
@@ -195,10 +205,8 @@ def _compile(model, key):
         import jax
 
         def stateless(values, tokens):
-            mapping = zip(model.variables, values)
-            with keras.StatelessScope(state_mapping=mapping,
-                                      initialize_variables=False):
-                return search(model, tokens, max_length, num_beams, length_penalty, eos_id)
+            return stateless_search(model, tokens, *options,
+                                    state_mapping=zip(model.variables, values))
 
         jitted = jax.jit(stateless)
         return lambda tokens: jitted([v.value for v in model.variables],

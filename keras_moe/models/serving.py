@@ -20,7 +20,9 @@ does not, so it runs SavedModels exported without a vocabulary.
 import keras
 from keras import ops
 
-from keras_moe.models.search import search
+from keras_moe.models.config import _check_int
+from keras_moe.models.decoding import METHODS
+from keras_moe.models.search import stateless_search
 
 
 def _sentencepiece_model(vocabulary):
@@ -77,10 +79,9 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
             "weights and export from a TensorFlow process.")
     for name, value in (("max_input_length", max_input_length), ("max_length", max_length),
                         ("num_beams", num_beams)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
-    if method not in ("greedy", "beam"):
-        raise ValueError(f"`method` must be 'greedy' or 'beam', got {method!r}.")
+        _check_int(name, value, 1)
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
     import tensorflow as tf
 
     config = model.config
@@ -93,10 +94,8 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
         return tf.reshape(tokens, [-1, max_input_length])
 
     def generate_ids(encoder_input_tokens):
-        # No MoE losses or metric updates in the graph (see search.compiled_search).
-        with keras.StatelessScope(initialize_variables=False):
-            tokens, scores, _ = search(model, fixed_length(encoder_input_tokens), max_length,
-                                       beams, length_penalty, eos_id)
+        tokens, scores, _ = stateless_search(model, fixed_length(encoder_input_tokens),
+                                             max_length, beams, length_penalty, eos_id)
         return {"output_tokens": tokens, "scores": scores}
 
     archive = keras.export.ExportArchive()
