@@ -12,7 +12,7 @@ task's vocabulary and scores them against the raw English references
 tasks' own metric, `tasks.metrics.bleu`: intl tokenizer). Also reports the
 held-out negative log perplexity of the mixture during training.
 
-    python benchmarks/translation.py                       # bible_x2en, 21 languages (~45 min*)
+    python benchmarks/translation.py                       # bible_x2en, 21 languages, 3 seeds
     python benchmarks/translation.py --task embedded_x2en --steps 300 --eval_every 100 \
         --output translation_small                         # ~10 min on 2 cores
     python benchmarks/translation.py --smoke               # seconds; checks it runs
@@ -25,6 +25,7 @@ script falls back to `embedded_x2en` and the JSON says so.
 import argparse
 import os
 import re
+import statistics
 import sys
 import time
 
@@ -67,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--eval_capacity_factor", type=float, default=2.0)
     p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds --seed, --seed+1, ...: initialisation and data order; BLEU is "
+                        "averaged over them (default 3; 1 with --smoke)")
     p.add_argument("--split", default="validation", choices=["validation", "test"],
                    help="held-out split for BLEU and neg log perplexity")
     p.add_argument("--decode_examples", type=int, default=64, help="per language")
@@ -87,6 +91,10 @@ def parse_args(argv=None):
         args.d_model, args.d_ff, args.num_heads, args.layers = 16, 32, 2, 2
         args.experts, args.decode_examples, args.decode_batch = 2, 4, 4
         args.max_decode_length = 4
+    if args.seeds is None:
+        args.seeds = 1 if args.smoke else 3
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.steps < 1 or args.eval_every < 1 or args.steps % args.eval_every:
         p.error("--steps must be a positive multiple of --eval_every (>= 1)")
     return args
@@ -188,18 +196,21 @@ def main(argv=None):
         task, lengths, args.split, args.batch_size, pack=pack, shuffle=False, seed=args.seed,
         repeat=False).take(args.eval_batches))
 
+    seeds = [args.seed + i for i in range(args.seeds)]
     start = time.time()
-    runs = {}
-    for name, config in (("dense", dense_config), (moe_name, moe_config)):
-        keras.utils.set_random_seed(args.seed)
+    per_seed = {"dense": [], moe_name: []}
+
+    def train_and_score(name, config, seed):
+        keras.utils.set_random_seed(seed)
         model = build_model(config)
         model.compile(**model.compile_defaults(
             optimizer=keras.optimizers.Adam(args.learning_rate)))
+        # Same seed -> same batches in the same order for both models.
         train_ds = data_lib.make_dataset(task, lengths, "train", args.batch_size, pack=pack,
-                                         shuffle=True, seed=args.seed, repeat=True)
+                                         shuffle=True, seed=seed, repeat=True)
+        label = name if len(seeds) == 1 else f"{name} (seed {seed})"
         run = quality.train_with_curve(model, train_ds, held_out, args.steps, args.eval_every,
-                                       name)
-        run["params"] = count_params(config)
+                                       label)
         decode_start = time.time()
         bleu, samples, all_refs, all_hyps = {}, {}, [], []
         for lang, info in sorted(languages.items()):
@@ -211,37 +222,69 @@ def main(argv=None):
             all_hyps += hyps
             samples[lang] = [{"source": ex["source"], "prediction": h, "reference": ex["reference"]}
                              for ex, h in list(zip(info["examples"], hyps))[:args.samples]]
-        run.update(bleu=bleu, bleu_mean=sum(bleu.values()) / len(bleu),
+        run.update(bleu=bleu, bleu_mean=statistics.fmean(bleu.values()),
                    bleu_all_languages=corpus_bleu(all_refs, all_hyps), samples=samples,
                    decode_seconds=time.time() - decode_start)
-        print(f"{name:>22s}: BLEU " + " ".join(f"{k} {v:.2f}" for k, v in bleu.items()) +
+        print(f"{label:>22s}: BLEU " + " ".join(f"{k} {v:.2f}" for k, v in bleu.items()) +
               f" | mean {run['bleu_mean']:.2f}, all {run['bleu_all_languages']:.2f} "
               f"(decode {run['decode_seconds']:.0f} s)", flush=True)
-        runs[name] = run
-    total = time.time() - start
+        return run
 
-    per_language = [{"language": lang, "task": languages[lang]["task"],
-                     "examples": len(languages[lang]["examples"]),
-                     "bleu_dense": runs["dense"]["bleu"][lang],
-                     f"bleu_{moe_name}": runs[moe_name]["bleu"][lang],
-                     "delta": runs[moe_name]["bleu"][lang] - runs["dense"]["bleu"][lang]}
-                    for lang in sorted(languages)]
-    payload = {
-        "benchmark": "translation", "command": command, "task": task,
-        "task_fallback_reason": fallback_reason, "feature_lengths": lengths, "pack": pack,
-        "split": args.split, "args": vars(args), "moe_name": moe_name,
-        "bleu": "sacrebleu corpus BLEU, intl tokenizer, exp smoothing (tasks.metrics.bleu); "
-                "greedy decoding; references are the raw targets_pretokenized",
-        "bleu_self_check": 100.0, "max_decode_length": max_length,
-        "optimizer": f"Adam({args.learning_rate}), constant",
-        "runs": runs, "per_language": per_language,
-        "total_seconds": total, "environment": common.environment(),
-    }
-    path = common.write_result(args.output, payload)
-    print(f"\n{'lang':>6s} {'dense':>8s} {moe_name:>10s} {'delta':>8s}")
+    def summary(done_seeds):
+        runs = {}
+        for name, config in (("dense", dense_config), (moe_name, moe_config)):
+            outs = per_seed[name]
+            run = quality.mean_over_seeds(outs, done_seeds)
+            run.update(params=count_params(config),
+                       bleu={lang: statistics.fmean(o["bleu"][lang] for o in outs)
+                             for lang in sorted(languages)},
+                       bleu_std=({lang: statistics.stdev(o["bleu"][lang] for o in outs)
+                                  for lang in sorted(languages)} if len(outs) > 1 else None),
+                       bleu_mean=statistics.fmean(o["bleu_mean"] for o in outs),
+                       bleu_all_languages=statistics.fmean(o["bleu_all_languages"] for o in outs))
+            runs[name] = run
+        per_language = []
+        for lang in sorted(languages):
+            deltas = [m["bleu"][lang] - d["bleu"][lang]
+                      for d, m in zip(per_seed["dense"], per_seed[moe_name])]
+            per_language.append({
+                "language": lang, "task": languages[lang]["task"],
+                "examples": len(languages[lang]["examples"]),
+                "bleu_dense": runs["dense"]["bleu"][lang],
+                f"bleu_{moe_name}": runs[moe_name]["bleu"][lang],
+                "delta": statistics.fmean(deltas), "delta_per_seed": deltas,
+                "delta_std": statistics.stdev(deltas) if len(deltas) > 1 else None})
+        ahead = sum(row["delta"] > 0 for row in per_language)
+        verdict = {"languages": len(per_language), "moe_ahead": ahead,
+                   "met": ahead > len(per_language) / 2,
+                   "target": "MoE ahead of dense in most languages, BLEU averaged over seeds"}
+        return runs, per_language, verdict
+
+    for done, seed in enumerate(seeds, 1):
+        for name, config in (("dense", dense_config), (moe_name, moe_config)):
+            per_seed[name].append(train_and_score(name, config, seed))
+        runs, per_language, verdict = summary(seeds[:done])
+        total = time.time() - start
+        payload = {
+            "benchmark": "translation", "command": command, "task": task,
+            "complete": done == len(seeds),
+            "task_fallback_reason": fallback_reason, "feature_lengths": lengths, "pack": pack,
+            "split": args.split, "args": vars(args), "moe_name": moe_name,
+            "seeds": seeds[:done],
+            "bleu": "sacrebleu corpus BLEU, intl tokenizer, exp smoothing (tasks.metrics.bleu); "
+                    "greedy decoding; references are the raw targets_pretokenized; per language "
+                    "the mean over the seeds",
+            "bleu_self_check": 100.0, "max_decode_length": max_length,
+            "optimizer": f"Adam({args.learning_rate}), constant",
+            "runs": runs, "per_language": per_language, "target": verdict,
+            "total_seconds": total, "environment": common.environment(),
+        }
+        path = common.write_result(args.output, payload)
+    print(f"\n{'lang':>6s} {'dense':>8s} {moe_name:>10s} {'delta':>8s}  (mean of {len(seeds)} seeds)")
     for row in per_language:
         print(f"{row['language']:>6s} {row['bleu_dense']:8.2f} {row[f'bleu_{moe_name}']:10.2f} "
               f"{row['delta']:+8.2f}")
+    print(f"{moe_name} ahead in {verdict['moe_ahead']} of {verdict['languages']} languages")
     for name, run in runs.items():
         print(f"{name}: held-out neg log perplexity {run['final_neg_log_perplexity']:.4f}, "
               f"step {1e3 * run['step_time_s']:.1f} ms, {run['params']:,} params")

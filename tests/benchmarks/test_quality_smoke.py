@@ -151,10 +151,12 @@ def test_translation_bleu_and_smoke():
         assert set(run["bleu"]) == langs
         assert all(0.0 <= v <= 100.0 for v in run["bleu"].values())
         assert [p["step"] for p in run["curve"]] == [0, 2, 4]
+        assert run["seeds"] == [0] and len(run["per_seed"]) == 1
         for lang in langs:
-            sample = run["samples"][lang][0]
+            sample = run["per_seed"][0]["samples"][lang][0]
             assert sample["reference"] and isinstance(sample["prediction"], str)
     assert {r["language"] for r in data["per_language"]} == langs
+    assert data["target"]["languages"] == 3 and 0 <= data["target"]["moe_ahead"] <= 3
     assert data["bleu_self_check"] == 100.0
 
 
