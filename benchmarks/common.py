@@ -12,18 +12,27 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 def environment():
     """Facts that make a result interpretable later."""
     import keras
-    import tensorflow as tf
 
-    return {
+    backend = keras.backend.backend()
+    facts = {
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "keras": keras.__version__,
-        "backend": keras.backend.backend(),
-        "tensorflow": tf.__version__,
-        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "backend": backend,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if backend == "jax":  # may run where TensorFlow is not installed
+        import jax
+
+        facts.update(jax=jax.__version__,
+                     gpus=[d.device_kind for d in jax.devices() if d.platform == "gpu"])
+    else:
+        import tensorflow as tf
+
+        facts.update(tensorflow=tf.__version__,
+                     gpus=[d.name for d in tf.config.list_physical_devices("GPU")])
+    return facts
 
 
 def interleaved_medians(functions, repeats, warmup=2):

@@ -27,6 +27,13 @@ measured.
     python benchmarks/quality.py --table1         # + 6 Table 1 runs
     python benchmarks/quality.py --smoke          # about a minute; checks it runs
 
+Where seqio and TensorFlow are missing (a JAX GPU host), train on saved batches:
+`--export_batches DIR` (here) writes the exact training batches of every seed
+and the held-out batches (20 MB for 5 seeds x 800 steps); then, there,
+`KERAS_BACKEND=jax JAX_PLATFORMS=cuda python benchmarks/quality.py ... --batches
+DIR --workers 12` trains the same models on them, 12 (model, seed) runs at a
+time (step times then share the device: time them apart with `--retime`).
+
 (*) on 2 shared cores: dense and Switch-8, 3 seeds each, 90-95 min; Switch-16's
 3 seeds 50 min.
 
@@ -110,6 +117,17 @@ def parse_args(argv=None):
                         "lacks, e.g. add --experts 8 16 to a dense + Switch-8 result")
     p.add_argument("--output", default="quality", help="result name under benchmarks/results/")
     p.add_argument("--no_plot", action="store_true")
+    p.add_argument("--export_batches", metavar="DIR", default=None,
+                   help="write the training batches of every seed and the held-out batches "
+                        "as NumPy files under DIR, then stop (see --batches)")
+    p.add_argument("--batches", metavar="DIR", default=None,
+                   help="train on the batches --export_batches wrote instead of seqio: needs "
+                        "neither seqio nor TensorFlow (e.g. KERAS_BACKEND=jax on a GPU host)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="train the (model, seed) runs in this many processes at once; their "
+                        "step times then share the machine")
+    p.add_argument("--job", default=None, help=argparse.SUPPRESS)  # NAME:SEED, in a worker
+    p.add_argument("--job_output", default=None, help=argparse.SUPPRESS)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
     if args.smoke:  # tiny defaults; arguments given explicitly still win
@@ -135,6 +153,12 @@ def parse_args(argv=None):
         p.error("--retime needs --timing_repeats >= 1")
     if args.no_main and not args.table1:
         p.error("--no_main without --table1 leaves nothing to run")
+    if args.workers < 1:
+        p.error(f"--workers must be >= 1, got {args.workers}")
+    if args.export_batches and args.batches:
+        p.error("--export_batches and --batches exclude each other")
+    if (args.job is None) != (args.job_output is None):
+        p.error("--job and --job_output go together")
     return args
 
 
@@ -212,10 +236,13 @@ def make_step_timer():
     return StepTimer()
 
 
-def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
+def train_with_curve(model, train_ds, held_out, steps, eval_every, name="",
+                     eval_batch_size=None):
     """`model.fit` for `steps` steps (epochs of `eval_every` steps on one
     iterator of the infinite `train_ds`), evaluating on `held_out` at step 0
-    and at the end of each epoch (Keras `validation_data`).
+    and at the end of each epoch (Keras `validation_data`). `held_out` is a
+    finite dataset of batches, or one `(x, y, w)` triple of arrays that Keras
+    splits into batches of `eval_batch_size`.
 
     Returns dict with `curve` [{step, seconds, neg_log_perplexity, accuracy,
     loss}] (`seconds`: training wall time up to that step, evaluation left
@@ -227,11 +254,17 @@ def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        first = model.evaluate(held_out, verbose=0, return_dict=True)
+        if isinstance(held_out, tuple):
+            x, y, w = held_out
+            first = model.evaluate(x, y, sample_weight=w, batch_size=eval_batch_size, verbose=0,
+                                   return_dict=True)
+        else:
+            first = model.evaluate(held_out, verbose=0, return_dict=True)
         timer = make_step_timer()
         start = time.time()
         history = model.fit(train_ds, steps_per_epoch=eval_every, epochs=steps // eval_every,
-                            validation_data=held_out, callbacks=[timer], verbose=0)
+                            validation_data=held_out, validation_batch_size=eval_batch_size,
+                            callbacks=[timer], verbose=0)
         seconds = time.time() - start
     h = history.history
     curve = [{"step": 0, "seconds": 0.0,
@@ -361,6 +394,118 @@ def command_line(script, argv):
 
 # ---------------------------------------------------------------------------
 
+class SeqioBatches:
+    """The benchmark's batches from the seqio task (needs seqio and TensorFlow)."""
+
+    def __init__(self, args):
+        import tasks
+        from keras_moe.training import data as data_lib
+
+        quiet_logs()
+        self._data, self._args = data_lib, args
+        targets = args.targets or (args.inputs if "prefix_lm" in args.task
+                                   else tasks.span_corruption_targets_length(args.inputs))
+        self.lengths = {"inputs": args.inputs, "targets": targets}
+        self.task, self.fallback_reason = pick_task(args.task, FALLBACK_TASK, self.lengths)
+        self.vocab_size = tasks.vocabulary_size()
+        self._held_out = None
+
+    def train(self, seed):
+        """Endless shuffled training batches; the same seed gives the same order."""
+        import tensorflow as tf
+
+        tf.random.set_seed(seed)  # seqio's seeded random ops also read TF's global seed
+        return self._data.make_dataset(self.task, self.lengths, "train", self._args.batch_size,
+                                       shuffle=True, seed=seed, repeat=True)
+
+    def held_out(self):
+        """(finite dataset of the validation batches, its number of target tokens)."""
+        if self._held_out is None:
+            import keras
+
+            ds = self._data.make_dataset(self.task, self.lengths, "validation",
+                                         self._args.batch_size, shuffle=False,
+                                         seed=self._args.seed, repeat=False)
+            ds = self._data.finite(ds.take(self._args.eval_batches) if self._args.eval_batches
+                                   else ds)
+            self._held_out = ds, int(sum(float(keras.ops.sum(w)) for _, _, w in ds))
+        return self._held_out
+
+
+class FileBatches:
+    """The batches `--export_batches` saved (`benchmarks/batch_files.py`)."""
+
+    def __init__(self, args):
+        from benchmarks import batch_files
+
+        self._files, self._dir = batch_files, args.batches
+        meta = batch_files.read_meta(args.batches)
+        wanted = {"task": args.task, "batch_size": args.batch_size,
+                  "eval_batches": args.eval_batches, "inputs": args.inputs}
+        seeds = [args.seed + i for i in range(args.seeds)]
+        if (any(meta[k] != v for k, v in wanted.items()) or args.steps > meta["steps"]
+                or not set(seeds) <= set(meta["seeds"])):
+            raise SystemExit(
+                f"--batches {args.batches} holds --steps {meta['steps']}, seeds {meta['seeds']}, "
+                + ", ".join(f"--{k} {meta[k]!r}" for k in sorted(wanted))
+                + f"; asked for --steps {args.steps} (at most the saved), seeds {seeds}, "
+                + ", ".join(f"--{k} {v!r}" for k, v in sorted(wanted.items())))
+        self.lengths, self.task = meta["feature_lengths"], meta["task"]
+        self.fallback_reason, self.vocab_size = meta["task_fallback_reason"], meta["vocab_size"]
+        self._tokens, self._held_out = meta["held_out_target_tokens"], None
+
+    def train(self, seed):
+        return self._files.load_train(self._dir, seed)
+
+    def held_out(self):
+        if self._held_out is None:
+            self._held_out = self._files.load_held_out(self._dir)
+        return self._held_out, self._tokens
+
+
+def export_batches(args, source):
+    """Writes what `FileBatches` reads: the first --steps training batches of
+    every seed and the held-out batches."""
+    from benchmarks import batch_files
+
+    held_out, tokens = source.held_out()
+    seeds = [args.seed + i for i in range(args.seeds)]
+    batch_files.export(
+        args.export_batches, {seed: source.train(seed) for seed in seeds}, held_out,
+        {"task": source.task, "task_fallback_reason": source.fallback_reason,
+         "feature_lengths": source.lengths, "vocab_size": source.vocab_size,
+         "steps": args.steps, "batch_size": args.batch_size, "eval_batches": args.eval_batches,
+         "inputs": args.inputs, "held_out_target_tokens": tokens})
+    print(f"wrote the batches of seeds {seeds} ({args.steps} steps) and {tokens} held-out "
+          f"target tokens to {args.export_batches}", flush=True)
+
+
+def run_in_workers(jobs, argv, workers):
+    """Runs each (name, seed) job as `quality.py <argv> --job name:seed` in up to
+    `workers` processes at once. Returns {(name, seed): future of its record}."""
+    import json
+    import subprocess
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    directory = tempfile.mkdtemp(prefix="quality_jobs_")
+
+    def one(name, seed):
+        path = os.path.join(directory, f"{name}_seed{seed}.json")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv,
+                               "--job", f"{name}:{seed}", "--job_output", path],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"{name} (seed {seed}) failed:\n{proc.stdout[-4000:]}")
+        print(proc.stdout.strip().splitlines()[-1], flush=True)
+        with open(path) as f:
+            return json.load(f)
+
+    pool = ThreadPoolExecutor(workers)
+    return {(name, seed): pool.submit(one, name, seed) for name, seed in jobs}
+
+
 def interleaved_step_times(configs, train_ds, repeats):
     """Median training-step time of a fresh model of each config on one real
     batch, the models timed in turn (`common.interleaved_medians`)."""
@@ -414,7 +559,8 @@ def retime(output, step_times, main_configs, table1_configs):
 # Arguments that only choose which models run or where results go; every other
 # argument changes what a model's training measures.
 SELECTION_ARGS = frozenset({"experts", "no_main", "table1", "table1_experts", "table1_cf",
-                            "timing_repeats", "retime", "reuse", "output", "no_plot", "smoke"})
+                            "timing_repeats", "retime", "reuse", "output", "no_plot", "smoke",
+                            "export_batches", "batches", "workers", "job", "job_output"})
 
 
 def reusable_runs(output, args):
@@ -482,21 +628,19 @@ def main(argv=None):
     args = parse_args(argv)
     import keras
 
-    import tasks
     from benchmarks import common
     from keras_moe.models import T5Config, build_model, count_params
-    from keras_moe.training import data as data_lib
 
-    reused = reusable_runs(args.output, args) if args.reuse else {}
-    quiet_logs()
+    reused = reusable_runs(args.output, args) if args.reuse and not args.job else {}
     command = command_line("quality.py", argv)
-    targets = args.targets or (args.inputs if "prefix_lm" in args.task
-                               else tasks.span_corruption_targets_length(args.inputs))
-    lengths = {"inputs": args.inputs, "targets": targets}
-    task, fallback_reason = pick_task(args.task, FALLBACK_TASK, lengths)
+    source = FileBatches(args) if args.batches else SeqioBatches(args)
+    task, fallback_reason, lengths = source.task, source.fallback_reason, source.lengths
+    seeds = [args.seed + i for i in range(args.seeds)]
+    if args.export_batches:
+        return export_batches(args, source)
 
     dense_config = T5Config(
-        vocab_size=tasks.vocabulary_size(), d_model=args.d_model, num_heads=args.num_heads,
+        vocab_size=source.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
         d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
         num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
 
@@ -507,8 +651,6 @@ def main(argv=None):
             eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity,
             track_router_metrics=True)
 
-    seeds = [args.seed + i for i in range(args.seeds)]
-
     main_configs = {} if args.no_main else {
         f"switch{e}": moe_config("switch", e, args.capacity_factor, args.eval_capacity_factor)
         for e in args.experts}
@@ -516,12 +658,35 @@ def main(argv=None):
         f"{router}_E{args.table1_experts}_cf{cf:g}": moe_config(
             moe_type, args.table1_experts, cf, cf)
         for cf in args.table1_cf for moe_type, router in (("switch", "top1"), ("gshard", "top2"))}
+    all_configs = {"dense": dense_config, **main_configs, **table1_configs}
+
+    def run_one(name, seed):
+        """One model trained from `seed`: its `train_with_curve` record."""
+        keras.utils.set_random_seed(seed)  # same initialisation stream for every model
+        model = build_model(all_configs[name])
+        # On JAX an uncompiled step runs op by op; TensorFlow's default graph step is faster
+        # than its XLA one at this size.
+        model.compile(**model.compile_defaults(
+            optimizer=keras.optimizers.Adam(learning_rate(args)),
+            jit_compile=keras.backend.backend() == "jax"))
+        label = name if len(seeds) == 1 else f"{name} (seed {seed})"
+        # Same seed -> same batches in the same order for every model.
+        return train_with_curve(model, source.train(seed), source.held_out()[0], args.steps,
+                                args.eval_every, label, eval_batch_size=args.batch_size)
+
+    if args.job:  # a worker process of --workers
+        import json
+
+        name, seed = args.job.rsplit(":", 1)
+        out = run_one(name, int(seed))
+        with open(args.job_output, "w") as f:
+            json.dump(out, f)
+        return out
+
     step_times = None
     if args.timing_repeats:
-        step_times = interleaved_step_times(
-            {"dense": dense_config, **main_configs, **table1_configs},
-            data_lib.make_dataset(task, lengths, "train", args.batch_size, seed=args.seed),
-            args.timing_repeats)
+        step_times = interleaved_step_times(all_configs, source.train(args.seed),
+                                            args.timing_repeats)
 
     def time_ratio(name):
         return None if step_times is None else (step_times[name]["median"]
@@ -530,27 +695,17 @@ def main(argv=None):
     if args.retime:
         return retime(args.output, step_times, main_configs, table1_configs)
 
-    held_out = data_lib.make_dataset(task, lengths, "validation", args.batch_size,
-                                     shuffle=False, seed=args.seed, repeat=False)
-    held_out = data_lib.finite(held_out.take(args.eval_batches) if args.eval_batches
-                               else held_out)
-    held_out_tokens = int(sum(float(keras.ops.sum(w)) for _, _, w in held_out))
-    print(f"held-out set: {held_out.cardinality()} batches, {held_out_tokens} target tokens",
-          flush=True)
+    held_out_tokens = source.held_out()[1]
+    print(f"held-out set: {held_out_tokens} target tokens", flush=True)
+
+    pending = {}
+    if args.workers > 1:
+        pending = run_in_workers([(name, seed) for name in all_configs if name not in reused
+                                  for seed in seeds], argv, args.workers)
 
     def run(name, config):
-        outs = []
-        for seed in seeds:
-            keras.utils.set_random_seed(seed)  # same initialisation stream for every model
-            model = build_model(config)
-            model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(
-                learning_rate(args))))
-            # Same seed -> same batches in the same order for every model.
-            train_ds = data_lib.make_dataset(task, lengths, "train", args.batch_size,
-                                             shuffle=True, seed=seed, repeat=True)
-            label = name if len(seeds) == 1 else f"{name} (seed {seed})"
-            outs.append(train_with_curve(model, train_ds, held_out, args.steps, args.eval_every,
-                                         label))
+        outs = [pending[name, seed].result() if pending else run_one(name, seed)
+                for seed in seeds]
         out = mean_over_seeds(outs, seeds)
         out.update(params=count_params(config), moe_type=config.moe_type,
                    num_experts=config.num_experts,

@@ -35,9 +35,10 @@ def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, 
                  seed=0, repeat=True, skip_batches=0, shard_info=None):
     """Batched Keras inputs of a seqio task: `(inputs_dict, targets, loss_weights)`.
 
-    The stream is deterministic given `seed` (seqio seeds its shuffles and
-    random preprocessors), so `skip_batches` reproduces the data position of
-    a resumed run exactly.
+    The stream is deterministic given `seed` and TensorFlow's global seed
+    (seqio seeds its shuffles and random preprocessors with `seed`, and TF
+    combines an op's seed with the global one; the trainer sets both), so
+    `skip_batches` reproduces the data position of a resumed run exactly.
 
     Args:
         task: registered task or mixture name.

@@ -1,6 +1,8 @@
 """benchmarks/quality.py and benchmarks/translation.py run at a tiny size and write valid JSON."""
 
+import os
 import sys
+import tempfile
 
 import pytest
 
@@ -131,6 +133,20 @@ def test_quality_smoke():
         - data["dense_final_neg_log_perplexity"])
     assert data["table1"] == []
 
+    # The same training from saved batches (no seqio: what a JAX GPU host runs), in two
+    # worker processes, lands on the same values.
+    with tempfile.TemporaryDirectory() as batches:
+        run_smoke("quality.py", "smoke_quality_export", "--seeds", "1",
+                  "--export_batches", batches)
+        assert sorted(os.listdir(batches)) == ["held_out.npz", "meta.json", "train_seed0.npz"]
+        from_files = run_smoke("quality.py", "smoke_quality_files", "--seeds", "1",
+                               "--timing_repeats", "0", "--no_plot", "--batches", batches,
+                               "--workers", "2")["json"]
+    assert from_files["held_out_target_tokens"] == data["held_out_target_tokens"]
+    for name, run in data["runs"].items():
+        assert from_files["runs"][name]["final_per_seed"] == pytest.approx(
+            run["final_per_seed"], rel=1e-5)
+
 
 @pytest.mark.slow
 def test_translation_bleu_and_smoke():
@@ -210,7 +226,8 @@ def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
             "step_time_s": 1.0, "final_per_seed": [-8.0]}
     trained = []
 
-    def train_with_curve(model, train_ds, held_out, steps, eval_every, name=""):
+    def train_with_curve(model, train_ds, held_out, steps, eval_every, name="",
+                         eval_batch_size=None):
         trained.append(name)
         return {"curve": [dict(p, neg_log_perplexity=-7.0) for p in curve],
                 "final_neg_log_perplexity": -7.0, "step_time_s": 1.0, "train_seconds": 4.0}

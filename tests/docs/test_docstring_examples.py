@@ -12,6 +12,8 @@ import gin
 import pytest
 
 MODULES = [
+    "benchmarks.batch_files",
+    "benchmarks.quality",
     "keras_moe.convert.hf",
     "keras_moe.dispatch",
     "keras_moe.distill.builder",
