@@ -113,12 +113,7 @@ class ExpertParallelExperts(FeedForwardExperts):
             value = var.value
             return tf.slice(value, [start, 0, 0], [count, -1, -1])
 
-        if self.gated:
-            hidden = self._act(tf.matmul(x, weights(self.wi_0))) * tf.matmul(x, weights(self.wi_1))
-        else:
-            hidden = self._act(tf.matmul(x, weights(self.wi)))
-        hidden = self.dropout(hidden, training=training)
-        y = tf.matmul(hidden, weights(self.wo))
+        y = self.feed_forward(x, tf.matmul, training, kernel=weights)
         return tf.reshape(y, shape)
 
     def call(self, inputs, training=None):

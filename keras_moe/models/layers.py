@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_moe.experts import ACTIVATIONS, _activation_fn
+from keras_moe.ffn import FeedForwardMixin
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -43,12 +43,12 @@ class RMSNorm(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class DenseFeedForward(keras.layers.Layer):
+class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
     """T5 dense FFN without biases: `wo(dropout(act(wi x)))` or gated `wo(act(wi_0 x) * wi_1 x)`.
 
     Args:
         d_ff: hidden size.
-        activation: one of `keras_moe.experts.ACTIVATIONS` ("gated-gelu" is T5.1.1).
+        activation: one of `keras_moe.ffn.ACTIVATIONS` ("gated-gelu" is T5.1.1).
         dropout_rate: dropout on the hidden activations.
         init_scale: variance scale of the normal init, std `sqrt(init_scale /
             fan_in)` (T5: 1.0; the Switch paper scales every weight by 0.1).
@@ -65,45 +65,17 @@ class DenseFeedForward(keras.layers.Layer):
     def __init__(self, d_ff, activation="gated-gelu", dropout_rate=0.0, init_scale=1.0,
                  seed=None, **kwargs):
         super().__init__(**kwargs)
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
         self.d_ff = d_ff
-        self.activation = activation
-        if not init_scale > 0:
-            raise ValueError(f"`init_scale` must be > 0, got {init_scale!r}.")
-        self.dropout_rate = float(dropout_rate)
-        self.init_scale = float(init_scale)
-        self.seed = seed
-        self.gated = activation.startswith("gated-")
-        self._act = _activation_fn(activation)
-        self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
+        self.init_feed_forward(activation, dropout_rate, init_scale, seed)
 
     def build(self, input_shape):
-        d_model = input_shape[-1]
-        # A Keras initializer object without a seed returns the same values on
-        # every call: each weight gets its own, or wi_0 and wi_1 start equal.
-        def init(fan_in):
-            return keras.initializers.RandomNormal(stddev=(self.init_scale / fan_in) ** 0.5)
-
-        if self.gated:
-            self.wi_0 = self.add_weight(name="wi_0", shape=(d_model, self.d_ff),
-                                        initializer=init(d_model))
-            self.wi_1 = self.add_weight(name="wi_1", shape=(d_model, self.d_ff),
-                                        initializer=init(d_model))
-        else:
-            self.wi = self.add_weight(name="wi", shape=(d_model, self.d_ff),
-                                      initializer=init(d_model))
-        self.wo = self.add_weight(name="wo", shape=(self.d_ff, d_model),
-                                  initializer=init(self.d_ff))
-        self.built = True
+        # Normal init with std sqrt(init_scale / fan_in), fan_in = the kernel's first axis.
+        self.add_kernels((input_shape[-1], self.d_ff), (self.d_ff, input_shape[-1]),
+                         lambda shape: keras.initializers.RandomNormal(
+                             stddev=(self.init_scale / shape[0]) ** 0.5))
 
     def call(self, x, training=None):
-        if self.gated:
-            h = self._act(ops.matmul(x, self.wi_0)) * ops.matmul(x, self.wi_1)
-        else:
-            h = self._act(ops.matmul(x, self.wi))
-        h = self.dropout(h, training=training)
-        return ops.matmul(h, self.wo)
+        return self.feed_forward(x, ops.matmul, training)
 
     def get_config(self):
         config = super().get_config()

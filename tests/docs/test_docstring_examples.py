@@ -23,6 +23,7 @@ MODULES = [
     "keras_moe.expert_parallel",
     "keras_moe.experts",
     "keras_moe.feedforward",
+    "keras_moe.ffn",
     "keras_moe.layers",
     "keras_moe.layouts",
     "keras_moe.losses",
