@@ -280,7 +280,8 @@ def main(argv=None):
             "total_seconds": total, "environment": common.environment(),
         }
         path = common.write_result(args.output, payload)
-    print(f"\n{'lang':>6s} {'dense':>8s} {moe_name:>10s} {'delta':>8s}  (mean of {len(seeds)} seeds)")
+    print(f"\n{'lang':>6s} {'dense':>8s} {moe_name:>10s} {'delta':>8s}  "
+          f"(mean of {len(seeds)} seeds)")
     for row in per_language:
         print(f"{row['language']:>6s} {row['bleu_dense']:8.2f} {row[f'bleu_{moe_name}']:10.2f} "
               f"{row['delta']:+8.2f}")

@@ -6,30 +6,38 @@ from keras_moe.experts import FeedForwardExperts
 from keras_moe.moe import MoeLayer
 from keras_moe.routing import SwitchRouter, Top2Router, default_router_initializer
 
-_MOE_ARGS = (
-    "group_size", "pad_to_group_size", "train_capacity_factor", "eval_capacity_factor",
-    "min_expert_capacity", "dispatch", "aux_loss_factor", "z_loss_factor", "causal",
-    "track_metrics", "return_metrics",
-)
-
-
-def _router_initializer(init_scale, router_init_scale):
-    """The router's init: `router_init_scale`, or the experts' `init_scale` when None."""
-    return default_router_initializer(init_scale if router_init_scale is None
-                                      else router_init_scale)
-
 
 class _ExpertFeedForward(MoeLayer):
-    """Shared plumbing: builds router + experts from plain arguments."""
+    """The ready-made layers' shared constructor: a router of `router_class`
+    (the hook: subclasses name their router class and pass its own arguments
+    as `router_args`) and `FeedForwardExperts`, from plain arguments."""
 
-    def __init__(self, router, num_experts, d_ff, activation, expert_dropout_rate,
-                 init_scale, router_init_scale, seed, **kwargs):
+    router_class = None
+
+    def __init__(self, num_experts, d_ff, activation="relu", train_capacity_factor=1.25,
+                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size="batch",
+                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
+                 router_bias=False, aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
+                 batch_prioritized_routing=False, router_dtype="float32", seed=None,
+                 router_args=None, **kwargs):
+        router = self.router_class(
+            num_experts, jitter_noise=jitter_noise, use_bias=router_bias,
+            kernel_initializer=default_router_initializer(
+                init_scale if router_init_scale is None else router_init_scale),
+            batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
+            dtype=router_dtype, **(router_args or {}),
+        )
         experts = FeedForwardExperts(
             num_experts=num_experts, d_ff=d_ff, activation=activation,
             dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
             name="experts", dtype=kwargs.get("dtype"),
         )
-        super().__init__(router, experts, **kwargs)
+        super().__init__(
+            router, experts, train_capacity_factor=train_capacity_factor,
+            eval_capacity_factor=eval_capacity_factor, min_expert_capacity=min_expert_capacity,
+            group_size=group_size, aux_loss_factor=aux_loss_factor,
+            z_loss_factor=z_loss_factor, dispatch=dispatch, **kwargs,
+        )
         self.d_ff = d_ff
         self.activation = activation
         self.expert_dropout_rate = expert_dropout_rate
@@ -38,6 +46,8 @@ class _ExpertFeedForward(MoeLayer):
         self.seed = seed
 
     def get_config(self):
+        # MoeLayer's config holds the router and experts as objects; these
+        # layers rebuild them from plain arguments instead.
         config = keras.layers.Layer.get_config(self)
         config.update(self._moe_config())
         config.update(
@@ -47,6 +57,7 @@ class _ExpertFeedForward(MoeLayer):
             expert_dropout_rate=self.expert_dropout_rate,
             init_scale=self.init_scale,
             router_init_scale=self.router_init_scale,
+            router_bias=self.router.use_bias,
             seed=self.seed,
             jitter_noise=self.router.jitter_noise,
             batch_prioritized_routing=self.router.batch_prioritized_routing,
@@ -82,6 +93,7 @@ class SwitchFeedForward(_ExpertFeedForward):
             and router alone left the MoE branch ~0.001 of the residual
             stream, with gradients under Adam's epsilon.
         router_init_scale: the router's init scale; None follows `init_scale`.
+        router_bias: add a bias to the router logits (HF's `router_bias`).
         aux_loss_factor: load-balancing loss weight (paper: 1e-2).
         z_loss_factor: router z-loss weight (ST-MoE: 1e-3).
         dispatch: "auto", "einsum" or "gather".
@@ -89,7 +101,8 @@ class SwitchFeedForward(_ExpertFeedForward):
         router_dtype: dtype policy of the router; "float32" (the Switch
             paper's selective precision) unless you are studying instability.
         seed: seed for jitter and dropout.
-        **kwargs: the other `MoeLayer` arguments and Keras layer arguments.
+        **kwargs: the other `MoeLayer` arguments (`causal`, `pad_to_group_size`,
+            `track_metrics`, ...) and Keras layer arguments.
 
     Example:
     >>> import numpy as np
@@ -101,26 +114,7 @@ class SwitchFeedForward(_ExpertFeedForward):
     (2, 16, 32)
     """
 
-    def __init__(self, num_experts, d_ff, activation="relu", train_capacity_factor=1.25,
-                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size="batch",
-                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
-                 aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
-                 batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
-        router = SwitchRouter(
-            num_experts, jitter_noise=jitter_noise,
-            kernel_initializer=_router_initializer(init_scale, router_init_scale),
-            batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
-            dtype=router_dtype,
-        )
-        super().__init__(
-            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale,
-            router_init_scale, seed,
-            train_capacity_factor=train_capacity_factor,
-            eval_capacity_factor=eval_capacity_factor,
-            min_expert_capacity=min_expert_capacity, group_size=group_size,
-            aux_loss_factor=aux_loss_factor, z_loss_factor=z_loss_factor,
-            dispatch=dispatch, **kwargs,
-        )
+    router_class = SwitchRouter
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -148,31 +142,18 @@ class GShardFeedForward(_ExpertFeedForward):
     ((2, 16, 32), 2)
     """
 
+    router_class = Top2Router
+
     def __init__(self, num_experts, d_ff, activation="relu", second_expert_policy="random",
                  eval_second_expert_policy="all", second_expert_threshold=None,
-                 normalize_gates="before_capacity", train_capacity_factor=1.0,
-                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size="batch",
-                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
-                 aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
-                 batch_prioritized_routing=False, router_dtype="float32", seed=None, **kwargs):
-        router = Top2Router(
-            num_experts, second_expert_policy=second_expert_policy,
-            eval_second_expert_policy=eval_second_expert_policy,
-            second_expert_threshold=second_expert_threshold,
-            normalize_gates=normalize_gates, jitter_noise=jitter_noise,
-            kernel_initializer=_router_initializer(init_scale, router_init_scale),
-            batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
-            dtype=router_dtype,
-        )
+                 normalize_gates="before_capacity", train_capacity_factor=1.0, **kwargs):
         super().__init__(
-            router, num_experts, d_ff, activation, expert_dropout_rate, init_scale,
-            router_init_scale, seed,
-            train_capacity_factor=train_capacity_factor,
-            eval_capacity_factor=eval_capacity_factor,
-            min_expert_capacity=min_expert_capacity, group_size=group_size,
-            aux_loss_factor=aux_loss_factor, z_loss_factor=z_loss_factor,
-            dispatch=dispatch, **kwargs,
-        )
+            num_experts, d_ff, activation, train_capacity_factor=train_capacity_factor,
+            router_args=dict(second_expert_policy=second_expert_policy,
+                             eval_second_expert_policy=eval_second_expert_policy,
+                             second_expert_threshold=second_expert_threshold,
+                             normalize_gates=normalize_gates),
+            **kwargs)
 
     def get_config(self):
         config = super().get_config()

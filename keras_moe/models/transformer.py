@@ -9,9 +9,6 @@ from keras_moe.models.config import T5Config
 from keras_moe.models.distribute_compat import DistributedBuildMixin
 from keras_moe.models.layers import DenseFeedForward, RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
-from keras_moe.moe import MoeLayer
-from keras_moe.routing import SwitchRouter, default_router_initializer
-from keras_moe.experts import FeedForwardExperts
 
 FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
             "encoder_positions", "decoder_segment_ids", "decoder_positions")
@@ -59,9 +56,9 @@ def make_ffn(config, sparse, causal, name, metrics_prefix=None):
     if not sparse:
         return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate,
                                 init_scale=config.init_scale, name=name)
-    router_scale = (config.init_scale if config.router_init_scale is None
-                    else config.router_init_scale)
-    args = dict(
+    layer_class = GShardFeedForward if config.moe_type == "gshard" else SwitchFeedForward
+    return layer_class(
+        config.num_experts, config.expert_d_ff or config.d_ff,
         activation=config.expert_activation or config.activation,
         train_capacity_factor=config.train_capacity_factor,
         eval_capacity_factor=config.eval_capacity_factor,
@@ -71,7 +68,9 @@ def make_ffn(config, sparse, causal, name, metrics_prefix=None):
         jitter_noise=config.jitter_noise,
         expert_dropout_rate=config.expert_dropout_rate,
         init_scale=config.init_scale,
-        router_init_scale=router_scale,
+        router_init_scale=config.router_init_scale,
+        router_bias=config.router_bias,
+        router_dtype=config.router_dtype,
         aux_loss_factor=config.aux_loss_factor,
         z_loss_factor=config.z_loss_factor,
         dispatch=config.dispatch,
@@ -80,28 +79,6 @@ def make_ffn(config, sparse, causal, name, metrics_prefix=None):
         metrics_prefix=metrics_prefix,
         name=name,
     )
-    d_ff = config.expert_d_ff or config.d_ff
-    if config.moe_type == "gshard":
-        if config.router_bias:
-            raise ValueError("`router_bias` is only supported with moe_type='switch'.")
-        if config.router_dtype != "float32":
-            raise ValueError("`router_dtype` other than 'float32' is only supported with "
-                             "moe_type='switch'.")
-        return GShardFeedForward(config.num_experts, d_ff, **args)
-    if not config.router_bias and config.router_dtype == "float32":
-        return SwitchFeedForward(config.num_experts, d_ff, **args)
-    router = SwitchRouter(
-        config.num_experts, jitter_noise=config.jitter_noise, use_bias=config.router_bias,
-        dtype=config.router_dtype,
-        kernel_initializer=default_router_initializer(router_scale), name="router")
-    experts = FeedForwardExperts(
-        config.num_experts, d_ff, activation=args["activation"],
-        dropout_rate=config.expert_dropout_rate, init_scale=config.init_scale,
-        name="experts")
-    for key in ("activation", "jitter_noise", "expert_dropout_rate", "init_scale",
-                "router_init_scale"):
-        args.pop(key)
-    return MoeLayer(router, experts, **args)
 
 
 class _Block(keras.layers.Layer):

@@ -75,8 +75,9 @@ CASES = {
         lambda: keras_moe.SwitchFeedForward(4, 8, activation="gated-gelu", track_metrics=False),
         lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4),
     "keras_moe>GShardFeedForward": Case(
-        lambda: keras_moe.GShardFeedForward(4, 8, group_size=4, track_metrics=False),
-        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 3),
+        lambda: keras_moe.GShardFeedForward(4, 8, group_size=4, router_bias=True,
+                                            track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4),
     "keras_moe>RelativePositionBias": Case(
         lambda: RelativePositionBias(num_heads=3, num_buckets=8, max_distance=16,
                                      bidirectional=False),

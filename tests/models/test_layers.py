@@ -160,3 +160,24 @@ def test_model_init_scale_scales_every_weight():
     assert {p.split("/")[-2] for p in full} >= {"experts", "router"}
     for path, std in full.items():
         np.testing.assert_allclose(tenth[path] / std, 0.1 ** 0.5, rtol=0.1, err_msg=path)
+
+
+@pytest.mark.parametrize("moe_type", ["switch", "gshard"])
+def test_sparse_ffn_is_the_ready_made_layer_with_the_configs_router(moe_type):
+    """Both MoE types take `router_bias` and `router_dtype` from the config
+    (GShard refused both before), through the ready-made layers."""
+    import keras_moe
+    from keras_moe.models.transformer import make_ffn
+
+    config = tiny_switch_config(moe_type=moe_type, router_bias=True, router_dtype="bfloat16",
+                                init_scale=0.5)
+    ffn = make_ffn(config, sparse=True, causal=True, name="ffn")
+    expected = keras_moe.GShardFeedForward if moe_type == "gshard" else keras_moe.SwitchFeedForward
+    assert type(ffn) is expected
+    y = ffn(np.ones((2, 4, config.d_model), "float32"))
+    assert tuple(y.shape) == (2, 4, config.d_model)
+    assert ffn.router.use_bias and ffn.router.bias.path.endswith("router/bias")
+    assert ffn.router.dtype_policy.name == "bfloat16" and ffn.causal
+    # the router follows the model's init scale: std sqrt(0.5 / d_model)
+    std = float(np.std(ffn.router.kernel.numpy()))
+    assert std == pytest.approx((0.5 / config.d_model) ** 0.5, rel=0.35)
