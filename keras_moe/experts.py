@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_moe.ffn import FeedForwardMixin
+from keras_moe.validation import is_int
 
 # Std of a unit normal truncated at two standard deviations.
 _TRUNCATED_NORMAL_STD = 0.87962566103423978
@@ -79,7 +80,7 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
                  init_scale=1.0, seed=None, **kwargs):
         super().__init__(**kwargs)
         for name, value in (("num_experts", num_experts), ("d_ff", d_ff)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
         self.num_experts = num_experts
         self.d_ff = d_ff

@@ -9,13 +9,14 @@ from keras_moe import dispatch as dispatch_lib
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
+from keras_moe.validation import is_int, is_number
 
 
 GROUPINGS = ("batch", "sequence")
 
 
 def _check_capacity_factor(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
 
 
@@ -99,15 +100,14 @@ class MoeLayer(keras.layers.Layer):
         if group_size is None:
             group_size = "sequence"
         if group_size not in GROUPINGS and (
-            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+            not is_int(group_size) or group_size < 1
         ):
             raise ValueError(
                 f"`group_size` must be one of {GROUPINGS}, None or an integer >= 1, "
                 f"got {group_size!r}.")
         _check_capacity_factor("train_capacity_factor", train_capacity_factor)
         _check_capacity_factor("eval_capacity_factor", eval_capacity_factor)
-        if isinstance(min_expert_capacity, bool) or not isinstance(min_expert_capacity, int) \
-                or min_expert_capacity < 0:
+        if not is_int(min_expert_capacity) or min_expert_capacity < 0:
             raise ValueError(
                 f"`min_expert_capacity` must be an integer >= 0, got {min_expert_capacity!r}."
             )

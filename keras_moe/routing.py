@@ -22,6 +22,7 @@ import keras
 from keras import ops
 
 from keras_moe import losses
+from keras_moe.validation import is_int
 
 SECOND_EXPERT_POLICIES = ("all", "random", "threshold")
 NORMALIZE_GATES = ("before_capacity", "after_capacity")
@@ -71,7 +72,7 @@ def _dynamic_ceil(factor, group_size):
 
 
 def _check_positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
 
 

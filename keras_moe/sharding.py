@@ -35,6 +35,7 @@ import keras
 
 from keras_moe import layouts
 from keras_moe.layouts import DEFAULT_RULES, LOGICAL_AXES, MESH_AXES  # noqa: F401
+from keras_moe.validation import is_int
 
 _ACTIVE_RULES = None  # set by `set_logical_axis_rules` / `configure_mesh`
 _TF_SPMD = None  # (numpy device mesh, mesh axis names) set by `configure_tpu_spmd`
@@ -101,7 +102,7 @@ def _normalize_mesh_shape(mesh_shape):
             )
         if name in sizes:
             raise ValueError(f"Mesh axis {name!r} appears twice in `mesh_shape`.")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if not is_int(size) or size < 1:
             raise ValueError(
                 f"Size of mesh axis {name!r} must be an integer >= 1, got {size!r}."
             )

@@ -21,11 +21,12 @@ so the gradients are identical; `kl_divergence` is reported as a metric.
 from keras import ops
 
 from keras_moe.models.losses import token_log_likelihood
+from keras_moe.validation import is_number
 
 
 def check_alpha(alpha):
     """Raises ValueError unless `alpha` is a number in [0, 1]."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+    if not is_number(alpha) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"`alpha` (weight of the soft, teacher term) must be a number in "
                          f"[0, 1], got {alpha!r}.")
     return float(alpha)
@@ -33,8 +34,7 @@ def check_alpha(alpha):
 
 def check_temperature(temperature):
     """Raises ValueError unless `temperature` is a number > 0."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not temperature > 0:
+    if not is_number(temperature) or not temperature > 0:
         raise ValueError(f"`temperature` must be a number > 0, got {temperature!r}.")
     return float(temperature)
 

@@ -21,6 +21,7 @@ from typing import Optional, Sequence, Union
 
 from keras_moe.ffn import ACTIVATIONS
 from keras_moe.moe import GROUPINGS
+from keras_moe.validation import is_int, is_number
 
 MOE_TYPES = ("switch", "gshard")
 
@@ -42,12 +43,12 @@ def hf_sparse_layers(num_layers, sparse_step):
 
 
 def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
 
 
 def _check_rate(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if not is_number(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a number in [0, 1), got {value!r}.")
 
 
@@ -179,7 +180,7 @@ class T5Config:
             value = getattr(self, name)
             if value is None and name == "router_init_scale":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            if not is_number(value) or not value > 0:
                 raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
         if self.group_size is not None and self.group_size not in GROUPINGS and (
                 isinstance(self.group_size, bool) or not isinstance(self.group_size, int)
@@ -203,7 +204,7 @@ class T5Config:
                 continue
             layers = list(layers)
             for i in layers:
-                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num:
+                if not is_int(i) or not 0 <= i < num:
                     raise ValueError(
                         f"`{name}` entries must be layer indices in [0, {num}), got {i!r}."
                     )

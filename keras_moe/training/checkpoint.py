@@ -28,6 +28,7 @@ import warnings
 import keras
 
 from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
+from keras_moe.validation import is_int
 
 _NAME = re.compile(r"^ckpt-(\d+)\.json$")
 
@@ -95,7 +96,7 @@ class CheckpointManager:
     """
 
     def __init__(self, directory, keep=3):
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        if not is_int(keep) or keep < 1:
             raise TrainingConfigError(f"`keep_checkpoints` must be an integer >= 1, got {keep!r}.")
         self.directory = directory
         self.keep = keep
@@ -291,7 +292,7 @@ class StepCheckpoint(keras.callbacks.Callback):
 
     def __init__(self, manager, every, enabled=True, log=None):
         super().__init__()
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        if not is_int(every) or every < 1:
             raise TrainingConfigError(f"`checkpoint_every` must be an integer >= 1, got {every!r}.")
         self.manager = manager
         self.every = every

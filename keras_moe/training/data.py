@@ -1,6 +1,7 @@
 """seqio task/mixture -> a repeated `tf.data` stream of Keras `(x, y, sample_weight)`."""
 
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.validation import is_int
 
 
 class EmptyDatasetError(TrainingConfigError):
@@ -13,7 +14,7 @@ def check_feature_lengths(feature_lengths):
             'TASK_FEATURE_LENGTHS must be a dict {"inputs": int, "targets": int}, '
             f"got {feature_lengths!r}.")
     for key, value in feature_lengths.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise TrainingConfigError(
                 f"TASK_FEATURE_LENGTHS[{key!r}] must be a positive integer, got {value!r}.")
 
@@ -61,7 +62,7 @@ def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, 
     from keras_moe.models import seqio_to_keras
 
     check_feature_lengths(feature_lengths)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise TrainingConfigError(f"BATCH_SIZE must be a positive integer, got {batch_size!r}.")
     get_task(task)
     try:

@@ -9,12 +9,12 @@ with the T5 schedule (scale 1, warm-up 10k) the `min` never bites.
 """
 
 import math
-import numbers
 
 import keras
 from keras import ops
 
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.validation import is_int, is_number
 
 OPTIMIZERS = ("adafactor", "adam", "adamw", "sgd")
 SCHEDULES = ("rsqrt", "constant")
@@ -39,8 +39,7 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, scale=1.0, warmup_steps=10000, max_learning_rate=None):
         _check_positive("scale", scale)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral) \
-                or warmup_steps < 1:
+        if not is_int(warmup_steps) or warmup_steps < 1:
             raise TrainingConfigError(
                 f"`warmup_steps` must be an integer >= 1, got {warmup_steps!r}.")
         if max_learning_rate is not None:
@@ -69,7 +68,7 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise TrainingConfigError(f"`{name}` must be a number > 0, got {value!r}.")
 
 

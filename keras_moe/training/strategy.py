@@ -17,6 +17,7 @@ import json
 import os
 
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.validation import is_number
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
@@ -58,8 +59,7 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
             raise TrainingConfigError(f"TF_CONFIG is not valid JSON: {e}") from None
         for name_, value in (("collective_timeout", collective_timeout),
                              ("cluster_wait_timeout", cluster_wait_timeout)):
-            if value is not None and (isinstance(value, bool) or not isinstance(
-                    value, (int, float)) or value <= 0):
+            if value is not None and (not is_number(value) or value <= 0):
                 raise TrainingConfigError(
                     f"`train.{name_}` must be a positive number of seconds or None, "
                     f"got {value!r}.")

@@ -14,6 +14,7 @@ import warnings
 
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.validation import is_int
 
 
 def _log(message):
@@ -21,7 +22,7 @@ def _log(message):
 
 
 def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise TrainingConfigError(f"`train.{name}` must be an integer >= {minimum}, got {value!r}.")
 
 

@@ -48,6 +48,7 @@ MODULES = [
     "keras_moe.training.config",
     "keras_moe.training.console",
     "keras_moe.training.schedules",
+    "keras_moe.validation",
 ]
 
 
