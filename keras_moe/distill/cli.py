@@ -13,45 +13,11 @@ Give the teacher's run file first, then `distill.gin`:
       --model_dir=/tmp/keras_moe_distill
 """
 
-import contextlib
 import json
 import os
 import sys
 
 from keras_moe.training.cli import build_parser, set_tf_environment
-
-
-@contextlib.contextmanager
-def distiller_as_model(built):
-    """Makes `keras_moe.training.trainer.train` build the distiller; appends it to `built`.
-
-    Until the trainer takes a model factory argument, this wraps its
-    `build_compiled_model` for the duration of the block: during that one
-    call, `keras_moe.models.build_model` is the gin-configured
-    `build_distiller`, so the trainer's own optimizer and compile logic apply
-    (`Distiller.compile_defaults` drops the T5 loss: the distiller has its own).
-    """
-    from keras_moe import models
-    from keras_moe.distill import gin_configurables
-    from keras_moe.training import trainer
-
-    original = trainer.build_compiled_model
-
-    def factory(*args, **kwargs):
-        plain = models.build_model
-        models.build_model = gin_configurables.build_distiller
-        try:
-            model = original(*args, **kwargs)
-        finally:
-            models.build_model = plain
-        built.append(model)
-        return model
-
-    trainer.build_compiled_model = factory
-    try:
-        yield
-    finally:
-        trainer.build_compiled_model = original
 
 
 def save_student(distiller, model_dir):
@@ -83,15 +49,18 @@ def main(argv=None):
         from keras_moe.training import config
         from keras_moe.training import gin_configurables
         from keras_moe.training import trainer
-
-        import keras_moe.distill.gin_configurables  # noqa: F401
+        from keras_moe.distill.gin_configurables import build_distiller
 
         config.parse_gin(files, args.gin_bindings, args.gin_allow_import)
         trainer.prepare_model_dir(args.model_dir)
         built = []
-        with distiller_as_model(built):
-            summary = gin_configurables.train(args.model_dir,
-                                              write_config=config.write_operative_config)
+
+        def distiller():  # the gin-configured `build_distiller`, kept to save its student
+            built.append(build_distiller())
+            return built[-1]
+
+        summary = gin_configurables.train(args.model_dir, model=distiller,
+                                          write_config=config.write_operative_config)
     except TrainingConfigError as e:
         print(f"keras_moe.distill: error: {e}", file=sys.stderr, flush=True)
         return 2

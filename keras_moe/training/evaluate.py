@@ -74,6 +74,7 @@ def restore_from_run(model_dir, checkpoint=None):
     """
     import gin
 
+    from keras_moe.training import gin_configurables
     from keras_moe.training.trainer import build_compiled_model
 
     bindings = gin.get_bindings("train")
@@ -89,7 +90,8 @@ def restore_from_run(model_dir, checkpoint=None):
         if not os.path.isfile(checkpoint):
             raise TrainingConfigError(f"checkpoint {checkpoint!r} does not exist.")
         meta = {"path": checkpoint, "step": None}
-    model = build_compiled_model()
+    # The run's optimizer, as gin binds it: the checkpoint holds its variables.
+    model = build_compiled_model(optimizer=gin_configurables.make_optimizer)
     ckpt_lib.restore(model, meta)
     return model, meta, bindings
 

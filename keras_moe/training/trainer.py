@@ -45,27 +45,37 @@ def prepare_model_dir(model_dir):
     return os.path.abspath(model_dir)
 
 
-def build_compiled_model(optimizer=None, jit_compile=False, steps_per_execution=1):
-    """`keras_moe.models.build_model()` (as bound in gin), compiled with the T5 loss."""
+def build_compiled_model(optimizer=None, jit_compile=False, steps_per_execution=1, model=None):
+    """The model of the factory `model` (default: `keras_moe.models.build_model`,
+    as bound in gin), compiled with its `compile_defaults` (T5: the T5 loss).
+
+    Args:
+        optimizer: a Keras optimizer, or a factory of one called here (so under
+            the caller's strategy scope); None: `make_optimizer()` with its
+            own defaults (run files bind `train.optimizer = @make_optimizer`).
+        jit_compile, steps_per_execution: as for `Model.compile`.
+        model: a factory of the uncompiled model, e.g. gin's `@build_model` or
+            `@build_distiller`.
+    """
     import keras
 
-    from keras_moe import models
+    from keras_moe.training import schedules
 
+    if model is None:
+        from keras_moe import models
+
+        model = models.build_model
     try:
-        model = models.build_model()
+        built = model()
     except (TypeError, ValueError) as e:
         raise TrainingConfigError(f"cannot build the model from the gin config: {e}") from None
     if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
         optimizer = optimizer()  # A factory (gin `@make_optimizer`), called in scope.
     if optimizer is None:
-        try:  # As bound in gin (`make_optimizer.name = ...`), when gin is there.
-            from keras_moe.training.gin_configurables import make_optimizer
-        except ImportError:  # pragma: no cover
-            from keras_moe.training.schedules import make_optimizer
-        optimizer = make_optimizer()
-    kwargs = model.compile_defaults(optimizer=optimizer, jit_compile=jit_compile)
-    model.compile(steps_per_execution=steps_per_execution, **kwargs)
-    return model
+        optimizer = schedules.make_optimizer()
+    kwargs = built.compile_defaults(optimizer=optimizer, jit_compile=jit_compile)
+    built.compile(steps_per_execution=steps_per_execution, **kwargs)
+    return built
 
 
 def load_init_checkpoint(model, path):
@@ -144,8 +154,8 @@ def train(model_dir, task="embedded_span_corruption",
           mirrored_devices=None, optimizer=None, jit_compile=False, steps_per_execution=1,
           init_checkpoint=None, eval_split="validation", summary_batches=4,
           expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
-          collective_timeout=600, cluster_wait_timeout=600, record_batches=None):
-    """Trains the gin-configured model on a seqio task; returns a summary dict.
+          collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None):
+    """Trains a model on a seqio task; returns a summary dict.
 
     Args:
         model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
@@ -166,7 +176,7 @@ def train(model_dir, task="embedded_span_corruption",
         tpu_name: TPU for "tpu" (`TPU_NAME`): "local" on a TPU VM, or a name.
         mirrored_devices: devices for "mirrored" (default: all local GPUs/CPU).
         optimizer: a Keras optimizer or a factory called under the strategy scope
-            (gin: `@make_optimizer`); default: gin's `make_optimizer()`.
+            (gin: `@make_optimizer`); default: `make_optimizer()` with its defaults.
         jit_compile: XLA for the train step (keep off on CPU; Keras turns it
             off under tf.distribute strategies anyway).
         steps_per_execution: train steps per tf.function call (TPU: e.g. 100).
@@ -187,6 +197,9 @@ def train(model_dir, task="embedded_span_corruption",
         record_batches: optional file; a short hash of every training batch
             the optimizer consumes is appended to it (audits that a resumed run
             sees the same data as an uninterrupted one).
+        model: factory of the model to train, called under the strategy scope
+            (gin: `train.model = @build_distiller`, as T5X run files inject
+            `MODEL`); default: `keras_moe.models.build_model` as bound in gin.
 
     Returns:
         dict with steps, losses, paths.
@@ -237,7 +250,8 @@ def train(model_dir, task="embedded_span_corruption",
     data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
 
     with strat.scope():
-        model = build_compiled_model(optimizer, jit_compile, steps_per_execution)
+        # `model`: the factory in, the compiled model out.
+        model = build_compiled_model(optimizer, jit_compile, steps_per_execution, model)
         model.optimizer.build(model.trainable_variables)
 
     # Resume: the newest of the step checkpoints and the preemption backup.

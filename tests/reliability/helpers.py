@@ -50,11 +50,11 @@ def train_in_process(model_dir, bindings=(), **kwargs):
 def final_weights(model_dir, bindings=()):
     """(step, model weights, optimizer variables) of the newest checkpoint in model_dir."""
     from keras_moe.training import checkpoint as ckpt_lib
-    from keras_moe.training import trainer
+    from keras_moe.training import gin_configurables, trainer
 
     parse(list(bindings))
     meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
-    model = trainer.build_compiled_model()
+    model = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)
     ckpt_lib.restore(model, meta)
     return (int(model.optimizer.iterations.numpy()), [v.numpy() for v in model.weights],
             [v.numpy() for v in model.optimizer.variables])

@@ -102,9 +102,9 @@ def test_a_crash_before_the_metadata_commit_is_not_a_checkpoint(run_at_8, monkey
         raise SystemExit("died before the json was renamed into place")
 
     monkeypatch.setattr(ckpt_lib, "atomic_write_text", dies)
-    from keras_moe.training import trainer
+    from keras_moe.training import gin_configurables, trainer
 
-    net = trainer.build_compiled_model()
+    net = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)
     ckpt_lib.restore(net, manager.latest())
     with pytest.raises(SystemExit):
         manager.save(net, 12)

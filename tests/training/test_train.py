@@ -37,10 +37,10 @@ def test_a_few_steps_lower_the_loss_on_the_embedded_data(tmp_path):
 
 def _final_weights(model_dir):
     from keras_moe.training import checkpoint as ckpt_lib
-    from keras_moe.training import trainer
+    from keras_moe.training import gin_configurables, trainer
 
     meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
-    model = trainer.build_compiled_model()
+    model = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)
     ckpt_lib.restore(model, meta)
     return int(model.optimizer.iterations.numpy()), [v.numpy() for v in model.weights], [
         v.numpy() for v in model.optimizer.variables]

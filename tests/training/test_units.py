@@ -167,3 +167,24 @@ def test_bad_model_dir(tmp_path):
     with pytest.raises(TrainingConfigError, match="gs://"):
         trainer.prepare_model_dir("gs://bucket/run")
     assert a_file.read_text() == "x"
+
+
+def test_build_compiled_model_takes_a_model_factory():
+    """`train.model` / `build_compiled_model(model=...)` build what the factory
+    returns (the distiller's way in), compiled with that model's defaults."""
+    import keras
+
+    from keras_moe.models import build_model
+    from tests.models.helpers import tiny_config
+
+    made = []
+
+    def factory():
+        made.append(build_model(tiny_config(d_model=24)))
+        return made[-1]
+
+    model = trainer.build_compiled_model(keras.optimizers.SGD(0.1), model=factory)
+    assert model is made[0] and model.config.d_model == 24
+    assert isinstance(model.optimizer, keras.optimizers.SGD) and model.compiled
+    with pytest.raises(TrainingConfigError, match="cannot build the model"):
+        trainer.build_compiled_model(model=lambda: build_model(tiny_config(num_heads=0)))
