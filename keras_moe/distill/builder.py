@@ -4,42 +4,10 @@ import os
 
 from keras_moe.distill.distiller import Distiller
 from keras_moe.distill.init_from_teacher import dense_student_config, init_student_from_teacher
+from keras_moe.training.checkpoint import resolve_checkpoint
+from keras_moe.training.log import log
 
-
-def _log(message):
-    print(f"[keras_moe.distill] {message}", flush=True)
-
-
-def resolve_checkpoint(path):
-    """`.weights.h5` file of `path`: the file itself, or the newest checkpoint of a
-    keras-moe-train model dir (`<dir>/checkpoints`) or checkpoint folder.
-
-    Example:
-    >>> import os, shutil, tempfile
-    >>> import keras
-    >>> from keras_moe.training.checkpoint import CheckpointManager
-    >>> model_dir = tempfile.mkdtemp()  # as keras-moe-train leaves it: <dir>/checkpoints
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    >>> manager = CheckpointManager(os.path.join(model_dir, "checkpoints"))
-    >>> _ = manager.save(model, step=300)
-    >>> resolve_checkpoint(model_dir)
-    '.../checkpoints/ckpt-00000300.weights.h5'
-    >>> resolve_checkpoint(manager.directory) == resolve_checkpoint(model_dir)  # or the folder
-    True
-    >>> shutil.rmtree(model_dir)
-    """
-    from keras_moe.training.checkpoint import CheckpointManager
-
-    if os.path.isdir(path):
-        for folder in (os.path.join(path, "checkpoints"), path):
-            meta = CheckpointManager(folder).latest()
-            if meta:
-                return meta["path"]
-        raise ValueError(f"`teacher_checkpoint` {path!r} is a folder without a checkpoint "
-                         "(ckpt-*.json + ckpt-*.weights.h5, or checkpoints/ of a model dir).")
-    if not os.path.isfile(path):
-        raise ValueError(f"`teacher_checkpoint` {path!r} does not exist.")
-    return path
+LOG_SOURCE = "keras_moe.distill"
 
 
 def load_teacher(teacher_checkpoint, teacher_config=None):
@@ -77,19 +45,19 @@ def load_teacher(teacher_checkpoint, teacher_config=None):
             os.path.isfile(os.path.join(teacher_checkpoint, "config.json")):
         from keras_moe.convert import from_hf
 
-        _log(f"teacher: Hugging Face checkpoint {teacher_checkpoint}")
+        log(f"teacher: Hugging Face checkpoint {teacher_checkpoint}", source=LOG_SOURCE)
         return from_hf(teacher_checkpoint)
     if teacher_config is None:
         raise ValueError("`teacher_config` is required with a keras_moe `teacher_checkpoint` "
                          f"({teacher_checkpoint!r}): the architecture it was trained with.")
-    weights = resolve_checkpoint(teacher_checkpoint)
+    weights = resolve_checkpoint(teacher_checkpoint, "teacher_checkpoint")
     teacher = models.builder.build_model(teacher_config)
     try:
         teacher.load_weights(weights)
     except (ValueError, KeyError, OSError) as e:
         raise ValueError(f"`teacher_checkpoint` {weights} does not fit `teacher_config` "
                          f"(bind the gin model file it was trained with): {e}") from None
-    _log(f"teacher: {weights}")
+    log(f"teacher: {weights}", source=LOG_SOURCE)
     return teacher
 
 
@@ -149,8 +117,8 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
     student = models.builder.build_model(student_config)
     if init_student:
         report = init_student_from_teacher(student, teacher, expert_init=expert_init)
-        _log(f"student initialised from the teacher: {len(report['copied'])} variables copied, "
-             f"{len(report['from_experts'])} from experts ({expert_init}), "
-             f"{len(report['fresh'])} fresh")
+        log(f"student initialised from the teacher: {len(report['copied'])} variables copied, "
+            f"{len(report['from_experts'])} from experts ({expert_init}), "
+            f"{len(report['fresh'])} fresh", source=LOG_SOURCE)
     return Distiller(teacher, student, alpha=alpha, temperature=temperature,
                      scale_soft_loss=scale_soft_loss)

@@ -28,6 +28,7 @@ import warnings
 import keras
 
 from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
+from keras_moe.training.log import log as default_log
 from keras_moe.validation import is_int
 
 _NAME = re.compile(r"^ckpt-(\d+)\.json$")
@@ -165,7 +166,7 @@ class CheckpointManager:
             try:
                 self.verify(meta)
             except CorruptCheckpointError as e:
-                (log or _log)(f"{e} Skipping it; trying the previous checkpoint.")
+                (log or default_log)(f"{e} Skipping it; trying the previous checkpoint.")
                 continue
             return meta
         return None
@@ -198,8 +199,37 @@ class CheckpointManager:
                 pass
 
 
-def _log(message):
-    print(f"[keras_moe] {message}", flush=True)
+def resolve_checkpoint(path, argument="checkpoint"):
+    """`.weights.h5` file of `path`: the file itself, or the newest checkpoint of a
+    keras-moe-train model dir (`<dir>/checkpoints`) or of a checkpoint folder.
+
+    Raises `TrainingConfigError` (a `ValueError`) naming `argument` when
+    `path` holds none.
+
+    Example:
+    >>> import os, shutil, tempfile
+    >>> import keras
+    >>> model_dir = tempfile.mkdtemp()  # as keras-moe-train leaves it: <dir>/checkpoints
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> manager = CheckpointManager(os.path.join(model_dir, "checkpoints"))
+    >>> _ = manager.save(model, step=300)
+    >>> resolve_checkpoint(model_dir)
+    '.../checkpoints/ckpt-00000300.weights.h5'
+    >>> resolve_checkpoint(manager.directory) == resolve_checkpoint(model_dir)  # or the folder
+    True
+    >>> shutil.rmtree(model_dir)
+    """
+    if os.path.isdir(path):
+        for folder in (os.path.join(path, "checkpoints"), path):
+            meta = CheckpointManager(folder).latest()
+            if meta:
+                return meta["path"]
+        raise TrainingConfigError(
+            f"`{argument}` {path!r} is a folder without a checkpoint (ckpt-*.json + "
+            "ckpt-*.weights.h5, or checkpoints/ of a model dir).")
+    if not os.path.isfile(path):
+        raise TrainingConfigError(f"`{argument}` {path!r} does not exist.")
+    return path
 
 
 def verify_checkpoint(meta):
@@ -232,7 +262,7 @@ def restore_newest(model, candidates, log=None):
     fit the model raises `TrainingConfigError` (a config mistake, not damage).
     Returns the restored metadata, or None when no candidate could be loaded.
     """
-    log = log or _log
+    log = log or default_log
     for meta in sorted(candidates, key=lambda m: m["step"], reverse=True):
         try:
             restore(model, meta)
@@ -298,7 +328,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         self.every = every
         self.enabled = enabled
         self.last_saved = None
-        self.log = log or (lambda m: print(f"[keras_moe] {m}", flush=True))
+        self.log = log or default_log
 
     def _step(self):
         return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))

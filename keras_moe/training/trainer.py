@@ -14,11 +14,8 @@ import warnings
 
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.log import log
 from keras_moe.validation import is_int
-
-
-def _log(message):
-    print(f"[keras_moe] {message}", flush=True)
 
 
 def _check_int(name, value, minimum):
@@ -93,17 +90,7 @@ def load_init_checkpoint(model, path):
         source = from_hf(path)
         kind = "Hugging Face checkpoint"
     else:
-        weights = path
-        if os.path.isdir(path):
-            for folder in (os.path.join(path, "checkpoints"), path):
-                meta = ckpt_lib.CheckpointManager(folder).latest()
-                if meta:
-                    weights = meta["path"]
-                    break
-            else:
-                raise TrainingConfigError(f"init_checkpoint {path!r} holds no checkpoint.")
-        if not os.path.isfile(weights):
-            raise TrainingConfigError(f"init_checkpoint {path!r} does not exist.")
+        weights = ckpt_lib.resolve_checkpoint(path, "init_checkpoint")
         source = models.build_model()
         try:
             source.load_weights(weights)
@@ -119,7 +106,7 @@ def load_init_checkpoint(model, path):
             "configured model; bind the same model gin file.")
     for a, b in zip(src, dst):
         b.assign(a.value)
-    _log(f"initialised the model from {kind} {path}")
+    log(f"initialised the model from {kind} {path}")
 
 
 def _has_tensorboard():
@@ -245,7 +232,7 @@ def train(model_dir, task="embedded_span_corruption",
         raise TrainingConfigError(
             f"BATCH_SIZE={batch_size} is not divisible by the {replicas} replicas of "
             f"STRATEGY={strategy!r}.")
-    _log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
+    log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
          f"global batch {batch_size} = {batch_size // replicas} per replica")
     data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
 
@@ -260,7 +247,7 @@ def train(model_dir, task="embedded_span_corruption",
     candidates = manager.all() + ckpt_lib.CheckpointManager(backup_dir).all()
     resumed = None
     if candidates:
-        resumed = ckpt_lib.restore_newest(model, candidates, log=_log)
+        resumed = ckpt_lib.restore_newest(model, candidates, log=log)
         if resumed is None:
             raise TrainingConfigError(
                 f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
@@ -273,10 +260,10 @@ def train(model_dir, task="embedded_span_corruption",
             raise TrainingConfigError(
                 f"checkpoint {resumed['path']} restored step {start_step}, its metadata says "
                 f"{resumed['step']}; the checkpoint is inconsistent.")
-        _log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
+        log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
              f"(skipping {resumed['batches_consumed']} consumed batches)")
     else:
-        _log("no checkpoint in model_dir: starting from step 0")
+        log("no checkpoint in model_dir: starting from step 0")
     skip = resumed["batches_consumed"] if resumed else 0
 
     def dataset(skip_batches):
@@ -321,11 +308,11 @@ def train(model_dir, task="embedded_span_corruption",
         cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any checkpoint.
         console.CompactProgbar(),  # Router statistics go to the logger's table instead.
         logger,
-        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=_log),
+        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=log),
         ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
     ]
     if tensorboard and not _has_tensorboard():
-        _log("the tensorboard package is not installed: no TensorBoard logs "
+        log("the tensorboard package is not installed: no TensorBoard logs "
              "(pip install tensorboard)")
         tensorboard = False
         logger.log_dir = None
@@ -374,7 +361,7 @@ def train(model_dir, task="embedded_span_corruption",
     if chief and summary_data is not None and strategy == "multi_worker":
         # An eager pass on the chief alone would need the other workers for the
         # MoE layers' metric variables (collectives): skipped.
-        _log("multi_worker: no expert-load plot (measure it with keras-moe-eval)")
+        log("multi_worker: no expert-load plot (measure it with keras-moe-eval)")
     elif chief and summary_data is not None:
         loads = load_lib.measure_expert_load(model, summary_data)
         if loads:

@@ -47,6 +47,7 @@ MODULES = [
     "keras_moe.training.checkpoint",
     "keras_moe.training.config",
     "keras_moe.training.console",
+    "keras_moe.training.log",
     "keras_moe.training.schedules",
     "keras_moe.validation",
 ]
