@@ -422,7 +422,11 @@ class SeqioBatches:
         """(finite dataset of the validation batches, its number of target tokens)."""
         if self._held_out is None:
             import keras
+            import tensorflow as tf
 
+            # The same held-out set whatever ran before: seqio's seeded ops read TF's
+            # global seed too, and timing the models first sets it.
+            tf.random.set_seed(None)
             ds = self._data.make_dataset(self.task, self.lengths, "validation",
                                          self._args.batch_size, shuffle=False,
                                          seed=self._args.seed, repeat=False)
