@@ -10,7 +10,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
@@ -109,31 +108,6 @@ def load_init_checkpoint(model, path):
     log(f"initialised the model from {kind} {path}")
 
 
-def _has_tensorboard():
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _fit_segments(start, total, steps_per_epoch):
-    """[(initial_epoch, epochs, steps_per_epoch, start_step)] covering steps start..total."""
-    calls = []
-    step = start
-    while step < total:
-        n = min(steps_per_epoch - step % steps_per_epoch, total - step)
-        epoch = step // steps_per_epoch
-        if calls and n == steps_per_epoch and calls[-1][2] == steps_per_epoch \
-                and calls[-1][1] == epoch:
-            first, _, spe, s0 = calls[-1]
-            calls[-1] = (first, epoch + 1, spe, s0)
-        else:
-            calls.append((epoch, epoch + 1, n, step))
-        step += n
-    return calls
-
-
 def train(model_dir, task="embedded_span_corruption",
           feature_lengths=None, batch_size=16, train_steps=100, steps_per_epoch=None,
           checkpoint_every=50, keep_checkpoints=3, backup_every=None, log_every=10,
@@ -191,12 +165,9 @@ def train(model_dir, task="embedded_span_corruption",
     Returns:
         dict with steps, losses, paths.
     """
-    import tensorflow as tf
-
     from keras_moe.training import callbacks as cb_lib
-    from keras_moe.training import console
     from keras_moe.training import data as data_lib
-    from keras_moe.training import expert_load as load_lib
+    from keras_moe.training import stages
     from keras_moe.training import strategy as strategy_lib
 
     t_start = time.time()
@@ -233,37 +204,15 @@ def train(model_dir, task="embedded_span_corruption",
             f"BATCH_SIZE={batch_size} is not divisible by the {replicas} replicas of "
             f"STRATEGY={strategy!r}.")
     log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
-         f"global batch {batch_size} = {batch_size // replicas} per replica")
+        f"global batch {batch_size} = {batch_size // replicas} per replica")
     data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
 
     with strat.scope():
         # `model`: the factory in, the compiled model out.
         model = build_compiled_model(optimizer, jit_compile, steps_per_execution, model)
         model.optimizer.build(model.trainable_variables)
-
-    # Resume: the newest of the step checkpoints and the preemption backup.
-    manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), keep_checkpoints)
-    backup_dir = os.path.join(model_dir, "backup")
-    candidates = manager.all() + ckpt_lib.CheckpointManager(backup_dir).all()
-    resumed = None
-    if candidates:
-        resumed = ckpt_lib.restore_newest(model, candidates, log=log)
-        if resumed is None:
-            raise TrainingConfigError(
-                f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
-                "(all corrupt, see above); move them away to start from step 0.")
-    elif init_checkpoint:
-        load_init_checkpoint(model, init_checkpoint)
-    start_step = int(model.optimizer.iterations.numpy())
-    if resumed is not None:
-        if start_step != resumed["step"]:
-            raise TrainingConfigError(
-                f"checkpoint {resumed['path']} restored step {start_step}, its metadata says "
-                f"{resumed['step']}; the checkpoint is inconsistent.")
-        log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
-             f"(skipping {resumed['batches_consumed']} consumed batches)")
-    else:
-        log("no checkpoint in model_dir: starting from step 0")
+    manager, backup_dir, resumed, start_step = stages.resume(
+        model, model_dir, keep_checkpoints, init_checkpoint, load_init_checkpoint)
     skip = resumed["batches_consumed"] if resumed else 0
 
     def dataset(skip_batches):
@@ -276,101 +225,35 @@ def train(model_dir, task="embedded_span_corruption",
         return data_lib.record_batches(ds, record_batches) if record_batches else ds
 
     data_lib.check_not_empty(dataset(0), task, "train")
-    summary_data = None
-    if summary_batches:
-        try:
-            summary_data = data_lib.make_dataset(task, feature_lengths, eval_split, batch_size,
-                                                 pack=pack, shuffle=False, seed=seed,
-                                                 repeat=False).take(summary_batches)
-            data_lib.check_not_empty(summary_data, task, eval_split)
-            summary_split = eval_split
-        except TrainingConfigError:
-            summary_data = dataset(0).take(summary_batches)
-            summary_split = "train"
-        summary_data = data_lib.finite(summary_data)
+    summary_data, summary_split = stages.summary_dataset(
+        lambda split: data_lib.make_dataset(task, feature_lengths, split, batch_size, pack=pack,
+                                            shuffle=False, seed=seed, repeat=False),
+        eval_split, summary_batches, dataset(0))
 
     # Everything validated: now the model dir gets written.
     if chief and write_config is not None:
         write_config(model_dir)
     log_root = os.path.join(model_dir, "logs") if chief else tempfile.mkdtemp(prefix="kmoe-logs-")
-    tokens_per_step = batch_size * (feature_lengths["inputs"] + feature_lengths["targets"])
-    probe = None
-    if summary_data is not None and expert_load_every:
-        probe = next(iter(summary_data))
-    logger = cb_lib.TrainingLogger(os.path.join(log_root, "train"), tokens_per_step, log_every,
-                                   total_steps=train_steps, probe_batch=probe,
-                                   expert_load_every=expert_load_every, enabled=chief)
-    def last_checkpoint():
-        meta = manager.latest()
-        return meta["path"] if meta else None
+    probe = next(iter(summary_data)) if summary_data is not None and expert_load_every else None
+    logger = cb_lib.TrainingLogger(
+        os.path.join(log_root, "train"),
+        batch_size * (feature_lengths["inputs"] + feature_lengths["targets"]), log_every,
+        total_steps=train_steps, probe_batch=probe, expert_load_every=expert_load_every,
+        enabled=chief)
+    callbacks = stages.make_callbacks(manager, backup_dir, log_root, chief, logger,
+                                      checkpoint_every, backup_every, tensorboard, log_every)
 
-    callbacks = [
-        cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any checkpoint.
-        console.CompactProgbar(),  # Router statistics go to the logger's table instead.
-        logger,
-        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=log),
-        ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
-    ]
-    if tensorboard and not _has_tensorboard():
-        log("the tensorboard package is not installed: no TensorBoard logs "
-             "(pip install tensorboard)")
-        tensorboard = False
-        logger.log_dir = None
-    if tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_root, update_freq=log_every,
-                                                     write_graph=False))
-
-    def eval_loss():
-        if summary_data is None:
-            return None
-        with warnings.catch_warnings():  # "ran out of data": the summary set is finite.
-            warnings.simplefilter("ignore")
-            out = model.evaluate(summary_data, verbose=0, return_dict=True)
-        return {k: float(v) for k, v in out.items()}
-
-    eval_start = eval_loss() if start_step == 0 else None
+    eval_start = stages.evaluate(model, summary_data) if start_step == 0 else None
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
-    t_train = time.time()
-    peer_errors = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                   tf.errors.CancelledError, tf.errors.AbortedError)
-    try:
-        for initial_epoch, epochs, spe, first_step in _fit_segments(start_step, train_steps,
-                                                                     steps_per_epoch):
-            model.fit(train_dataset(skip + first_step - start_step),
-                      initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=spe,
-                      callbacks=callbacks, verbose=verbose,
-                      shuffle=False)  # seqio already shuffles the stream, by seed.
-    except peer_errors as e:
-        if strategy != "multi_worker":
-            raise
-        from keras_moe.training.errors import WorkerFailureError
-
-        step = int(model.optimizer.iterations.numpy())
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise WorkerFailureError(
-            f"multi_worker: a collective failed at step {step} ({type(e).__name__}: "
-            f"{first_line[:300]}); a peer worker probably died or is unreachable "
-            f"(collective_timeout={collective_timeout} s). Restart all workers with the "
-            "same command to resume from the last checkpoint.") from None
-    train_seconds = time.time() - t_train
+    train_seconds = stages.fit(model, train_dataset, start_step, skip, train_steps,
+                               steps_per_epoch, callbacks, verbose, strategy, collective_timeout)
     end_step = int(model.optimizer.iterations.numpy())
-    eval_end = eval_loss()
-
+    eval_end = stages.evaluate(model, summary_data)
     plot_path = None
-    if chief and summary_data is not None and strategy == "multi_worker":
-        # An eager pass on the chief alone would need the other workers for the
-        # MoE layers' metric variables (collectives): skipped.
-        log("multi_worker: no expert-load plot (measure it with keras-moe-eval)")
-    elif chief and summary_data is not None:
-        loads = load_lib.measure_expert_load(model, summary_data)
-        if loads:
-            plot_path = os.path.join(model_dir, "expert_load.png")
-            load_lib.plot_expert_load(loads, plot_path,
-                                      title=f"Expert load at step {end_step} ({summary_split})")
-            ckpt_lib.atomic_write_text(
-                os.path.join(model_dir, "expert_load.json"),
-                json.dumps({k: [float(x) for x in v] for k, v in loads.items()}, indent=1))
+    if chief and summary_data is not None:
+        plot_path = stages.plot_expert_load(model, summary_data, summary_split, model_dir,
+                                            end_step, strategy)
 
     history = logger.history
     latest = manager.latest()
@@ -380,7 +263,7 @@ def train(model_dir, task="embedded_span_corruption",
         "resumed_from": resumed["path"] if resumed else None,
         "first_step_loss": history[0][1] if history and start_step == 0 else None,
         "last_epoch_loss": history[-1][1] if history else None,
-        "eval_split": summary_split if summary_data is not None else None,
+        "eval_split": summary_split,
         "eval_start": eval_start, "eval_end": eval_end,
         "train_seconds": train_seconds, "wall_seconds": time.time() - t_start,
         "checkpoint": latest["path"] if latest else None,

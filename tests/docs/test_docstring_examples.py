@@ -49,6 +49,7 @@ MODULES = [
     "keras_moe.training.console",
     "keras_moe.training.log",
     "keras_moe.training.schedules",
+    "keras_moe.training.stages",
     "keras_moe.validation",
 ]
 

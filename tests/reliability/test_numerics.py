@@ -53,8 +53,11 @@ def test_mixed_bfloat16_training_with_a_float32_router_stays_finite(router_dtype
 def test_router_dtype_is_validated_and_gin_configurable():
     with pytest.raises(ValueError, match="router_dtype"):
         _config(router_dtype="float8")
-    with pytest.raises(ValueError, match="router_dtype"):
-        build_model(_config(router_dtype="bfloat16", moe_type="gshard"))
+    gshard = build_model(_config(router_dtype="bfloat16", moe_type="gshard"))
+    gshard({"encoder_input_tokens": np.ones((1, 4), "int32"),
+            "decoder_input_tokens": np.zeros((1, 4), "int32")})
+    routers = [layer for layer in gshard._flatten_layers() if layer.name == "router"]
+    assert routers and all(r.dtype_policy.name == "bfloat16" for r in routers)
     helpers.parse(["T5Config.router_dtype = 'bfloat16'"])
     from keras_moe import models
 

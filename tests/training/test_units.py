@@ -9,7 +9,7 @@ import pytest
 
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training import config
-from keras_moe.training import trainer
+from keras_moe.training import stages, trainer
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
 
@@ -45,7 +45,7 @@ def test_make_optimizer_kinds_and_errors():
     (30, 30, 10, []),
 ])
 def test_fit_segments_cover_exactly_the_remaining_steps(start, total, spe, expected):
-    segments = trainer._fit_segments(start, total, spe)
+    segments = stages.fit_segments(start, total, spe)
     assert segments == expected
     steps = sum((epochs - initial) * n for initial, epochs, n, _ in segments)
     assert steps == total - start

@@ -1,0 +1,194 @@
+"""The stages of `trainer.train`, in the order it runs them: resume, the
+summary data, the callbacks, the fit loop, the expert-load plot."""
+
+import json
+import os
+import time
+import warnings
+
+from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.log import log
+
+
+def resume(model, model_dir, keep_checkpoints, init_checkpoint, load_init_checkpoint):
+    """Restores the newest loadable checkpoint of `model_dir` (step checkpoints or
+    preemption backup) into `model`, or else `init_checkpoint` (weights only).
+
+    Returns:
+        `(manager, backup_dir, resumed, start_step)`: the step-checkpoint
+        manager, the backup folder, the restored checkpoint's metadata (None
+        when starting fresh) and the optimizer step to continue from.
+    """
+    manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), keep_checkpoints)
+    backup_dir = os.path.join(model_dir, "backup")
+    candidates = manager.all() + ckpt_lib.CheckpointManager(backup_dir).all()
+    resumed = None
+    if candidates:
+        resumed = ckpt_lib.restore_newest(model, candidates, log=log)
+        if resumed is None:
+            raise TrainingConfigError(
+                f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
+                "(all corrupt, see above); move them away to start from step 0.")
+    elif init_checkpoint:
+        load_init_checkpoint(model, init_checkpoint)
+    start_step = int(model.optimizer.iterations.numpy())
+    if resumed is None:
+        log("no checkpoint in model_dir: starting from step 0")
+        return manager, backup_dir, None, start_step
+    if start_step != resumed["step"]:
+        raise TrainingConfigError(
+            f"checkpoint {resumed['path']} restored step {start_step}, its metadata says "
+            f"{resumed['step']}; the checkpoint is inconsistent.")
+    log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
+        f"(skipping {resumed['batches_consumed']} consumed batches)")
+    return manager, backup_dir, resumed, start_step
+
+
+def summary_dataset(make_dataset, eval_split, summary_batches, train_dataset):
+    """`(finite dataset, split)` of `summary_batches` batches for the start/end
+    loss and the expert-load plot: from `eval_split`, or from the training
+    stream when that split is missing; `(None, None)` when `summary_batches` is 0.
+
+    Args:
+        make_dataset: `split -> one unshuffled pass over that split`.
+        eval_split: the split to prefer.
+        summary_batches: how many batches.
+        train_dataset: the training stream (the fallback).
+    """
+    from keras_moe.training import data as data_lib
+
+    if not summary_batches:
+        return None, None
+    try:
+        data = make_dataset(eval_split).take(summary_batches)
+        data_lib.check_not_empty(data, "", eval_split)
+        split = eval_split
+    except TrainingConfigError:
+        data, split = train_dataset.take(summary_batches), "train"
+    return data_lib.finite(data), split
+
+
+def make_callbacks(manager, backup_dir, log_root, chief, logger, checkpoint_every, backup_every,
+                   tensorboard, log_every):
+    """The fit callbacks: NaN guard, progress bar, `logger`, step checkpoints,
+    preemption backup, and TensorBoard when asked for and installed."""
+    import keras
+
+    from keras_moe.training import callbacks as cb_lib
+    from keras_moe.training import console
+
+    def last_checkpoint():
+        meta = manager.latest()
+        return meta["path"] if meta else None
+
+    callbacks = [
+        cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any checkpoint.
+        console.CompactProgbar(),  # Router statistics go to the logger's table instead.
+        logger,
+        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=log),
+        ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
+    ]
+    if tensorboard and not _has_tensorboard():
+        log("the tensorboard package is not installed: no TensorBoard logs "
+            "(pip install tensorboard)")
+        tensorboard = False
+        logger.log_dir = None
+    if tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(log_root, update_freq=log_every,
+                                                     write_graph=False))
+    return callbacks
+
+
+def _has_tensorboard():
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def fit_segments(start, total, steps_per_epoch):
+    """[(initial_epoch, epochs, steps_per_epoch, start_step)] covering steps start..total.
+
+    Example:
+    >>> fit_segments(3, 10, 4)  # a partial epoch to the boundary, then whole ones
+    [(0, 1, 1, 3), (1, 2, 4, 4), (2, 3, 2, 8)]
+    """
+    calls = []
+    step = start
+    while step < total:
+        n = min(steps_per_epoch - step % steps_per_epoch, total - step)
+        epoch = step // steps_per_epoch
+        if calls and n == steps_per_epoch and calls[-1][2] == steps_per_epoch \
+                and calls[-1][1] == epoch:
+            first, _, spe, s0 = calls[-1]
+            calls[-1] = (first, epoch + 1, spe, s0)
+        else:
+            calls.append((epoch, epoch + 1, n, step))
+        step += n
+    return calls
+
+
+def fit(model, train_dataset, start_step, skip, train_steps, steps_per_epoch, callbacks,
+        verbose, strategy, collective_timeout):
+    """`model.fit` from `start_step` to `train_steps`, epoch-aligned, on the
+    stream `train_dataset(skip_batches)` past the `skip` batches a resumed run
+    consumed. A failed collective under "multi_worker" becomes a
+    `WorkerFailureError` that says how to resume. Returns the training seconds."""
+    import tensorflow as tf
+
+    start = time.time()
+    peer_errors = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                   tf.errors.CancelledError, tf.errors.AbortedError)
+    try:
+        for initial_epoch, epochs, spe, first_step in fit_segments(start_step, train_steps,
+                                                                    steps_per_epoch):
+            model.fit(train_dataset(skip + first_step - start_step),
+                      initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=spe,
+                      callbacks=callbacks, verbose=verbose,
+                      shuffle=False)  # seqio already shuffles the stream, by seed.
+    except peer_errors as e:
+        if strategy != "multi_worker":
+            raise
+        from keras_moe.training.errors import WorkerFailureError
+
+        step = int(model.optimizer.iterations.numpy())
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkerFailureError(
+            f"multi_worker: a collective failed at step {step} ({type(e).__name__}: "
+            f"{first_line[:300]}); a peer worker probably died or is unreachable "
+            f"(collective_timeout={collective_timeout} s). Restart all workers with the "
+            "same command to resume from the last checkpoint.") from None
+    return time.time() - start
+
+
+def evaluate(model, data):
+    """`model.evaluate` on the finite `data` as a dict of floats (None without data)."""
+    if data is None:
+        return None
+    with warnings.catch_warnings():  # "ran out of data": the summary set is finite.
+        warnings.simplefilter("ignore")
+        out = model.evaluate(data, verbose=0, return_dict=True)
+    return {k: float(v) for k, v in out.items()}
+
+
+def plot_expert_load(model, data, split, model_dir, step, strategy):
+    """Writes `expert_load.png` / `.json` of the tokens of `data`; returns the
+    plot's path (None when the model has no experts or under "multi_worker")."""
+    from keras_moe.training import expert_load as load_lib
+
+    if strategy == "multi_worker":
+        # An eager pass on the chief alone would need the other workers for the
+        # MoE layers' metric variables (collectives): skipped.
+        log("multi_worker: no expert-load plot (measure it with keras-moe-eval)")
+        return None
+    loads = load_lib.measure_expert_load(model, data)
+    if not loads:
+        return None
+    path = os.path.join(model_dir, "expert_load.png")
+    load_lib.plot_expert_load(loads, path, title=f"Expert load at step {step} ({split})")
+    ckpt_lib.atomic_write_text(
+        os.path.join(model_dir, "expert_load.json"),
+        json.dumps({k: [float(x) for x in v] for k, v in loads.items()}, indent=1))
+    return path
