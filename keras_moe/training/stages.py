@@ -11,9 +11,10 @@ from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 
 
-def resume(model, model_dir, keep_checkpoints, init_checkpoint, load_init_checkpoint):
+def resume(model, model_dir, keep_checkpoints, init_checkpoint, model_factory=None):
     """Restores the newest loadable checkpoint of `model_dir` (step checkpoints or
-    preemption backup) into `model`, or else `init_checkpoint` (weights only).
+    preemption backup) into `model`, or else `init_checkpoint` (weights only,
+    read into a model of `model_factory`; see `load_init_checkpoint`).
 
     Returns:
         `(manager, backup_dir, resumed, start_step)`: the step-checkpoint
@@ -31,7 +32,7 @@ def resume(model, model_dir, keep_checkpoints, init_checkpoint, load_init_checkp
                 f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
                 "(all corrupt, see above); move them away to start from step 0.")
     elif init_checkpoint:
-        load_init_checkpoint(model, init_checkpoint)
+        load_init_checkpoint(model, init_checkpoint, model_factory)
     start_step = int(model.optimizer.iterations.numpy())
     if resumed is None:
         log("no checkpoint in model_dir: starting from step 0")
@@ -43,6 +44,42 @@ def resume(model, model_dir, keep_checkpoints, init_checkpoint, load_init_checkp
     log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
         f"(skipping {resumed['batches_consumed']} consumed batches)")
     return manager, backup_dir, resumed, start_step
+
+
+def load_init_checkpoint(model, path, build_source=None):
+    """Initialises the model weights (not the optimizer) from `path`.
+
+    `path` may be a `.weights.h5` file, a keras_moe model dir or checkpoint
+    folder (its newest checkpoint), or a Hugging Face T5/SwitchTransformers
+    folder (`config.json` + `*.safetensors`, via `keras_moe.convert.from_hf`).
+    A keras_moe checkpoint is read into `build_source()` (default: gin's
+    `build_model`), the factory the trained model came from.
+    """
+    from keras_moe import models
+
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        from keras_moe.convert import from_hf
+
+        source = from_hf(path)
+        kind = "Hugging Face checkpoint"
+    else:
+        weights = ckpt_lib.resolve_checkpoint(path, "init_checkpoint")
+        source = (build_source or models.build_model)()
+        try:
+            source.load_weights(weights)
+        except (ValueError, KeyError, OSError) as e:
+            raise TrainingConfigError(
+                f"init_checkpoint {weights} does not fit the configured model: {e}") from None
+        kind = "checkpoint"
+        path = weights
+    src, dst = source.weights, model.weights
+    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(src, dst)):
+        raise TrainingConfigError(
+            f"init_checkpoint {path!r} ({kind}) has a different architecture than the "
+            "configured model; bind the same model gin file.")
+    for a, b in zip(src, dst):
+        b.assign(a.value)
+    log(f"initialised the model from {kind} {path}")
 
 
 def summary_dataset(make_dataset, eval_split, summary_batches, train_dataset):

@@ -74,40 +74,6 @@ def build_compiled_model(optimizer=None, jit_compile=False, steps_per_execution=
     return built
 
 
-def load_init_checkpoint(model, path):
-    """Initialises the model weights (not the optimizer) from `path`.
-
-    `path` may be a `.weights.h5` file, a keras_moe model dir or checkpoint
-    folder (its newest checkpoint), or a Hugging Face T5/SwitchTransformers
-    folder (`config.json` + `*.safetensors`, via `keras_moe.convert.from_hf`).
-    """
-    from keras_moe import models
-
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        from keras_moe.convert import from_hf
-
-        source = from_hf(path)
-        kind = "Hugging Face checkpoint"
-    else:
-        weights = ckpt_lib.resolve_checkpoint(path, "init_checkpoint")
-        source = models.build_model()
-        try:
-            source.load_weights(weights)
-        except (ValueError, KeyError, OSError) as e:
-            raise TrainingConfigError(
-                f"init_checkpoint {weights} does not fit the configured model: {e}") from None
-        kind = "checkpoint"
-        path = weights
-    src, dst = source.weights, model.weights
-    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(src, dst)):
-        raise TrainingConfigError(
-            f"init_checkpoint {path!r} ({kind}) has a different architecture than the "
-            "configured model; bind the same model gin file.")
-    for a, b in zip(src, dst):
-        b.assign(a.value)
-    log(f"initialised the model from {kind} {path}")
-
-
 def train(model_dir, task="embedded_span_corruption",
           feature_lengths=None, batch_size=16, train_steps=100, steps_per_epoch=None,
           checkpoint_every=50, keep_checkpoints=3, backup_every=None, log_every=10,
@@ -142,7 +108,7 @@ def train(model_dir, task="embedded_span_corruption",
             off under tf.distribute strategies anyway).
         steps_per_execution: train steps per tf.function call (TPU: e.g. 100).
         init_checkpoint: weights to start from when model_dir has no checkpoint
-            (see `load_init_checkpoint`).
+            (see `stages.load_init_checkpoint`).
         eval_split: split for the start/end loss in the summary and the plot
             (falls back to the training split if missing).
         summary_batches: batches of that split for the summary loss and the
@@ -207,12 +173,12 @@ def train(model_dir, task="embedded_span_corruption",
         f"global batch {batch_size} = {batch_size // replicas} per replica")
     data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
 
+    factory = model
     with strat.scope():
-        # `model`: the factory in, the compiled model out.
-        model = build_compiled_model(optimizer, jit_compile, steps_per_execution, model)
+        model = build_compiled_model(optimizer, jit_compile, steps_per_execution, factory)
         model.optimizer.build(model.trainable_variables)
     manager, backup_dir, resumed, start_step = stages.resume(
-        model, model_dir, keep_checkpoints, init_checkpoint, load_init_checkpoint)
+        model, model_dir, keep_checkpoints, init_checkpoint, factory)
     skip = resumed["batches_consumed"] if resumed else 0
 
     def dataset(skip_batches):

@@ -188,3 +188,29 @@ def test_build_compiled_model_takes_a_model_factory():
     assert isinstance(model.optimizer, keras.optimizers.SGD) and model.compiled
     with pytest.raises(TrainingConfigError, match="cannot build the model"):
         trainer.build_compiled_model(model=lambda: build_model(tiny_config(num_heads=0)))
+
+
+def test_init_checkpoint_reads_into_the_models_own_factory(tmp_path):
+    """A keras_moe `init_checkpoint` loads through the factory the model came
+    from (here not gin's build_model), from a model dir's newest checkpoint."""
+    import keras
+
+    from keras_moe.models import build_model
+    from keras_moe.training import stages
+    from tests.models.helpers import tiny_config
+
+    def factory():
+        return build_model(tiny_config(d_model=24))
+
+    tokens = {"encoder_input_tokens": np.ones((1, 4), "int32"),
+              "decoder_input_tokens": np.zeros((1, 4), "int32")}
+    keras.utils.set_random_seed(1)
+    trained = factory()
+    trained(tokens)
+    ckpt_lib.CheckpointManager(os.path.join(tmp_path, "checkpoints")).save(trained, step=5)
+    keras.utils.set_random_seed(2)
+    fresh = factory()
+    fresh(tokens)
+    stages.load_init_checkpoint(fresh, str(tmp_path), factory)
+    for a, b in zip(trained.weights, fresh.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
