@@ -70,13 +70,9 @@ def export(directory, train_datasets, held_out, meta):
 
     os.makedirs(directory, exist_ok=True)
     for seed, dataset in train_datasets.items():
-        batches = [tuple(np.asarray(v) if not isinstance(v, dict) else
-                         {k: np.asarray(a) for k, a in v.items()} for v in batch)
-                   for batch in itertools.islice(iter(dataset), meta["steps"])]
-        write_batches(os.path.join(directory, f"train_seed{seed}.npz"), batches)
-    write_batches(os.path.join(directory, "held_out.npz"),
-                  [({k: np.asarray(a) for k, a in x.items()}, np.asarray(y), np.asarray(w))
-                   for x, y, w in held_out])
+        write_batches(os.path.join(directory, f"train_seed{seed}.npz"),
+                      itertools.islice(iter(dataset), meta["steps"]))
+    write_batches(os.path.join(directory, "held_out.npz"), held_out)
     with open(os.path.join(directory, META), "w") as f:
         json.dump({**meta, "seeds": sorted(train_datasets)}, f, indent=2, sort_keys=True)
 

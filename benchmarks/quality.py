@@ -162,6 +162,11 @@ def parse_args(argv=None):
     return args
 
 
+def seed_list(args):
+    """The seeds of the runs: --seed, --seed + 1, ... (--seeds of them)."""
+    return [args.seed + i for i in range(args.seeds)]
+
+
 def quiet_logs():
     """Hides seqio's "uncached FunctionDataset" and tf.function retracing warnings
     (each model is traced once; the data sources are small in-memory ones)."""
@@ -446,7 +451,7 @@ class FileBatches:
         meta = batch_files.read_meta(args.batches)
         wanted = {"task": args.task, "batch_size": args.batch_size,
                   "eval_batches": args.eval_batches, "inputs": args.inputs}
-        seeds = [args.seed + i for i in range(args.seeds)]
+        seeds = seed_list(args)
         if (any(meta[k] != v for k, v in wanted.items()) or args.steps > meta["steps"]
                 or not set(seeds) <= set(meta["seeds"])):
             raise SystemExit(
@@ -473,7 +478,7 @@ def export_batches(args, source):
     from benchmarks import batch_files
 
     held_out, tokens = source.held_out()
-    seeds = [args.seed + i for i in range(args.seeds)]
+    seeds = seed_list(args)
     batch_files.export(
         args.export_batches, {seed: source.train(seed) for seed in seeds}, held_out,
         {"task": source.task, "task_fallback_reason": source.fallback_reason,
@@ -639,7 +644,7 @@ def main(argv=None):
     command = command_line("quality.py", argv)
     source = FileBatches(args) if args.batches else SeqioBatches(args)
     task, fallback_reason, lengths = source.task, source.fallback_reason, source.lengths
-    seeds = [args.seed + i for i in range(args.seeds)]
+    seeds = seed_list(args)
     if args.export_batches:
         return export_batches(args, source)
 
