@@ -249,3 +249,26 @@ def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
     assert written["comparison"]["switch3"]["final_gain_over_dense"] == pytest.approx(1.0)
     assert written["args"]["experts"] == [2, 3] and written["complete"] is True
     assert written["reused_runs"] == ["dense", "switch2"]
+
+
+def test_distill_summary_fractions_by_hand():
+    """Two seeds; gains and fractions worked out by hand."""
+    from benchmarks.distill import summarise
+
+    finals = {"dense_baseline": [-4.40, -4.42], "dense_baseline_more_steps": [-4.30, -4.34],
+              "switch_teacher": [-4.34, -4.34], "distilled_student": [-4.37, -4.39]}
+    s = summarise(finals)
+    assert s["dense_baseline"]["mean"] == pytest.approx(-4.41)
+    assert s["dense_baseline"]["std"] == pytest.approx(0.02 / 2 ** 0.5)
+    base = s["vs_dense_baseline"]
+    # teacher gains 0.06 and 0.08 (mean 0.07); student gains 0.03 and 0.03.
+    assert base["teacher_gain"] == pytest.approx(0.07)
+    assert base["teacher_gain_std_of_mean"] == pytest.approx(0.01)
+    assert base["student_gain"] == pytest.approx(0.03)
+    assert base["fraction_kept"] == pytest.approx(0.03 / 0.07)
+    assert base["fraction_kept_per_seed"] == pytest.approx([0.5, 0.375])
+    more = s["vs_dense_baseline_more_steps"]
+    # The teacher does not beat the longer-trained baseline in seed 0 (-4.34 < -4.30):
+    # no fraction there, nor of the means (-4.34 < -4.32).
+    assert more["fraction_kept_per_seed"][0] is None and more["fraction_kept"] is None
+    assert more["fraction_kept_per_seed"][1] is None  # equal: no gain to keep

@@ -13,6 +13,7 @@ import pytest
 
 MODULES = [
     "benchmarks.batch_files",
+    "benchmarks.distill",
     "benchmarks.quality",
     "keras_moe.convert.hf",
     "keras_moe.dispatch",
