@@ -10,11 +10,10 @@ and renamed, so a crash at any moment leaves the previous checkpoint intact;
 a weights file without its json is ignored and cleaned up. A `checkpoint`
 index file (also written atomically) names the newest one.
 
-The json records the weights file's size and sha256. `CheckpointManager.
-newest_valid()` checks them (and that the json parses) and skips a corrupt or
-truncated checkpoint with a log line naming the bad file, falling back to the
-previous good one; `restore_newest()` also falls back when the HDF5 file
-cannot be read at all.
+The json records the weights file's size and sha256. `restore()` checks them
+(`verify_checkpoint`) before loading; `restore_newest()` skips a corrupt,
+truncated or unreadable checkpoint with a log line naming the bad file and
+falls back to the previous good one.
 """
 
 import glob
@@ -92,7 +91,8 @@ class CheckpointManager:
     300
     >>> [m["step"] for m in manager.all()]  # older ones pruned: keep=2
     [200, 300]
-    >>> model.load_weights(manager.newest_valid()["path"])  # checksum verified first
+    >>> verify_checkpoint(manager.latest())  # size and sha256 as recorded
+    >>> model.load_weights(manager.latest()["path"])
     >>> shutil.rmtree(run)
     """
 
@@ -155,21 +155,6 @@ class CheckpointManager:
             meta["path"] = weights
             out.append(meta)
         return sorted(out, key=lambda m: m["step"])
-
-    def verify(self, meta):
-        """Raises `CorruptCheckpointError` naming the file if `meta`'s weights are damaged."""
-        verify_checkpoint(meta)
-
-    def newest_valid(self, log=None):
-        """Newest checkpoint whose weights pass `verify` (None if none); logs skipped ones."""
-        for meta in reversed(self.all()):
-            try:
-                self.verify(meta)
-            except CorruptCheckpointError as e:
-                (log or default_log)(f"{e} Skipping it; trying the previous checkpoint.")
-                continue
-            return meta
-        return None
 
     def latest(self):
         """Metadata (with "path") of the newest committed checkpoint, or None."""

@@ -54,7 +54,7 @@ def test_corrupt_newest_checkpoint_is_named_and_the_previous_one_used(run_at_8, 
     assert summary["start_step"] == 4 and summary["end_step"] == 10
     # Training re-wrote step 8 from the good step-4 state.
     assert [m["step"] for m in manager.all()] == [4, 8, 10]
-    manager.verify(manager.all()[1])
+    ckpt_lib.verify_checkpoint(manager.all()[1])
 
 
 def test_all_checkpoints_corrupt_is_a_clear_error(run_at_8):
