@@ -8,7 +8,7 @@ from keras_moe import startup as _startup
 
 _startup.import_keras_quietly()
 
-from keras_moe import losses  # noqa: E402
+from keras_moe import router_losses  # noqa: E402
 from keras_moe import sharding  # noqa: E402
 from keras_moe.dispatch import (  # noqa: E402
     Dispatcher,
@@ -36,5 +36,5 @@ __all__ = [
     "Dispatcher", "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts",
     "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RoutingInstructions",
     "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
-    "get_dispatcher", "losses", "router_metrics", "sharding",
+    "get_dispatcher", "router_losses", "router_metrics", "sharding",
 ]

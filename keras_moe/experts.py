@@ -7,7 +7,7 @@ import keras
 from keras import ops
 
 from keras_moe.ffn import FeedForwardMixin
-from keras_moe.validation import is_int
+from keras_moe.validation import check_int
 
 # Std of a unit normal truncated at two standard deviations.
 _TRUNCATED_NORMAL_STD = 0.87962566103423978
@@ -79,9 +79,8 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
     def __init__(self, num_experts, d_ff, activation="relu", dropout_rate=0.0,
                  init_scale=1.0, seed=None, **kwargs):
         super().__init__(**kwargs)
-        for name, value in (("num_experts", num_experts), ("d_ff", d_ff)):
-            if not is_int(value) or value < 1:
-                raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+        check_int("num_experts", num_experts)
+        check_int("d_ff", d_ff)
         self.num_experts = num_experts
         self.d_ff = d_ff
         self.init_feed_forward(activation, dropout_rate, init_scale, seed)

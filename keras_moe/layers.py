@@ -6,7 +6,9 @@ Example:
 """
 
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
+from keras_moe.feedforward import DenseFeedForward, GShardFeedForward, SwitchFeedForward
 from keras_moe.moe import MoeLayer
 
-__all__ = ["FeedForwardExperts", "GShardFeedForward", "MoeLayer", "SwitchFeedForward"]
+__all__ = [
+    "DenseFeedForward", "FeedForwardExperts", "GShardFeedForward", "MoeLayer", "SwitchFeedForward",
+]

@@ -9,7 +9,7 @@ from keras_moe import dispatch as dispatch_lib
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.validation import is_int, is_number
+from keras_moe.validation import check_int, is_int, is_number
 
 
 GROUPINGS = ("batch", "sequence")
@@ -107,10 +107,7 @@ class MoeLayer(keras.layers.Layer):
                 f"got {group_size!r}.")
         _check_capacity_factor("train_capacity_factor", train_capacity_factor)
         _check_capacity_factor("eval_capacity_factor", eval_capacity_factor)
-        if not is_int(min_expert_capacity) or min_expert_capacity < 0:
-            raise ValueError(
-                f"`min_expert_capacity` must be an integer >= 0, got {min_expert_capacity!r}."
-            )
+        check_int("min_expert_capacity", min_expert_capacity, 0)
         for name, value in (("aux_loss_factor", aux_loss_factor), ("z_loss_factor", z_loss_factor)):
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")

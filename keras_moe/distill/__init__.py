@@ -6,10 +6,9 @@
 - `dense_student_config`: the teacher's `T5Config` with dense FFNs.
 - `build_distiller`: teacher checkpoint -> initialised student -> `Distiller`
   (gin-configurable; `python -m keras_moe.distill --gin_file=distill.gin`).
-- `losses`: `distillation_loss`, `hard_loss`, `soft_loss`, `kl_to_teacher`.
+- `objective`: `distillation_loss`, `hard_loss`, `soft_loss`, `kl_to_teacher`.
 """
 
-from keras_moe.distill import losses
 from keras_moe.distill.builder import build_distiller, load_teacher, resolve_checkpoint
 from keras_moe.distill.distiller import Distiller
 from keras_moe.distill.init_from_teacher import (
@@ -18,10 +17,10 @@ from keras_moe.distill.init_from_teacher import (
     init_student_from_teacher,
     relative_paths,
 )
-from keras_moe.distill.losses import distillation_loss, hard_loss, kl_to_teacher, soft_loss
+from keras_moe.distill.objective import distillation_loss, hard_loss, kl_to_teacher, soft_loss
 
 __all__ = [
     "Distiller", "EXPERT_INITS", "build_distiller", "dense_student_config", "distillation_loss",
-    "hard_loss", "init_student_from_teacher", "kl_to_teacher", "load_teacher", "losses",
+    "hard_loss", "init_student_from_teacher", "kl_to_teacher", "load_teacher",
     "relative_paths", "resolve_checkpoint", "soft_loss",
 ]

@@ -104,7 +104,7 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
     >>> shutil.rmtree(model_dir)
     """
     from keras_moe import models
-    from keras_moe.distill import losses as losses_lib
+    from keras_moe.distill import objective as losses_lib
 
     losses_lib.check_alpha(alpha)
     losses_lib.check_temperature(temperature)

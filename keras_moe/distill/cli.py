@@ -40,18 +40,19 @@ def main(argv=None):
     from keras_moe.training import console
 
     console.quiet_startup()
+    from keras_moe.gin_config import GinConfigError
     from keras_moe.training.errors import TrainingConfigError
 
     files = args.gin_file or ["tiny_local.gin"]
     if not any(os.path.basename(f).startswith("distill") for f in files):
         files = files + ["distill.gin"]
     try:
-        from keras_moe.training import config
+        from keras_moe.gin_config import parse_gin
         from keras_moe.training import gin_configurables
         from keras_moe.training import trainer
         from keras_moe.distill.gin_configurables import build_distiller
 
-        config.parse_gin(files, args.gin_bindings, args.gin_allow_import)
+        parse_gin(files, args.gin_bindings, args.gin_allow_import)
         trainer.prepare_model_dir(args.model_dir)
         built = []
 
@@ -59,9 +60,10 @@ def main(argv=None):
             built.append(build_distiller())
             return built[-1]
 
-        summary = gin_configurables.train(args.model_dir, model=distiller,
-                                          write_config=config.write_operative_config)
-    except TrainingConfigError as e:
+        summary = gin_configurables.train(
+            args.model_dir, model=distiller,
+            write_config=gin_configurables.write_operative_config)
+    except (TrainingConfigError, GinConfigError) as e:
         print(f"keras_moe.distill: error: {e}", file=sys.stderr, flush=True)
         return 2
     student_path = save_student(built[-1], os.path.abspath(args.model_dir))

@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_moe.distill import losses as losses_lib
-from keras_moe.models import losses as model_losses
+from keras_moe.distill import objective as losses_lib
+from keras_moe.models import objective
 from keras_moe.models.distribute_compat import DistributedBuildMixin
 
 
@@ -22,7 +22,7 @@ class Distiller(DistributedBuildMixin, keras.Model):
     """Distils a frozen teacher (e.g. a Switch Transformer) into a student (e.g. a dense T5).
 
     Calling the distiller runs the student; training minimises
-    `(1 - alpha) * hard + alpha * soft` (see `keras_moe.distill.losses`) plus
+    `(1 - alpha) * hard + alpha * soft` (see `keras_moe.distill.objective`) plus
     the student's own `losses` (aux / z losses when the student is sparse).
     The teacher is frozen (`trainable=False`: only the student's variables are
     trained) and always runs with `training=False`, so its MoE layers use the
@@ -140,8 +140,8 @@ class Distiller(DistributedBuildMixin, keras.Model):
         # token mean (the replicas' gradients are summed), as the T5 loss does;
         # the trackers, averaged over replicas, then report the global means.
         local_weight = ops.sum(sample_weight)
-        share = ops.divide_no_nan(local_weight, model_losses.global_sum(local_weight))
-        replicas = model_losses.replicas_in_sync()
+        share = ops.divide_no_nan(local_weight, objective.global_sum(local_weight))
+        replicas = objective.replicas_in_sync()
         self.hard_loss_tracker.update_state(hard * share * replicas)
         self.soft_loss_tracker.update_state(soft * share * replicas)
         self.kl_tracker.update_state(kl * share * replicas)
@@ -160,10 +160,8 @@ class Distiller(DistributedBuildMixin, keras.Model):
 
         The loss is this class's `compute_loss`, so no `loss` is given.
         """
-        from keras_moe.models import losses
-
-        kwargs = losses.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
-                                         jit_compile=jit_compile)
+        kwargs = objective.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
+                                            jit_compile=jit_compile)
         kwargs.pop("loss")
         return kwargs
 

@@ -1,6 +1,4 @@
-"""`build_model` and `gin_path`: the entry points the training CLI uses."""
-
-import os
+"""`build_model`: a model from a `T5Config` (gin-configurable)."""
 
 from keras_moe.models.config import T5Config
 from keras_moe.models.transformer import EncoderDecoder
@@ -37,29 +35,3 @@ def build_model(config=None, compile=False, learning_rate=1e-3, **overrides):
         model.compile(**model.compile_defaults(learning_rate=learning_rate))
     return model
 
-
-def gin_dirs():
-    """Folders searched for gin files: `<package>/gin_files/` then `<repo>/gin/`."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return [os.path.join(package, "gin_files"), os.path.join(os.path.dirname(package), "gin")]
-
-
-def gin_path(name):
-    """Path of a gin file by name: "switch_base_8", "models/switch_base_8" or "....gin".
-
-    Bare names are looked up under `models/` too.
-
-    Example:
-    >>> gin_path("switch_tiny")  # the package's gin_files/models/switch_tiny.gin
-    '.../models/switch_tiny.gin'
-    """
-    candidates = [name if name.endswith(".gin") else name + ".gin"]
-    if "/" not in candidates[0]:
-        candidates.append("models/" + candidates[0])
-    for folder in gin_dirs():
-        for candidate in candidates:
-            path = os.path.join(folder, candidate)
-            if os.path.isfile(path):
-                return path
-    raise ValueError(
-        f"gin file {name!r} not found; looked for {candidates} in {gin_dirs()}.")

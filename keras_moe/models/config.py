@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Union
 
 from keras_moe.ffn import ACTIVATIONS
 from keras_moe.moe import GROUPINGS
-from keras_moe.validation import is_int, is_number
+from keras_moe.validation import check_int, is_int, is_number
 
 MOE_TYPES = ("switch", "gshard")
 
@@ -40,11 +40,6 @@ def hf_sparse_layers(num_layers, sparse_step):
     if sparse_step <= 0:
         return ()
     return tuple(i for i in range(num_layers) if i % sparse_step == 1 or sparse_step == 1)
-
-
-def _check_int(name, value, minimum):
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
 
 
 def _check_rate(name, value):
@@ -159,7 +154,7 @@ class T5Config:
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
                      "num_decoder_layers", "relative_attention_num_buckets",
                      "relative_attention_max_distance"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         if self.d_kv is None:
             if self.d_model % self.num_heads:
                 raise ValueError(
@@ -167,7 +162,7 @@ class T5Config:
                     "when `d_kv` is not given; set `d_kv` explicitly."
                 )
         else:
-            _check_int("d_kv", self.d_kv, 1)
+            check_int("d_kv", self.d_kv, 1)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {self.activation!r}.")
         if self.expert_activation is not None and self.expert_activation not in ACTIVATIONS:
@@ -194,9 +189,9 @@ class T5Config:
         if self.moe_type is not None and self.moe_type not in MOE_TYPES:
             raise ValueError(f"`moe_type` must be None or one of {MOE_TYPES}, got {self.moe_type!r}.")
         for name in ("encoder_sparse_step", "decoder_sparse_step"):
-            _check_int(name, getattr(self, name), 0)
+            check_int(name, getattr(self, name), 0)
         if self.expert_d_ff is not None:
-            _check_int("expert_d_ff", self.expert_d_ff, 1)
+            check_int("expert_d_ff", self.expert_d_ff, 1)
         for side, num in (("encoder", self.num_encoder_layers), ("decoder", self.num_decoder_layers)):
             name = f"{side}_sparse_layers"
             layers = getattr(self, name)
@@ -220,7 +215,7 @@ class T5Config:
                     "(sparse steps or sparse layer lists), got None."
                 )
             minimum = 2 if self.moe_type == "gshard" else 1
-            _check_int("num_experts", self.num_experts, minimum)
+            check_int("num_experts", self.num_experts, minimum)
 
     @property
     def scales_decoder_outputs(self):

@@ -21,7 +21,7 @@ token by token; the two agree whenever the uncached pass drops nothing.
 import numpy as np
 from keras import ops
 
-from keras_moe.models.config import _check_int
+from keras_moe.validation import check_int
 
 METHODS = ("greedy", "beam")
 
@@ -109,9 +109,9 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
-    _check_int("max_length", max_length, 1)
-    if method == "beam" and (not isinstance(num_beams, int) or num_beams < 1):
-        raise ValueError(f"`num_beams` must be an integer >= 1, got {num_beams!r}.")
+    check_int("max_length", max_length)
+    if method == "beam":
+        check_int("num_beams", num_beams)
     config = model.config
     eos = config.eos_id if eos_id is None else eos_id
     pad = config.pad_id

@@ -19,7 +19,7 @@ same logits only when it drops nothing either (an `eval_capacity_factor` /
 import keras
 from keras import ops
 
-from keras_moe.models.config import _check_int
+from keras_moe.validation import check_int
 
 # The compiled functions live on the model (outside Keras' attribute tracking),
 # so they go away with it.
@@ -161,8 +161,8 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     >>> tuple(tokens.shape)
     (2, 8)
     """
-    _check_int("max_length", max_length, 1)
-    _check_int("num_beams", num_beams, 1)
+    check_int("max_length", max_length)
+    check_int("num_beams", num_beams)
     key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile))
     functions = model.__dict__.get(_CACHE_ATTRIBUTE)
     if functions is None:

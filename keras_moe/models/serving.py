@@ -20,9 +20,9 @@ does not, so it runs SavedModels exported without a vocabulary.
 import keras
 from keras import ops
 
-from keras_moe.models.config import _check_int
 from keras_moe.models.decoding import METHODS
 from keras_moe.models.search import stateless_search
+from keras_moe.validation import check_int
 
 
 def _sentencepiece_model(vocabulary):
@@ -79,7 +79,7 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
             "weights and export from a TensorFlow process.")
     for name, value in (("max_input_length", max_input_length), ("max_length", max_length),
                         ("num_beams", num_beams)):
-        _check_int(name, value, 1)
+        check_int(name, value)
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
     import tensorflow as tf

@@ -3,11 +3,11 @@
 import keras
 from keras import ops
 
-from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
+from keras_moe.feedforward import DenseFeedForward, GShardFeedForward, SwitchFeedForward
 from keras_moe.models.attention import NEG_INF, T5Attention
 from keras_moe.models.config import T5Config
 from keras_moe.models.distribute_compat import DistributedBuildMixin
-from keras_moe.models.layers import DenseFeedForward, RMSNorm
+from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 
 FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
@@ -432,10 +432,10 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
 
     def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
-        from keras_moe.models import losses
+        from keras_moe.models import objective
 
-        return losses.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
-                                       jit_compile=jit_compile)
+        return objective.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
+                                          jit_compile=jit_compile)
 
     def _targets_from_x(self, x, y, sample_weight):
         if y is None and isinstance(x, dict) and "decoder_target_tokens" in x:

@@ -35,7 +35,8 @@ def build_parser(prog="keras-moe-train"):
     parser.add_argument("--gin_file", action="append", default=[],
                         help="gin file (path or name in gin/runs, gin/models); repeatable")
     parser.add_argument("--gin_bindings", action="append", default=[],
-                        help="gin binding, e.g. 'BATCH_SIZE = 32'; repeatable")
+                        help="gin binding, e.g. 'BATCH_SIZE = 32' or "
+                             "'T5Config.num_experts = 16'; repeatable")
     parser.add_argument("--model_dir", required=True, help="output folder (resumes if it holds "
                         "checkpoints)")
     add_gin_allow_import_flag(parser)
@@ -54,6 +55,7 @@ def main(argv=None):
     from keras_moe.training import console
 
     console.quiet_startup()
+    from keras_moe.gin_config import GinConfigError
     from keras_moe.training.errors import (
         NonFiniteLossError,
         TrainingConfigError,
@@ -63,15 +65,15 @@ def main(argv=None):
     if not args.gin_file:
         args.gin_file = ["tiny_local.gin"]
     try:
-        from keras_moe.training import config
+        from keras_moe.gin_config import parse_gin
         from keras_moe.training import gin_configurables
         from keras_moe.training import trainer
 
-        config.parse_gin(args.gin_file, args.gin_bindings, args.gin_allow_import)
+        parse_gin(args.gin_file, args.gin_bindings, args.gin_allow_import)
         trainer.prepare_model_dir(args.model_dir)
-        summary = gin_configurables.train(args.model_dir,
-                                          write_config=config.write_operative_config)
-    except TrainingConfigError as e:
+        summary = gin_configurables.train(
+            args.model_dir, write_config=gin_configurables.write_operative_config)
+    except (TrainingConfigError, GinConfigError) as e:
         print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
         return 2
     except NonFiniteLossError as e:

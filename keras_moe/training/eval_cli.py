@@ -45,36 +45,23 @@ def main(argv=None):
     from keras_moe.training import console
 
     console.quiet_startup()
+    from keras_moe.gin_config import GinConfigError
     from keras_moe.training.errors import TrainingConfigError
 
     try:
-        import gin
-
         import tasks  # noqa: F401  (t5/seqio configurables named in operative configs)
-        from keras_moe.training import config
+        from keras_moe.gin_config import parse_gin
         from keras_moe.training import evaluate as eval_lib
 
         if not os.path.isdir(args.model_dir):
             raise TrainingConfigError(f"--model_dir {args.model_dir!r} is not a folder.")
         files = args.gin_file or [os.path.join(args.model_dir, "operative_config.gin")]
         import keras_moe.training.gin_configurables  # noqa: F401
-        from keras_moe.models import gin_configurables as model_gin
 
-        model_gin.add_search_paths()  # a run file's includes name files in gin/
-        for f in files:
-            path = config.resolve_gin_file(f)
-            try:
-                with config.gin_imports_allowed(args.gin_allow_import):
-                    gin.parse_config_file(path, skip_unknown=True)
-            except TrainingConfigError:
-                raise
-            except (ValueError, IOError) as e:
-                raise TrainingConfigError(f"bad gin file {path}: {e}") from None
-        for binding in args.gin_bindings:
-            try:
-                gin.parse_config(binding)
-            except ValueError as e:
-                raise TrainingConfigError(f"gin binding {binding!r}: {e}") from None
+        # Unknown configurables are skipped: an operative config may name ones the
+        # evaluation does not register; a run file's required macros are the training's.
+        parse_gin(files, args.gin_bindings, args.gin_allow_import, skip_unknown=True,
+                  check_required=False)
         method = "greedy" if args.beam_size <= 1 else "beam"
         if args.export_dir:
             exported = eval_lib.export_run(args.model_dir, args.export_dir, args.checkpoint,
@@ -91,7 +78,7 @@ def main(argv=None):
             args.decode_examples, args.max_decode_length,
             method, max(args.beam_size, 1), args.task)
         path = eval_lib.write_results(args.model_dir, results)
-    except TrainingConfigError as e:
+    except (TrainingConfigError, GinConfigError) as e:
         print(f"keras-moe-eval: error: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"[keras_moe] eval of {results['checkpoint']} (step {results['step']}) on "

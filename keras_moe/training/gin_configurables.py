@@ -5,10 +5,13 @@ Run files write `train.batch_size = %BATCH_SIZE`, `train.optimizer = @make_optim
 `keras_moe.models.gin_configurables` (`build_model`, `T5Config`).
 """
 
+import os
+
 import gin
 
 import keras_moe.models.gin_configurables  # noqa: F401  (registers build_model, T5Config)
 from keras_moe.training import schedules
+from keras_moe.training.checkpoint import atomic_write_text
 from keras_moe.training import trainer
 
 train = gin.external_configurable(trainer.train, name="train", module="keras_moe.training",
@@ -23,3 +26,10 @@ def evaluate_config(model_dir=None, split="validation", eval_batches=20, decode_
     """Defaults of `keras-moe-eval` that a run file may set (`evaluate_config.split = ...`)."""
     return dict(split=split, eval_batches=eval_batches, decode_examples=decode_examples,
                 max_decode_length=max_decode_length, beam_size=beam_size)
+
+
+def write_operative_config(model_dir):
+    """Writes `gin.operative_config_str()` to `model_dir/operative_config.gin` atomically."""
+    path = os.path.join(model_dir, "operative_config.gin")
+    atomic_write_text(path, gin.operative_config_str())
+    return path

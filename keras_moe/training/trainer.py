@@ -14,12 +14,11 @@ import time
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
-from keras_moe.validation import is_int
+from keras_moe.validation import check_int
 
 
 def _check_int(name, value, minimum):
-    if not is_int(value) or value < minimum:
-        raise TrainingConfigError(f"`train.{name}` must be an integer >= {minimum}, got {value!r}.")
+    check_int(f"train.{name}", value, minimum, TrainingConfigError)
 
 
 def prepare_model_dir(model_dir):

@@ -21,7 +21,8 @@ import keras_moe
 from keras_moe import expert_parallel, routing
 from keras_moe.models import T5Config
 from keras_moe.models.attention import T5Attention
-from keras_moe.models.layers import DenseFeedForward, RMSNorm
+from keras_moe.feedforward import DenseFeedForward
+from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 from keras_moe.models.transformer import DecoderBlock, EncoderBlock
 

@@ -8,6 +8,7 @@ import gin
 import pytest
 
 from keras_moe import models
+from keras_moe.gin_config import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,17 +33,17 @@ def test_the_readme_call_works_as_written():
     config = eval(call, {"models": models})  # noqa: S307 - the README's own text
     # It stands in for `config = models.T5Config(...)`: switch_tiny.gin's model.
     assert isinstance(config, models.T5Config)
-    assert (config.moe_type, config.num_experts, config.d_model) == ("switch", 8, 128)
+    assert (config.moe_type, config.num_experts, config.d_model) == ("switch", 8, 64)
     assert config.resolved_encoder_sparse_layers() == (1,)
 
 
 def test_one_name_a_path_or_a_list_give_the_same_config(tmp_path):
     by_name = models.parse_gin("switch_tiny")
     gin.clear_config()
-    by_list = models.parse_gin(["switch_tiny.gin"], ["NUM_EXPERTS = 4"])
+    by_list = models.parse_gin(["switch_tiny.gin"], ["T5Config.num_experts = 4"])
     gin.clear_config()
-    path = pathlib.Path(models.gin_path("switch_tiny"))
-    by_path = models.parse_gin(path, "NUM_EXPERTS = 4")  # os.PathLike, one binding as a str
+    path = pathlib.Path(resolve("switch_tiny"))
+    by_path = models.parse_gin(path, "T5Config.num_experts = 4")  # os.PathLike, one binding as a str
     assert by_name.num_experts == 8
     assert by_list == by_path and by_list.num_experts == 4
     assert by_list.replace(num_experts=8) == by_name
@@ -50,7 +51,7 @@ def test_one_name_a_path_or_a_list_give_the_same_config(tmp_path):
 
 def test_a_file_of_ones_own_and_an_unknown_name(tmp_path, monkeypatch):
     own = tmp_path / "my_model.gin"
-    own.write_text("include 'models/switch_tiny.gin'\nNUM_EXPERTS = 2\n")
+    own.write_text("include 'models/switch_tiny.gin'\nT5Config.num_experts = 2\n")
     assert models.parse_gin(str(own)).num_experts == 2
     gin.clear_config()
     monkeypatch.chdir(tmp_path)

@@ -87,8 +87,8 @@ def test_readme_command_line_training_and_eval(tmp_path):
     shrink = ["--gin_bindings=TRAIN_STEPS = 2", "--gin_bindings=BATCH_SIZE = 4",
               "--gin_bindings=CHECKPOINT_EVERY = 2", "--gin_bindings=SUMMARY_BATCHES = 1",
               "--gin_bindings=EXPERT_LOAD_EVERY = 0", "--gin_bindings=BACKUP_EVERY = None",
-              "--gin_bindings=LOG_EVERY = 1", "--gin_bindings=NUM_ENCODER_LAYERS = 2",
-              "--gin_bindings=NUM_DECODER_LAYERS = 2"]
+              "--gin_bindings=LOG_EVERY = 1", "--gin_bindings=T5Config.num_encoder_layers = 2",
+              "--gin_bindings=T5Config.num_decoder_layers = 2"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env.update(PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     consoles = []

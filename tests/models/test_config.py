@@ -4,7 +4,7 @@ import pytest
 from keras_moe.models import T5Config, count_params, hf_sparse_layers, sparse_layers_from_step
 from keras_moe.models import EncoderDecoder
 from keras_moe.moe import MoeLayer
-from keras_moe.models.layers import DenseFeedForward
+from keras_moe.feedforward import DenseFeedForward
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 
@@ -103,12 +103,11 @@ PUBLISHED = {  # name: (published parameter count, relative tolerance)
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_parameter_counts(name):
-    from keras_moe.models import gin_configurables
+    from keras_moe.gin_config import parse_gin
 
     gin.clear_config()
     try:
-        gin_configurables.parse_gin([name])
-        config = gin.query_parameter("build_model.config").scoped_configurable_fn()
+        config = parse_gin([name])
     finally:
         gin.clear_config()
     count = count_params(config)

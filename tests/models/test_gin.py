@@ -3,7 +3,8 @@ import os
 import gin
 import pytest
 
-from keras_moe.models import count_params, gin_path
+from keras_moe.gin_config import GinConfigError, parse_gin, resolve
+from keras_moe.models import count_params
 from keras_moe.moe import MoeLayer
 
 NAMES = ["t5_1_1_small", "t5_1_1_base", "t5_1_1_large", "switch_base_8", "switch_base_16",
@@ -19,17 +20,14 @@ def _clean_gin():
 
 
 def _config(name, bindings=()):
-    from keras_moe.models import gin_configurables
-
-    gin_configurables.parse_gin([name], bindings)
-    return gin.query_parameter("build_model.config").scoped_configurable_fn()
+    return parse_gin([name], bindings)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gin_files_resolve_and_parse(name):
-    path = gin_path(name)
+    path = resolve(name)
     assert os.path.isfile(path) and path.endswith(f"models/{name}.gin")
-    assert gin_path(f"models/{name}") == path
+    assert resolve(f"models/{name}") == path
     config = _config(name)
     assert count_params(config) > 0
     if name.startswith("switch"):
@@ -42,16 +40,16 @@ def test_gin_files_resolve_and_parse(name):
         assert config.moe_type == "gshard"
 
 
-def test_gin_path_unknown_name():
-    with pytest.raises(ValueError, match="not found"):
-        gin_path("no_such_model")
+def test_resolve_unknown_name():
+    with pytest.raises(GinConfigError, match="not found"):
+        resolve("no_such_model")
 
 
 def test_build_switch_tiny_with_bindings():
-    from keras_moe.models import build_model, gin_configurables
+    from keras_moe.models import build_model
 
-    gin_configurables.parse_gin(["switch_tiny"], ["NUM_EXPERTS = 4", "VOCAB_SIZE = 100",
-                                                  "DECODER_SPARSE_STEP = 1"])
+    parse_gin(["switch_tiny"], ["T5Config.num_experts = 4", "T5Config.vocab_size = 100",
+                                "T5Config.decoder_sparse_step = 1"])
     model = build_model()
     assert model.config.num_experts == 4 and model.config.vocab_size == 100
     assert [isinstance(b.ffn, MoeLayer) for b in model.encoder_layers] == [False, True]

@@ -38,13 +38,13 @@ def read_lines(path):
 
 
 def train_in_process(model_dir, bindings=(), **kwargs):
-    from keras_moe.training import config, gin_configurables
+    from keras_moe.training import gin_configurables
 
     parse(list(bindings))
     kwargs.setdefault("tensorboard", False)
     kwargs.setdefault("verbose", 0)
-    return gin_configurables.train(str(model_dir), write_config=config.write_operative_config,
-                                   **kwargs)
+    return gin_configurables.train(
+        str(model_dir), write_config=gin_configurables.write_operative_config, **kwargs)
 
 
 def final_weights(model_dir, bindings=()):

@@ -14,7 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # A very small Switch model and short sequences: a step takes milliseconds.
 TINY = [
-    "D_MODEL = 32", "NUM_HEADS = 2", "D_KV = 16", "D_FF = 64", "NUM_EXPERTS = 4",
+    "T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
+    "T5Config.d_ff = 64", "T5Config.num_experts = 4",
     'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}', "BATCH_SIZE = 8",
     "LOG_EVERY = 5", "SUMMARY_BATCHES = 2", "EXPERT_LOAD_EVERY = 0",
 ]
@@ -23,10 +24,10 @@ TINY = [
 def parse(bindings=(), files=("tiny_local.gin",)):
     import gin
 
-    from keras_moe.training import config
+    from keras_moe.gin_config import parse_gin
 
     gin.clear_config()
-    config.parse_gin(list(files), TINY + list(bindings))
+    parse_gin(list(files), TINY + list(bindings))
 
 
 def run_cli(args, timeout, env=None, module="keras_moe.training"):

@@ -65,7 +65,7 @@ def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_na
 
 def test_setup_launch_logs_delete():
     argv = _argv(_run("launch.sh", "--name=moe", "--zone=z1", "--gin_file=pretrain_c4.gin",
-                      "--model_dir=/mnt/runs/c4", "--gin_bindings=NUM_EXPERTS = 16",
+                      "--model_dir=/mnt/runs/c4", "--gin_bindings=T5Config.num_experts = 16",
                       "--dry-run"))
     assert "--worker=all" in argv
     command = argv[-1][len("--command="):]
@@ -73,7 +73,7 @@ def test_setup_launch_logs_delete():
     assert inner[:3] == ["nohup", "JAX_PLATFORMS=cpu", "keras-moe-train"]
     assert "--gin_file=pretrain_c4.gin" in inner and "--model_dir=/mnt/runs/c4" in inner
     assert '--gin_bindings=STRATEGY = "tpu"' in inner
-    assert "--gin_bindings=NUM_EXPERTS = 16" in inner
+    assert "--gin_bindings=T5Config.num_experts = 16" in inner
     argv = _argv(_run("logs.sh", "--name=moe", "--zone=z1", "--worker=1", "--dry-run"))
     assert "--worker=1" in argv and argv[-1].startswith("--command=tail")
     argv = _argv(_run("delete.sh", "--name=moe", "--zone=z1", "--dry-run"))

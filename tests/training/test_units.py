@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training import config
+from keras_moe import gin_config
+from keras_moe.gin_config import GinConfigError
 from keras_moe.training import stages, trainer
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
@@ -96,12 +97,12 @@ def test_a_failed_save_keeps_the_last_good_checkpoint(tmp_path):
 def test_gin_files_resolve_by_name():
     from tests.training.helpers import REPO
 
-    path = config.resolve_gin_file("tiny_local.gin")
+    path = gin_config.resolve("tiny_local.gin")
     assert os.path.realpath(path) == os.path.join(REPO, "gin", "runs", "tiny_local.gin")
-    assert config.resolve_gin_file("runs/tiny_local") == path
-    assert config.resolve_gin_file("switch_tiny").endswith("switch_tiny.gin")
-    with pytest.raises(TrainingConfigError, match="no_such_run.gin"):
-        config.resolve_gin_file("no_such_run.gin")
+    assert gin_config.resolve("runs/tiny_local") == path
+    assert gin_config.resolve("switch_tiny").endswith("switch_tiny.gin")
+    with pytest.raises(GinConfigError, match="no_such_run.gin"):
+        gin_config.resolve("no_such_run.gin")
 
 
 @pytest.mark.parametrize("binding,message", [
@@ -114,8 +115,8 @@ def test_bad_gin_bindings_are_named(binding, message):
     import gin
 
     gin.clear_config()
-    with pytest.raises(TrainingConfigError, match=message):
-        config.parse_gin(["tiny_local.gin"], [binding])
+    with pytest.raises(GinConfigError, match=message):
+        gin_config.parse_gin(["tiny_local.gin"], [binding])
     gin.clear_config()
 
 
@@ -126,23 +127,23 @@ def test_parse_gin_takes_one_file_or_a_list(tmp_path):
 
     def batch_size(files, bindings=()):
         gin.clear_config()
-        config.parse_gin(files, bindings)
+        gin_config.parse_gin(files, bindings)
         return gin.query_parameter("%BATCH_SIZE")
 
     try:
         assert batch_size("tiny_local.gin") == 16  # one name, not its characters
         assert batch_size(["tiny_local.gin"], "BATCH_SIZE = 4") == 4  # one binding as a str
         assert batch_size(("runs/tiny_local",), ["BATCH_SIZE = 8"]) == 8
-        path = pathlib.Path(config.resolve_gin_file("tiny_local.gin"))
+        path = pathlib.Path(gin_config.resolve("tiny_local.gin"))
         assert batch_size(path) == 16  # os.PathLike
         own = tmp_path / "mine.gin"
         own.write_text("BATCH_SIZE = 2\n")
         assert batch_size([path, own]) == 2  # a list of paths, applied in order
         for bad in (5, b"tiny_local.gin", {"tiny_local.gin": 1}, ["tiny_local.gin", 5]):
-            with pytest.raises(TrainingConfigError,
+            with pytest.raises(GinConfigError,
                                match=r"`files` must be a gin file name or path \(str or "
                                      r"os.PathLike\), or a list of them"):
-                config.parse_gin(bad)
+                gin_config.parse_gin(bad)
     finally:
         gin.clear_config()
 
@@ -153,7 +154,7 @@ def test_all_run_files_parse():
     for name in ("tiny_local", "pretrain_c4", "pretrain_docs", "translate_bible_x2en",
                  "finetune"):
         gin.clear_config()
-        config.parse_gin([name + ".gin"])
+        gin_config.parse_gin([name + ".gin"], ['INIT_CHECKPOINT = "/x"'] * (name == "finetune"))
         bindings = gin.get_bindings("train")
         assert bindings["task"] and bindings["batch_size"] > 0, name
     gin.clear_config()
@@ -214,3 +215,20 @@ def test_init_checkpoint_reads_into_the_models_own_factory(tmp_path):
     stages.load_init_checkpoint(fresh, str(tmp_path), factory)
     for a, b in zip(trained.weights, fresh.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_required_macro_left_unbound_is_named():
+    import gin
+
+    try:
+        for files, missing in ((["finetune.gin"], "INIT_CHECKPOINT"),
+                               (["tiny_local.gin", "distill.gin"], "TEACHER_CHECKPOINT"),
+                               (["switch_tiny.gin", "runs/defaults.gin"], "MIXTURE_OR_TASK_NAME")):
+            gin.clear_config()
+            with pytest.raises(GinConfigError, match=rf"require a value for \['{missing}'\]"):
+                gin_config.parse_gin(files)
+        gin.clear_config()
+        gin_config.parse_gin(["finetune.gin"], ['INIT_CHECKPOINT = "/tmp/teacher"'])
+        assert gin.query_parameter("%INIT_CHECKPOINT") == "/tmp/teacher"
+    finally:
+        gin.clear_config()

@@ -1,226 +1,18 @@
-"""Routers: decide which tokens go to which experts, and with what weight.
+"""Token-choice routers: each token picks its top-K experts (Switch top-1, GShard top-2, top-k).
 
-A router is a small Keras layer that holds the router kernel and turns
-tokens `[G, S, d]` into float32 logits `[G, S, E]` (`router(x)`), plus a
-routing algorithm (`router.route(...)`) that turns those logits into
-`RoutingInstructions`. Routers never touch expert weights and never move
-activations: that is the dispatcher's job (`dispatch.py`).
-
-Conventions (all tensors are token-major, `K` routing choices per token):
-- `expert_index[g, s, k]`: the expert of token `s`'s k-th choice.
-- `position[g, s, k]`: its slot in that expert's buffer (valid where kept).
-- `kept[g, s, k]`: 1.0 if the assignment fits within capacity and the token
-  is real (not padding), else 0.0.
-- `combine_weight[g, s, k]`: the weight of that expert's output in the
-  token's output; exactly 0 where not kept.
+Experts serve the choices that ask for a slot in priority order until their
+capacity is full; the rest are dropped (combine weight 0).
 """
-
-import math
-from typing import NamedTuple
 
 import keras
 from keras import ops
 
-from keras_moe import losses
-from keras_moe.validation import is_int
+from keras_moe import router_losses
+from keras_moe.routing.base import Router
+from keras_moe.validation import check_int
 
 SECOND_EXPERT_POLICIES = ("all", "random", "threshold")
 NORMALIZE_GATES = ("before_capacity", "after_capacity")
-
-
-class RoutingInstructions(NamedTuple):
-    """Everything a dispatcher and the MoE layer need from routing.
-
-    Attributes:
-        expert_index: int32 [G, S, K].
-        position: int32 [G, S, K] slot in the expert's buffer.
-        combine_weight: float32 [G, S, K], 0 where not kept.
-        kept: float32 [G, S, K], 1 where the assignment is dispatched.
-        router_probs: float32 [G, S, E].
-        router_logits: float32 [G, S, E].
-        aux_loss: float32 scalar, unscaled load-balancing loss.
-        z_loss: float32 scalar, unscaled router z-loss.
-        capacity: slots per expert per group: a Python int, or an int32
-            scalar tensor when the group size is known only at run time
-            (TensorFlow, `group_size="batch"` with an unknown batch size).
-        num_experts: Python int.
-    """
-
-    expert_index: object
-    position: object
-    combine_weight: object
-    kept: object
-    router_probs: object
-    router_logits: object
-    aux_loss: object
-    z_loss: object
-    capacity: int
-    num_experts: int
-
-
-def default_router_initializer(scale=1.0):
-    """Fan-in truncated normal, std sqrt(scale / fan_in) (the Switch paper: scale 0.1 model-wide)."""
-    return keras.initializers.VarianceScaling(
-        scale=scale, mode="fan_in", distribution="truncated_normal"
-    )
-
-
-def _dynamic_ceil(factor, group_size):
-    """int32 `ceil(factor * group_size)` of a run-time group size (float64, as Python)."""
-    size = ops.cast(group_size, "float64")
-    return ops.cast(ops.ceil(ops.multiply(size, factor)), "int32")
-
-
-def _check_positive_int(name, value, minimum=1):
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
-
-
-class Router(keras.layers.Layer):
-    """Base router: float32 linear projection to expert logits, with jitter.
-
-    `route()` is a template: it turns the logits into float32 probabilities and
-    a float token mask, asks the subclass's `assign()` which experts and slots
-    each token gets, and adds what every router reports (logits, z-loss,
-    capacity). Token-choice routers share `TokenChoiceRouter.assign()` and
-    implement only which choices ask for a slot and their combine weights.
-    The layer defaults to `dtype="float32"`, so
-    under a `mixed_bfloat16` policy its matmul and softmax still run in float32
-    (the Switch paper's selective precision). Pass another `dtype` only to
-    study what happens without it.
-
-    Args:
-        num_experts: number of experts, >= 1.
-        jitter_noise: multiplicative noise amplitude applied in training to the
-            router's own copy of the input, `x * U(1 - eps, 1 + eps)`. The
-            experts always see the clean input. 0 disables it.
-        kernel_initializer: initializer of the `[d_model, num_experts]` kernel;
-            defaults to a fan-in truncated normal at scale 1.0, like the
-            experts (see `default_router_initializer`).
-        use_bias: whether the projection has a bias.
-        seed: seed for jitter and random routing decisions.
-    """
-
-    is_causal_safe = True  # False when a token's routing depends on later tokens
-    batch_prioritized_routing = False  # True: capacity filled by confidence, not order
-
-    def __init__(
-        self,
-        num_experts,
-        jitter_noise=0.0,
-        kernel_initializer=None,
-        use_bias=False,
-        seed=None,
-        **kwargs,
-    ):
-        kwargs.setdefault("dtype", "float32")
-        super().__init__(**kwargs)
-        _check_positive_int("num_experts", num_experts)
-        if not (isinstance(jitter_noise, (int, float)) and 0.0 <= jitter_noise < 1.0):
-            raise ValueError(f"`jitter_noise` must be in [0, 1), got {jitter_noise!r}.")
-        self.num_experts = num_experts
-        self.jitter_noise = float(jitter_noise)
-        self.kernel_initializer = keras.initializers.get(
-            kernel_initializer or default_router_initializer()
-        )
-        self.use_bias = use_bias
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
-        self.supports_masking = True  # logits keep the tokens' mask
-
-    def build(self, input_shape):
-        d_model = input_shape[-1]
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(d_model, self.num_experts),
-            initializer=self.kernel_initializer,
-        )
-        if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias", shape=(self.num_experts,), initializer="zeros"
-            )
-        self.built = True
-
-    def call(self, inputs, training=None):
-        """Returns router logits [..., E] in the router's compute dtype (float32)."""
-        x = inputs
-        if training and self.jitter_noise > 0:
-            noise = keras.random.uniform(
-                ops.shape(x),
-                minval=1.0 - self.jitter_noise,
-                maxval=1.0 + self.jitter_noise,
-                dtype=self.compute_dtype,
-                seed=self.seed_generator,
-            )
-            x = x * noise
-        logits = ops.matmul(x, ops.cast(self.kernel, self.compute_dtype))
-        if self.use_bias:
-            logits = logits + ops.cast(self.bias, self.compute_dtype)
-        return logits
-
-    def num_choices(self):
-        """K, the number of routing choices per token in the instructions."""
-        raise NotImplementedError
-
-    def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
-        """Slots per expert per group: `min(S, max(min, ceil(cf * K * S / E)))`.
-
-        A token takes at most one slot of an expert, so no expert can be sent
-        more than the group's `S` tokens: capping at `S` drops nothing and keeps
-        small groups (one token per sequence in cached decoding) from computing
-        `min_expert_capacity` slots per token. `group_size` is a Python int, or
-        a scalar tensor when the group size is only known at run time (then so
-        is the capacity).
-        """
-        k = self.num_choices()
-        if isinstance(group_size, int):
-            capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
-            return min(group_size, max(int(min_expert_capacity), capacity))
-        capacity = _dynamic_ceil(capacity_factor * k / self.num_experts, group_size)
-        return ops.minimum(ops.cast(group_size, "int32"),
-                           ops.maximum(int(min_expert_capacity), capacity))
-
-    def route(self, logits, token_mask, capacity, training=False):
-        """Turns logits [G, S, E] into `RoutingInstructions`."""
-        logits = ops.cast(logits, "float32")
-        probs = ops.softmax(logits, axis=-1)
-        mask = ops.cast(token_mask, "float32")
-        expert_index, position, kept, combine_weight, aux_loss = self.assign(
-            probs, mask, capacity, training)
-        return RoutingInstructions(
-            expert_index=ops.cast(expert_index, "int32"),
-            position=ops.cast(position, "int32"),
-            combine_weight=ops.cast(combine_weight, "float32") * kept,
-            kept=kept,
-            router_probs=probs,
-            router_logits=logits,
-            aux_loss=aux_loss,
-            z_loss=losses.router_z_loss(logits, mask),
-            capacity=capacity,
-            num_experts=self.num_experts,
-        )
-
-    def assign(self, probs, token_mask, capacity, training):
-        """The routing decision of probabilities [G, S, E] and a float mask [G, S].
-
-        Returns:
-            `(expert_index, position, kept, combine_weight, aux_loss)`: int
-            [G, S, K] experts, [G, S, K] slots in them, float [G, S, K] 1 where
-            the assignment holds a slot, float [G, S, K] combine weights (masked
-            by `kept` afterwards), and the scalar load-balancing loss.
-        """
-        raise NotImplementedError
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_experts=self.num_experts,
-            jitter_noise=self.jitter_noise,
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-            use_bias=self.use_bias,
-            seed=self.seed,
-        )
-        return config
 
 
 def _positions_in_expert(expert_index, active, num_experts, token_order=None):
@@ -309,7 +101,7 @@ class TokenChoiceRouter(Router):
         position, kept = _keep_within_capacity(
             expert_index, active, self.num_experts, capacity, order
         )
-        aux = losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
+        aux = router_losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
         return expert_index, position, kept, self.combine_weights(gates, kept), aux
 
     def choices_asking(self, gates, token_mask, training):
@@ -349,7 +141,7 @@ class TopKRouter(TokenChoiceRouter):
     def __init__(self, num_experts, k=1, normalize_top_k=False,
                  batch_prioritized_routing=False, **kwargs):
         super().__init__(num_experts, **kwargs)
-        _check_positive_int("k", k)
+        check_int("k", k)
         if k > num_experts:
             raise ValueError(
                 f"`k` must be <= num_experts ({num_experts}), got k={k}."
@@ -513,69 +305,3 @@ class Top2Router(TokenChoiceRouter):
         )
         return config
 
-
-@keras.saving.register_keras_serializable(package="keras_moe")
-class ExpertChoiceRouter(Router):
-    """Expert-choice routing (Zhou et al., 2022): each expert picks its top-C tokens.
-
-    Every expert is exactly full, so no load-balancing loss is needed (the aux
-    loss is 0); a token may be chosen by several experts or by none. Because an
-    expert's choice looks at every token of the group, this router is not
-    causal: `MoeLayer(causal=True)` refuses it. Capacity is
-    `ceil(cf * S / E)`, and at most `S` (an expert cannot pick more tokens
-    than the group has).
-
-    Args:
-        num_experts: number of experts.
-        **kwargs: see `Router`.
-
-    Example:
-    >>> import numpy as np
-    >>> router = ExpertChoiceRouter(num_experts=4)
-    >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
-    >>> routing = router.route(logits, np.ones((1, 8)), capacity=2)
-    >>> np.sum(routing.kept, axis=(0, 1)).tolist()  # each expert takes 2 tokens
-    [2.0, 2.0, 2.0, 2.0]
-    """
-
-    is_causal_safe = False
-
-    def num_choices(self):
-        return self.num_experts
-
-    def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
-        if isinstance(group_size, int):
-            capacity = math.ceil(capacity_factor * group_size / self.num_experts)
-            return min(group_size, max(int(min_expert_capacity), capacity))
-        capacity = _dynamic_ceil(capacity_factor / self.num_experts, group_size)
-        return ops.minimum(ops.cast(group_size, "int32"),
-                           ops.maximum(int(min_expert_capacity), capacity))
-
-    def assign(self, probs, token_mask, capacity, training):
-        mask = token_mask
-        shape = ops.shape(probs)
-        num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts
-        # Padding scores below any real token, so experts pick it only when
-        # the group has fewer real tokens than the capacity; it is unkept then.
-        scores = probs - 2.0 * (1.0 - mask[..., None])
-        _, chosen_tokens = ops.top_k(ops.transpose(scores, (0, 2, 1)), capacity)  # [G, E, C]
-        group_ids = ops.reshape(ops.arange(num_groups, dtype="int32"), (-1, 1, 1))
-        expert_ids = ops.reshape(ops.arange(num_experts, dtype="int32"), (1, -1, 1))
-        flat = (group_ids * num_experts + expert_ids) * group_size + ops.cast(chosen_tokens, "int32")
-        flat = ops.reshape(flat, (-1, 1))
-        slots = ops.broadcast_to(
-            ops.reshape(ops.arange(capacity, dtype="float32"), (1, 1, -1)),
-            ops.shape(chosen_tokens),
-        )
-        total = num_groups * num_experts * group_size
-        chosen = ops.scatter(flat, ops.ones((ops.shape(flat)[0],), "float32"), (total,))
-        position = ops.scatter(flat, ops.reshape(slots, (-1,)), (total,))
-        chosen = ops.transpose(ops.reshape(chosen, (num_groups, num_experts, group_size)), (0, 2, 1))
-        position = ops.transpose(
-            ops.reshape(position, (num_groups, num_experts, group_size)), (0, 2, 1)
-        )
-        kept = chosen * mask[..., None]
-        expert_index = ops.broadcast_to(
-            ops.reshape(ops.arange(num_experts, dtype="int32"), (1, 1, -1)), ops.shape(probs)
-        )
-        return expert_index, position, kept, probs, ops.zeros((), "float32")

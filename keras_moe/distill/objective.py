@@ -20,7 +20,7 @@ so the gradients are identical; `kl_divergence` is reported as a metric.
 
 from keras import ops
 
-from keras_moe.models.losses import token_log_likelihood
+from keras_moe.models.objective import token_log_likelihood
 from keras_moe.validation import is_number
 
 

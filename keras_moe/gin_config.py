@@ -1,0 +1,274 @@
+"""The one gin front end of keras_moe: finding, parsing and checking gin files.
+
+Gin files live in `gin/` (installed as `keras_moe/gin_files/`): model files
+in `models/` bind only the `T5Config` fields that differ from its defaults,
+run files in `runs/` include a model file and `runs/defaults.gin` and bind
+the run's macros (T5X's layout). Everything that parses gin goes through
+`parse_gin`: file names resolved in one place, `import` lines limited to an
+allow-list, bindings of unknown macros and `%gin.REQUIRED` macros left
+unbound reported by name.
+"""
+
+import contextlib
+import os
+
+# Modules (with their sub-modules) that gin `import` lines may name by default:
+# they register this project's configurables and seqio tasks.
+DEFAULT_GIN_IMPORTS = ("keras_moe", "tasks", "seqio", "t5.data", "t5.evaluation")
+
+
+class GinConfigError(ValueError):
+    """A gin file or binding is missing or invalid; the message names it and the fix."""
+
+
+def gin_dirs():
+    """Folders holding gin files: `<package>/gin_files/` then `<repo>/gin/` (a checkout)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(package, "gin_files"), os.path.join(os.path.dirname(package), "gin")]
+
+
+def search_dirs():
+    """Folders searched for a gin file name, in order: each of `gin_dirs()` and its
+    `runs/` and `models/` sub-folders (those that exist)."""
+    out = []
+    for folder in gin_dirs():
+        for path in (folder, os.path.join(folder, "runs"), os.path.join(folder, "models")):
+            real = os.path.realpath(path)
+            if os.path.isdir(path) and real not in (os.path.realpath(p) for p in out):
+                out.append(path)
+    return out
+
+
+def resolve(name):
+    """Path of a gin file given as a path, or by name in the gin folders.
+
+    A path that exists (relative to the current folder, or absolute) wins;
+    otherwise `name` (".gin" added if missing) is looked up in `search_dirs()`,
+    so "tiny_local", "runs/tiny_local.gin" and "switch_tiny" all resolve.
+
+    Args:
+        name: str or `os.PathLike`.
+
+    Returns:
+        the absolute path.
+
+    Example:
+    >>> resolve("tiny_local")
+    '.../runs/tiny_local.gin'
+    >>> resolve("models/switch_tiny") == resolve("switch_tiny.gin")
+    True
+    """
+    name = os.fspath(name)
+    candidate = name if name.endswith(".gin") else name + ".gin"
+    for path in (name, candidate):
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    for folder in search_dirs():
+        path = os.path.join(folder, candidate)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise GinConfigError(f"gin file {name!r} not found: looked for {candidate!r} in the "
+                         f"current folder and in {search_dirs()}.")
+
+
+def add_search_paths():
+    """Lets gin `include` lines name files relative to the gin folders (idempotent).
+
+    The folders go before gin's default '' (current folder) prefix, so gin does
+    not log a "Path not found" error for every include.
+    """
+    import gin.config
+
+    prefixes = getattr(gin.config, "_LOCATION_PREFIXES", None)
+    for folder in reversed(gin_dirs()):
+        if not os.path.isdir(folder):
+            continue
+        if isinstance(prefixes, list):
+            if folder not in prefixes:
+                prefixes.insert(0, folder)
+        else:  # pragma: no cover - future gin versions
+            gin.add_config_file_search_path(folder)
+
+
+@contextlib.contextmanager
+def imports_allowed(extra=()):
+    """While active, gin `import` lines may only name `DEFAULT_GIN_IMPORTS` + `extra`.
+
+    An import runs the module's code, so a shared gin file could otherwise run
+    anything importable. A refused import raises `GinConfigError` naming the
+    line and the `--gin_allow_import` flag that allows it.
+
+    Args:
+        extra: more module names (each also allows its sub-modules).
+
+    Example:
+    >>> import os, shutil, tempfile
+    >>> import gin
+    >>> folder = tempfile.mkdtemp()
+    >>> path = os.path.join(folder, "my_run.gin")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("import json.decoder")
+    >>> with imports_allowed():
+    ...     gin.parse_config_file(path)
+    Traceback (most recent call last):
+    ...
+    keras_moe.gin_config.GinConfigError: gin import 'import json.decoder'
+    (...my_run.gin:1) is not allowed: ... allow it with --gin_allow_import json...
+    >>> with imports_allowed(["json"]):  # json and its sub-modules
+    ...     gin.parse_config_file(path).imports
+    ['json.decoder']
+    >>> shutil.rmtree(folder)
+    """
+    import gin.config
+
+    allowed = tuple(DEFAULT_GIN_IMPORTS) + tuple(m.strip() for m in extra if m.strip())
+    original = gin.config.ParseContext.process_import
+
+    def checked(self, statement):
+        module = statement.module  # "a.b" for both `import a.b` and `from a import b`
+        if not any(module == a or module.startswith(a + ".") for a in allowed):
+            where = f"{statement.location.filename}:{statement.location.line_num}"
+            raise GinConfigError(
+                f"gin import {statement.format()!r} ({where}) is not allowed: gin files may "
+                f"import only {list(allowed)} and their sub-modules. If you trust it, allow "
+                f"it with --gin_allow_import {module.split('.')[0]}.")
+        return original(self, statement)
+
+    gin.config.ParseContext.process_import = checked
+    try:
+        yield
+    finally:
+        gin.config.ParseContext.process_import = original
+
+
+def _as_list(value, what, allowed):
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    if not isinstance(value, (list, tuple)):
+        raise GinConfigError(f"`{what}` must be {allowed}, got {value!r}.")
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)):
+            raise GinConfigError(
+                f"`{what}` must be {allowed}; the list holds {item!r} ({type(item).__name__}).")
+    return [os.fspath(item) for item in value]
+
+
+def _macros():
+    import gin.config
+
+    return {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}
+
+
+def _binding_lines(bindings):
+    return [line.strip() for item in bindings for line in item.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def _parse_binding(binding, files, skip_unknown):
+    import gin
+
+    if "=" not in binding:
+        raise GinConfigError(f"gin binding {binding!r} is not of the form NAME = VALUE.")
+    lhs = binding.split("=", 1)[0].strip()
+    if "." not in lhs and "/" not in lhs and lhs not in _macros():
+        # gin would accept a new macro silently: a typo of a real one.
+        raise GinConfigError(
+            f"gin binding {binding!r}: macro {lhs!r} is not defined by the gin files "
+            f"{files}; known macros: {sorted(_macros())}.")
+    try:
+        gin.parse_config(binding, skip_unknown=skip_unknown)
+    except (ValueError, SyntaxError) as e:
+        raise GinConfigError(f"gin binding {binding!r}: {e}") from None
+
+
+def unbound_required_macros():
+    """Macros still bound to `%gin.REQUIRED` (a file said a value must be given)."""
+    import gin
+    import gin.config
+
+    def is_required(value):
+        return (isinstance(value, gin.config.ConfigurableReference)
+                and value.selector == "gin.constant"
+                and value.scoped_configurable_fn() is gin.REQUIRED)
+
+    return sorted(name for name in _macros()
+                  if is_required(gin.config._CONFIG[(name, "gin.macro")].get("value")))
+
+
+def _configured_model():
+    import gin
+
+    try:
+        configured = gin.query_parameter("build_model.config")
+    except ValueError:  # the files bind no model config
+        return None
+    if isinstance(configured, gin.config.ConfigurableReference):
+        try:
+            return configured.scoped_configurable_fn()
+        except (TypeError, ValueError) as e:  # T5Config's own checks, named by gin
+            raise GinConfigError(f"the gin files configure an invalid model: {e}") from None
+    return configured
+
+
+def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_unknown=False,
+              check_required=True):
+    """Parses gin files, then bindings, with errors that name what is wrong.
+
+    Args:
+        files: one gin file or a list of them: names found by `resolve`
+            ("switch_tiny", "tiny_local.gin", "runs/tiny_local") or paths (str
+            or `os.PathLike`).
+        bindings: one gin binding ("T5Config.num_experts = 4", "BATCH_SIZE = 8")
+            or a list of them, applied after the files. Binding a macro that no
+            file defines (a typo gin would take silently) is an error.
+        allowed_imports: module names gin `import` lines may name besides
+            `DEFAULT_GIN_IMPORTS`.
+        finalize: lock the gin config afterwards.
+        skip_unknown: ignore bindings of configurables that are not registered.
+        check_required: raise if a macro is still `%gin.REQUIRED`.
+
+    Returns:
+        the `T5Config` bound to `build_model.config` (what `build_model()`
+        builds), or None when the files bind no model.
+
+    Raises:
+        GinConfigError: a file not found or invalid, a refused import, a bad
+            binding, or a required macro left unbound.
+
+    Example:
+    >>> config = parse_gin("switch_tiny.gin", "T5Config.num_experts = 4")
+    >>> config.moe_type, config.num_experts, config.d_model
+    ('switch', 4, 64)
+    >>> from keras_moe.models import build_model
+    >>> build_model().config.num_experts  # the same config, through gin
+    4
+    """
+    import gin
+
+    import keras_moe.models.gin_configurables  # noqa: F401  (T5Config, build_model)
+
+    files = _as_list(files, "files", "a gin file name or path (str or os.PathLike), "
+                                     "or a list of them")
+    bindings = _as_list(bindings, "bindings", "a gin binding string, or a list of them")
+    paths = [resolve(f) for f in files]
+    add_search_paths()  # includes name files relative to the gin folders
+    with imports_allowed(allowed_imports):
+        for path in paths:
+            try:
+                gin.parse_config_file(path, skip_unknown=skip_unknown)
+            except GinConfigError:
+                raise
+            except (ValueError, IOError, SyntaxError) as e:
+                raise GinConfigError(f"bad gin file {path}: {e}") from None
+        for binding in _binding_lines(bindings):
+            _parse_binding(binding, files, skip_unknown)
+    missing = unbound_required_macros() if check_required else []
+    if missing:
+        raise GinConfigError(
+            f"the gin files {files} require a value for {missing}: bind each in a gin file "
+            f"or with --gin_bindings='{missing[0]} = ...'.")
+    if finalize:
+        gin.finalize()
+    return _configured_model()

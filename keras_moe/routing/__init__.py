@@ -1,0 +1,33 @@
+"""Routers: decide which tokens go to which experts, and with what weight.
+
+A router is a small Keras layer that holds the router kernel and turns
+tokens `[G, S, d]` into float32 logits `[G, S, E]` (`router(x)`), plus a
+routing algorithm (`router.route(...)`) that turns those logits into
+`RoutingInstructions`. Routers never touch expert weights and never move
+activations: that is the dispatcher's job (`dispatch.py`).
+
+Conventions (all tensors are token-major, `K` routing choices per token):
+- `expert_index[g, s, k]`: the expert of token `s`'s k-th choice.
+- `position[g, s, k]`: its slot in that expert's buffer (valid where kept).
+- `kept[g, s, k]`: 1.0 if the assignment fits within capacity and the token
+  is real (not padding), else 0.0.
+- `combine_weight[g, s, k]`: the weight of that expert's output in the
+  token's output; exactly 0 where not kept.
+"""
+
+from keras_moe.routing.base import Router, RoutingInstructions, default_router_initializer
+from keras_moe.routing.expert_choice import ExpertChoiceRouter
+from keras_moe.routing.token_choice import (
+    NORMALIZE_GATES,
+    SECOND_EXPERT_POLICIES,
+    SwitchRouter,
+    TokenChoiceRouter,
+    Top2Router,
+    TopKRouter,
+)
+
+__all__ = [
+    "ExpertChoiceRouter", "NORMALIZE_GATES", "Router", "RoutingInstructions",
+    "SECOND_EXPERT_POLICIES", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
+    "default_router_initializer",
+]

@@ -1,0 +1,227 @@
+"""The router base class and the routing result every dispatcher consumes.
+
+A router is a small Keras layer that holds the router kernel and turns
+tokens `[G, S, d]` into float32 logits `[G, S, E]` (`router(x)`), plus a
+routing algorithm (`router.route(...)`) that turns those logits into
+`RoutingInstructions`; `keras_moe.routing` lists the conventions.
+"""
+
+import math
+from typing import NamedTuple
+
+import keras
+from keras import ops
+
+from keras_moe import router_losses
+from keras_moe.validation import check_int
+
+
+class RoutingInstructions(NamedTuple):
+    """Everything a dispatcher and the MoE layer need from routing.
+
+    Attributes:
+        expert_index: int32 [G, S, K].
+        position: int32 [G, S, K] slot in the expert's buffer.
+        combine_weight: float32 [G, S, K], 0 where not kept.
+        kept: float32 [G, S, K], 1 where the assignment is dispatched.
+        router_probs: float32 [G, S, E].
+        router_logits: float32 [G, S, E].
+        aux_loss: float32 scalar, unscaled load-balancing loss.
+        z_loss: float32 scalar, unscaled router z-loss.
+        capacity: slots per expert per group: a Python int, or an int32
+            scalar tensor when the group size is known only at run time
+            (TensorFlow, `group_size="batch"` with an unknown batch size).
+        num_experts: Python int.
+    """
+
+    expert_index: object
+    position: object
+    combine_weight: object
+    kept: object
+    router_probs: object
+    router_logits: object
+    aux_loss: object
+    z_loss: object
+    capacity: int
+    num_experts: int
+
+
+def default_router_initializer(scale=1.0):
+    """Fan-in truncated normal, std sqrt(scale / fan_in) (the Switch paper: scale 0.1 model-wide).
+
+    Example:
+    >>> import numpy as np
+    >>> kernel = np.asarray(default_router_initializer()((4096, 8)))  # fan-in 4096
+    >>> bool(abs(kernel.std() * 64 - 1) < 0.05)  # std 1 / sqrt(4096)
+    True
+    """
+    return keras.initializers.VarianceScaling(
+        scale=scale, mode="fan_in", distribution="truncated_normal"
+    )
+
+
+def _dynamic_ceil(factor, group_size):
+    """int32 `ceil(factor * group_size)` of a run-time group size (float64, as Python)."""
+    size = ops.cast(group_size, "float64")
+    return ops.cast(ops.ceil(ops.multiply(size, factor)), "int32")
+
+
+class Router(keras.layers.Layer):
+    """Base router: float32 linear projection to expert logits, with jitter.
+
+    `route()` is a template: it turns the logits into float32 probabilities and
+    a float token mask, asks the subclass's `assign()` which experts and slots
+    each token gets, and adds what every router reports (logits, z-loss,
+    capacity). Token-choice routers share `TokenChoiceRouter.assign()` and
+    implement only which choices ask for a slot and their combine weights.
+    The layer defaults to `dtype="float32"`, so
+    under a `mixed_bfloat16` policy its matmul and softmax still run in float32
+    (the Switch paper's selective precision). Pass another `dtype` only to
+    study what happens without it.
+
+    Args:
+        num_experts: number of experts, >= 1.
+        jitter_noise: multiplicative noise amplitude applied in training to the
+            router's own copy of the input, `x * U(1 - eps, 1 + eps)`. The
+            experts always see the clean input. 0 disables it.
+        kernel_initializer: initializer of the `[d_model, num_experts]` kernel;
+            defaults to a fan-in truncated normal at scale 1.0, like the
+            experts (see `default_router_initializer`).
+        use_bias: whether the projection has a bias.
+        seed: seed for jitter and random routing decisions.
+    """
+
+    is_causal_safe = True  # False when a token's routing depends on later tokens
+    batch_prioritized_routing = False  # True: capacity filled by confidence, not order
+
+    def __init__(
+        self,
+        num_experts,
+        jitter_noise=0.0,
+        kernel_initializer=None,
+        use_bias=False,
+        seed=None,
+        **kwargs,
+    ):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        check_int("num_experts", num_experts)
+        if not (isinstance(jitter_noise, (int, float)) and 0.0 <= jitter_noise < 1.0):
+            raise ValueError(f"`jitter_noise` must be in [0, 1), got {jitter_noise!r}.")
+        self.num_experts = num_experts
+        self.jitter_noise = float(jitter_noise)
+        self.kernel_initializer = keras.initializers.get(
+            kernel_initializer or default_router_initializer()
+        )
+        self.use_bias = use_bias
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True  # logits keep the tokens' mask
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(d_model, self.num_experts),
+            initializer=self.kernel_initializer,
+        )
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=(self.num_experts,), initializer="zeros"
+            )
+        self.built = True
+
+    def call(self, inputs, training=None):
+        """Returns router logits [..., E] in the router's compute dtype (float32)."""
+        x = inputs
+        if training and self.jitter_noise > 0:
+            noise = keras.random.uniform(
+                ops.shape(x),
+                minval=1.0 - self.jitter_noise,
+                maxval=1.0 + self.jitter_noise,
+                dtype=self.compute_dtype,
+                seed=self.seed_generator,
+            )
+            x = x * noise
+        logits = ops.matmul(x, ops.cast(self.kernel, self.compute_dtype))
+        if self.use_bias:
+            logits = logits + ops.cast(self.bias, self.compute_dtype)
+        return logits
+
+    def num_choices(self):
+        """K, the number of routing choices per token in the instructions."""
+        raise NotImplementedError
+
+    def slots_per_token(self):
+        """Expert slots a token may fill, summed over experts (`K` for token choice)."""
+        return self.num_choices()
+
+    def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
+        """Slots per expert per group: `min(S, max(min, ceil(cf * K * S / E)))`, with
+        `K = slots_per_token()`.
+
+        A token takes at most one slot of an expert, so no expert can be sent
+        more than the group's `S` tokens: capping at `S` drops nothing and keeps
+        small groups (one token per sequence in cached decoding) from computing
+        `min_expert_capacity` slots per token. `group_size` is a Python int, or
+        a scalar tensor when the group size is only known at run time (then so
+        is the capacity).
+
+        Example:
+        >>> from keras_moe.routing import SwitchRouter, Top2Router
+        >>> SwitchRouter(num_experts=8).expert_capacity(64, 1.25, 4)  # ceil(1.25 * 64 / 8)
+        10
+        >>> Top2Router(num_experts=8).expert_capacity(64, 1.25, 4)  # two slots per token
+        20
+        >>> SwitchRouter(num_experts=64).expert_capacity(16, 1.0, 4)  # the minimum
+        4
+        """
+        k = self.slots_per_token()
+        if isinstance(group_size, int):
+            capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
+            return min(group_size, max(int(min_expert_capacity), capacity))
+        capacity = _dynamic_ceil(capacity_factor * k / self.num_experts, group_size)
+        return ops.minimum(ops.cast(group_size, "int32"),
+                           ops.maximum(int(min_expert_capacity), capacity))
+
+    def route(self, logits, token_mask, capacity, training=False):
+        """Turns logits [G, S, E] into `RoutingInstructions`."""
+        logits = ops.cast(logits, "float32")
+        probs = ops.softmax(logits, axis=-1)
+        mask = ops.cast(token_mask, "float32")
+        expert_index, position, kept, combine_weight, aux_loss = self.assign(
+            probs, mask, capacity, training)
+        return RoutingInstructions(
+            expert_index=ops.cast(expert_index, "int32"),
+            position=ops.cast(position, "int32"),
+            combine_weight=ops.cast(combine_weight, "float32") * kept,
+            kept=kept,
+            router_probs=probs,
+            router_logits=logits,
+            aux_loss=aux_loss,
+            z_loss=router_losses.router_z_loss(logits, mask),
+            capacity=capacity,
+            num_experts=self.num_experts,
+        )
+
+    def assign(self, probs, token_mask, capacity, training):
+        """The routing decision of probabilities [G, S, E] and a float mask [G, S].
+
+        Returns:
+            `(expert_index, position, kept, combine_weight, aux_loss)`: int
+            [G, S, K] experts, [G, S, K] slots in them, float [G, S, K] 1 where
+            the assignment holds a slot, float [G, S, K] combine weights (masked
+            by `kept` afterwards), and the scalar load-balancing loss.
+        """
+        raise NotImplementedError
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_experts=self.num_experts,
+            jitter_noise=self.jitter_noise,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            use_bias=self.use_bias,
+            seed=self.seed,
+        )
+        return config
