@@ -10,9 +10,14 @@ numbers; they differ only in how they move data:
 - `GatherDispatcher` computes, for every expert slot, which token fills it,
   then gathers tokens into slots and scatter-adds slot outputs back into
   tokens. Memory and time are O(tokens * d), which is what CPUs and GPUs want.
+- `DroplessDispatcher` has no capacity and drops nothing: the token-expert
+  assignments are sorted by expert and each expert multiplies exactly its
+  tokens (`grouped_matmul`), as MegaBlocks does on GPUs. Shapes depend on the
+  routing, so it runs where shapes may be dynamic (CPU/GPU, not XLA or TPU).
 
 Expert buffers are laid out `[E, G, C, d]` (experts first), so the experts'
 batched matmul needs no transpose and the expert axis can be sharded.
+`Dispatcher.apply` runs the whole path (dispatch, experts, combine).
 """
 
 from typing import NamedTuple
@@ -21,7 +26,7 @@ from keras import ops
 
 from keras_moe import sharding
 
-DISPATCH_MODES = ("auto", "einsum", "gather")
+DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
 
 
 class EinsumPlan(NamedTuple):
@@ -57,6 +62,13 @@ class Dispatcher:
     """
 
     name = None
+    uses_capacity = True  # False: routing keeps every assignment (no capacity)
+
+    def apply(self, x, routing, experts, training=None):
+        """Outputs `[G, S, d]` of the `experts` layer for group tokens `x` routed by `routing`."""
+        plan = self.plan(routing)
+        expert_outputs = experts(self.dispatch(x, plan), training=training)
+        return self.combine(expert_outputs, plan)
 
     def plan(self, routing):
         raise NotImplementedError
@@ -213,6 +225,69 @@ class GatherDispatcher(Dispatcher):
         return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
 
 
+class DroplessDispatcher(Dispatcher):
+    """Sorts the token-expert assignments by expert; each expert computes exactly its tokens.
+
+    Needs routing without capacity (`capacity=None`: every assignment of a
+    real token kept) and an experts layer that takes sorted rows
+    (`experts(rows, group_sizes=...)`, as `FeedForwardExperts` does). Padding
+    and unused choices sort last and are not computed.
+
+    Example:
+    >>> import numpy as np
+    >>> from keras_moe.experts import FeedForwardExperts
+    >>> from keras_moe.routing import SwitchRouter
+    >>> x = np.random.default_rng(0).normal(size=(2, 16, 8)).astype("float32")  # [G, S, d]
+    >>> router, experts = SwitchRouter(num_experts=4), FeedForwardExperts(4, d_ff=16)
+    >>> routing = router.route(router(x), np.ones((2, 16)), capacity=None)
+    >>> y = DroplessDispatcher().apply(x, routing, experts)
+    >>> routing = router.route(router(x), np.ones((2, 16)), capacity=16)  # room for all
+    >>> bool(np.allclose(y, GatherDispatcher().apply(x, routing, experts), atol=1e-5))
+    True
+    """
+
+    name = "dropless"
+    uses_capacity = False
+
+    def apply(self, x, routing, experts, training=None):
+        d_model = x.shape[-1]
+        num_experts = routing.num_experts
+        num_choices = routing.expert_index.shape[-1]
+        # Assignment a = token * K + choice; unkept ones go to a last, uncomputed bucket.
+        expert = ops.reshape(ops.where(routing.kept > 0, routing.expert_index, num_experts), (-1,))
+        order = ops.cast(ops.argsort(expert), "int32")
+        inverse = ops.cast(ops.argsort(order), "int32")
+        group_sizes = ops.segment_sum(ops.ones_like(expert), expert,
+                                      num_segments=num_experts + 1)[:num_experts]
+        tokens = ops.reshape(x, (-1, 1, d_model))
+        assignments = ops.reshape(
+            ops.broadcast_to(tokens, (ops.shape(tokens)[0], num_choices, d_model)),
+            (-1, d_model))
+        rows = _permute_rows(assignments, order, inverse)
+        outputs = experts(rows, group_sizes=group_sizes, training=training)
+        outputs = ops.reshape(_permute_rows(outputs, inverse, order), (-1, num_choices, d_model))
+        weight = ops.reshape(ops.cast(routing.combine_weight, outputs.dtype), (-1, num_choices, 1))
+        y = ops.sum(outputs * weight, axis=1)
+        y = ops.reshape(y, ops.shape(x))
+        return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+def _permute_rows(rows, index, inverse):
+    """`rows[index]` for a permutation `index` of the rows; its gradient is a gather
+    by `inverse` (autodiff would scatter, 2-3x slower on CPU)."""
+
+    @ops.custom_gradient
+    def permute(rows):
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return ops.take(upstream, inverse, axis=0)
+
+        return ops.take(rows, index, axis=0), grad
+
+    return permute(rows)
+
+
 # Token-choice routing sends each token to at most K (small) slots, so both
 # directions of the data movement can be written as gathers: tokens -> slots
 # by `slot_token`, slots -> tokens by `token_slot`. Autodiff would turn every
@@ -287,9 +362,10 @@ def _weighted_gather_with_gather_gradient(slots, token_weight, token_slot, slot_
 
 
 def get_dispatcher(mode):
-    """Returns the dispatcher for `mode` ("einsum", "gather" or "auto").
+    """Returns the dispatcher for `mode` ("einsum", "gather", "dropless" or "auto").
 
-    "auto" picks einsum on TPU and gather everywhere else.
+    "auto" picks einsum on TPU and gather everywhere else; "dropless" is
+    refused on TPU (it needs shapes that depend on the routing).
 
     Example:
     >>> get_dispatcher("gather").name
@@ -297,6 +373,13 @@ def get_dispatcher(mode):
     """
     if mode not in DISPATCH_MODES:
         raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {mode!r}.")
+    platform = sharding.accelerator_platform()
     if mode == "auto":
-        mode = "einsum" if sharding.accelerator_platform() == "tpu" else "gather"
+        mode = "einsum" if platform == "tpu" else "gather"
+    if mode == "dropless":
+        if platform == "tpu":
+            raise ValueError(
+                "dispatch='dropless' needs shapes that depend on the routing, which TPUs do "
+                "not compile; use dispatch='einsum' (or 'auto') with a capacity factor.")
+        return DroplessDispatcher()
     return EinsumDispatcher() if mode == "einsum" else GatherDispatcher()

@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_moe.ffn import FeedForwardMixin
+from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.validation import check_int
 
 # Std of a unit normal truncated at two standard deviations.
@@ -91,7 +92,13 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
                          (self.num_experts, self.d_ff, d_model),
                          lambda shape: PerExpertFanIn(self.init_scale))
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, group_sizes=None):
+        """Expert buffers `[E, G, C, d]` -> outputs of the same shape; or, with
+        `group_sizes` (int `[E]`), rows `[N, d]` sorted by expert -> `[N, d]`
+        (rows past `sum(group_sizes)` give 0)."""
+        if group_sizes is not None:
+            return self.feed_forward(
+                inputs, lambda a, w: grouped_matmul(a, w, group_sizes), training)
         if keras.backend.backend() == "jax":
             # Einsums on the 4-D buffer: with the group axis sharded, a reshape
             # to [E, G*C, d] would force GSPMD to rematerialise the buffer.

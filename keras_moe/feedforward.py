@@ -99,7 +99,7 @@ class SwitchFeedForward(_ExpertFeedForward):
         router_bias: add a bias to the router logits (HF's `router_bias`).
         aux_loss_factor: load-balancing loss weight (paper: 1e-2).
         z_loss_factor: router z-loss weight (ST-MoE: 1e-3).
-        dispatch: "auto", "einsum" or "gather".
+        dispatch: "auto", "einsum", "gather" or "dropless" (see `MoeLayer`).
         batch_prioritized_routing: fill capacity by router confidence.
         router_dtype: dtype policy of the router; "float32" (the Switch
             paper's selective precision) unless you are studying instability.

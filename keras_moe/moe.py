@@ -52,7 +52,10 @@ class MoeLayer(keras.layers.Layer):
         train_capacity_factor: capacity factor in training, > 0.
         eval_capacity_factor: capacity factor in inference, > 0.
         min_expert_capacity: lower bound on slots per expert per group, >= 0.
-        dispatch: "auto" (einsum on TPU, gather elsewhere), "einsum" or "gather".
+        dispatch: "auto" (einsum on TPU, gather elsewhere), "einsum", "gather",
+            or "dropless": no capacity, nothing dropped, each expert computes
+            exactly its tokens (token-choice routers; not on TPU or under XLA;
+            the capacity factors are then unused).
         aux_loss_factor: weight of the load-balancing loss, >= 0 (Switch: 1e-2).
         z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
         causal: True for layers in a causal decoder; refuses routers that look
@@ -124,6 +127,11 @@ class MoeLayer(keras.layers.Layer):
                 "cannot be used in a causal layer (causal=True)."
             )
         self.dispatcher = dispatch_lib.get_dispatcher(dispatch)
+        if not self.dispatcher.uses_capacity and not isinstance(
+                router, routing_lib.TokenChoiceRouter):
+            raise ValueError(
+                f"dispatch={dispatch!r} has no capacity, so it needs a token-choice router "
+                f"(Switch, top-2, top-k); got {type(router).__name__}.")
         self.router = router
         self.experts = experts
         self.num_experts = router.num_experts
@@ -234,7 +242,7 @@ class MoeLayer(keras.layers.Layer):
         group_size = groups.shape[1]
         if group_size is None:  # "batch" groups of a batch of unknown size
             group_size = ops.shape(groups)[1]
-        capacity = self.capacity(group_size, training)
+        capacity = self.capacity(group_size, training) if self.dispatcher.uses_capacity else None
 
         logits = self.router(groups, training=training)
         routing = self.router.route(logits, group_mask, capacity, training=bool(training))
@@ -243,10 +251,7 @@ class MoeLayer(keras.layers.Layer):
         if self.z_loss_factor:
             self.add_loss(self.z_loss_factor * routing.z_loss)
 
-        plan = self.dispatcher.plan(routing)
-        expert_inputs = self.dispatcher.dispatch(groups, plan)
-        expert_outputs = self.experts(expert_inputs, training=training)
-        outputs = self.dispatcher.combine(expert_outputs, plan)
+        outputs = self.dispatcher.apply(groups, routing, self.experts, training)
 
         outputs = self._from_groups(outputs, inputs, grouping, pad)
         outputs = ops.cast(outputs, self.compute_dtype)

@@ -19,6 +19,7 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 import dataclasses
 from typing import Optional, Sequence, Union
 
+from keras_moe.dispatch import DISPATCH_MODES
 from keras_moe.ffn import ACTIVATIONS
 from keras_moe.moe import GROUPINGS
 from keras_moe.validation import check_int, is_int, is_number
@@ -188,6 +189,8 @@ class T5Config:
                 f"`router_dtype` must be one of {ROUTER_DTYPES}, got {self.router_dtype!r}.")
         if self.moe_type is not None and self.moe_type not in MOE_TYPES:
             raise ValueError(f"`moe_type` must be None or one of {MOE_TYPES}, got {self.moe_type!r}.")
+        if self.dispatch not in DISPATCH_MODES:
+            raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {self.dispatch!r}.")
         for name in ("encoder_sparse_step", "decoder_sparse_step"):
             check_int(name, getattr(self, name), 0)
         if self.expert_d_ff is not None:

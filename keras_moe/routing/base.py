@@ -30,7 +30,8 @@ class RoutingInstructions(NamedTuple):
         z_loss: float32 scalar, unscaled router z-loss.
         capacity: slots per expert per group: a Python int, or an int32
             scalar tensor when the group size is known only at run time
-            (TensorFlow, `group_size="batch"` with an unknown batch size).
+            (TensorFlow, `group_size="batch"` with an unknown batch size);
+            None without capacity (dropless; `position` is then 0).
         num_experts: Python int.
     """
 
@@ -185,7 +186,11 @@ class Router(keras.layers.Layer):
                            ops.maximum(int(min_expert_capacity), capacity))
 
     def route(self, logits, token_mask, capacity, training=False):
-        """Turns logits [G, S, E] into `RoutingInstructions`."""
+        """Turns logits [G, S, E] into `RoutingInstructions`.
+
+        `capacity`: slots per expert per group, or None (token-choice routers
+        only): no capacity, every assignment kept (dropless dispatch).
+        """
         logits = ops.cast(logits, "float32")
         probs = ops.softmax(logits, axis=-1)
         mask = ops.cast(token_mask, "float32")

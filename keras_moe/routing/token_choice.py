@@ -97,11 +97,14 @@ class TokenChoiceRouter(Router):
     def assign(self, probs, token_mask, capacity, training):
         gates, expert_index = ops.top_k(probs, self.num_choices())
         active = self.choices_asking(gates, token_mask, training)
+        aux = router_losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
+        if capacity is None:  # dropless: every choice that asks for a slot gets one
+            return expert_index, ops.zeros_like(active), active, self.combine_weights(
+                gates, active), aux
         order = _priority_order(probs, token_mask, self.batch_prioritized_routing)
         position, kept = _keep_within_capacity(
             expert_index, active, self.num_experts, capacity, order
         )
-        aux = router_losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
         return expert_index, position, kept, self.combine_weights(gates, kept), aux
 
     def choices_asking(self, gates, token_mask, training):

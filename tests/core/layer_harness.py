@@ -70,7 +70,8 @@ CASES = {
         lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 1),
     "keras_moe>MoeLayer": Case(
         lambda: keras_moe.MoeLayer(routing.Top2Router(4), keras_moe.FeedForwardExperts(4, 8),
-                                   group_size="sequence", track_metrics=False),
+                                   group_size="sequence", dispatch="dropless",
+                                   track_metrics=False),
         lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 3),
     "keras_moe>SwitchFeedForward": Case(
         lambda: keras_moe.SwitchFeedForward(4, 8, activation="gated-gelu", track_metrics=False),

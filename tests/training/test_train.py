@@ -115,7 +115,7 @@ def _tiny_switch(strategy, init_weights, z_loss_factor=0.01, dispatch="auto"):
                       num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
                       num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2,
                       aux_loss_factor=0.1, z_loss_factor=z_loss_factor, min_expert_capacity=1,
-                      train_capacity_factor=1.0, group_size="sequence")
+                      train_capacity_factor=1.0, group_size="sequence", dispatch=dispatch)
     with strategy.scope():
         model = build_model(config)
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
@@ -140,16 +140,18 @@ def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01, dispat
 
 
 @pytest.mark.slow
-def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy):
+@pytest.mark.parametrize("dispatch", ["auto", "dropless"])
+def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy, dispatch):
     import tensorflow as tf
 
     batches = _fixed_batches(4, batch=8)
     keras.utils.set_random_seed(0)
-    init, single, aux, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches)
+    init, single, aux, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches,
+                                                   dispatch=dispatch)
     assert len(aux) == 4 and all(a > 0 for a in aux)  # 2 MoE layers x (aux, z) in the loss.
     mirrored = two_cpu_strategy
     assert mirrored.num_replicas_in_sync == 2
-    _, double, _, w_double = _loss_trajectory(mirrored, init, batches)
+    _, double, _, w_double = _loss_trajectory(mirrored, init, batches, dispatch=dispatch)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
     assert single[-1] < single[0]
     for a, b in zip(w_single, w_double):
