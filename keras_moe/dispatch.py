@@ -256,7 +256,9 @@ class DroplessDispatcher(Dispatcher):
         # Assignment a = token * K + choice; unkept ones go to a last, uncomputed bucket.
         expert = ops.reshape(ops.where(routing.kept > 0, routing.expert_index, num_experts), (-1,))
         order = ops.cast(ops.argsort(expert), "int32")
-        inverse = ops.cast(ops.argsort(order), "int32")
+        num_assignments = ops.shape(order)[0]
+        inverse = ops.scatter(order[:, None], ops.arange(num_assignments, dtype="int32"),
+                              (num_assignments,))  # the inverse permutation, without a sort
         group_sizes = ops.segment_sum(ops.ones_like(expert), expert,
                                       num_segments=num_experts + 1)[:num_experts]
         tokens = ops.reshape(x, (-1, 1, d_model))
