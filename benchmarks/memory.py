@@ -4,7 +4,7 @@ Each configuration runs in its own subprocess so that its peak RSS is its own;
 the increase of peak RSS over the process's baseline after building the
 layer is reported, split into weight gradients (E times the dense FFN's for
 the experts, whatever the dispatcher) and the rest (activations and
-workspace). Target: gather <= 2x dense at 32k tokens.
+workspace). Targets at 32k tokens: gather <= 2x dense, dropless <= 1.5x dense.
 
     python benchmarks/memory.py
     python benchmarks/memory.py --tokens 2048 8192 32768 --experts 32
@@ -71,6 +71,9 @@ def main(argv=None):
     parser.add_argument("--d_ff", type=int, default=2048)
     parser.add_argument("--seq_len", type=int, default=512)
     parser.add_argument("--capacity_factor", type=float, default=1.25)
+    parser.add_argument("--kinds", nargs="+", default=["dense", "gather", "einsum", "dropless"],
+                        choices=["dense", "gather", "einsum", "dropless"],
+                        help="dense FFN and the Switch layer's dispatchers (dense always runs)")
     parser.add_argument("--output", default="memory")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -86,7 +89,7 @@ def main(argv=None):
 
     rows = []
     for tokens in args.tokens:
-        for kind in ("dense", "gather", "einsum"):
+        for kind in ["dense"] + [k for k in args.kinds if k != "dense"]:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{kind}:{tokens}",
                    "--experts", str(args.experts), "--d_model", str(args.d_model),
                    "--d_ff", str(args.d_ff), "--seq_len", str(args.seq_len),

@@ -1,6 +1,6 @@
 """keras_moe against its peers on the same machine, same sizes, interleaved.
 
-- Switch top-1: `keras_moe.SwitchFeedForward` (gather and einsum dispatch) vs HF
+- Switch top-1: `keras_moe.SwitchFeedForward` (gather, einsum and dropless dispatch) vs HF
   transformers' `SwitchTransformersSparseMLP` (torch CPU, weights copied, the
   same per-sequence expert capacity).
 - Expert choice: `keras_moe.MoeLayer(ExpertChoiceRouter)` vs TF Model Garden's
@@ -13,7 +13,9 @@ each peer (target >= 2x). A dense FFN of the same tokens and sizes is timed
 beside them in both frameworks (`dense_tf`, `dense_torch`): a top-1 layer does
 at least the dense FFN's matmuls, so `speedup_bound_vs_hf` (HF's time over the
 faster dense FFN) bounds the speed-up any float32 implementation can reach
-over HF on this machine.
+over HF on this machine. The dropless layer computes every token (no capacity,
+nothing dropped); targets: <= 1.10x the TF dense FFN for E <= 32, <= 1.30x at
+E = 128; over HF >= 1.10x at E = 8, >= 1.30x at E = 32, >= 2.5x at E = 128.
 
     python benchmarks/peers.py --tfm_python /tmp/tfm_venv/bin/python
     python benchmarks/peers.py --precision mixed_bfloat16 --output peers_bf16
@@ -135,7 +137,7 @@ def run(args):
                   "dense_torch": torch_dense_step(args.d_model, args.d_ff, x_np, args.threads,
                                                   args.precision)}
         ours = {}
-        for dispatch in ("gather", "einsum"):
+        for dispatch in ("gather", "einsum", "dropless"):
             layer = keras_moe.SwitchFeedForward(
                 num_experts, args.d_ff, dispatch=dispatch, train_capacity_factor=1e-6,
                 min_expert_capacity=capacity, track_metrics=False, dtype=dtype)
@@ -177,7 +179,9 @@ def run(args):
                "speedup_switch_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_gather"],
                "speedup_bound_vs_hf": med["hf_switch_torch"] / min(med["dense_tf"],
                                                                    med["dense_torch"]),
-               "keras_moe_over_tf_dense": med["keras_moe_switch_gather"] / med["dense_tf"]}
+               "keras_moe_over_tf_dense": med["keras_moe_switch_gather"] / med["dense_tf"],
+               "speedup_dropless_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_dropless"],
+               "dropless_over_tf_dense": med["keras_moe_switch_dropless"] / med["dense_tf"]}
         if peer is not None:
             row["speedup_expert_choice_vs_tfm"] = (
                 med["tfm_expert_choice"] / med["keras_moe_expert_choice_gather"])
@@ -186,6 +190,8 @@ def run(args):
         print(f"E={num_experts:4d} " + "  ".join(f"{n}={t * 1e3:.0f}ms" for n, t in med.items()))
         print(f"       HF / fastest dense FFN (speed-up bound): {row['speedup_bound_vs_hf']:.2f}"
               f"   keras_moe / TF dense FFN: {row['keras_moe_over_tf_dense']:.2f}")
+        print(f"       dropless vs HF: {row['speedup_dropless_vs_hf']:.2f}x   dropless / TF dense "
+              f"FFN: {row['dropless_over_tf_dense']:.2f}")
         print(f"       keras_moe vs HF (switch): {row['speedup_switch_vs_hf']:.2f}x"
               + (f"   vs TF Model Garden (expert choice): "
                  f"{row['speedup_expert_choice_vs_tfm']:.2f}x" if peer else ""), flush=True)

@@ -97,6 +97,9 @@ def parse_args(argv=None):
                    help="train every model with this many seeds (--seed, --seed+1, ...: "
                         "initialisation and data order) and report the mean curve and the "
                         "spread; differences smaller than the spread are noise")
+    p.add_argument("--dropless_experts", type=int, nargs="*", default=[],
+                   help="also train Switch-E with dispatch='dropless' (no capacity, nothing "
+                        "dropped) for these E, compared with the capacity-factor Switch-E")
     p.add_argument("--no_main", action="store_true", help="skip the dense vs Switch-E comparison")
     p.add_argument("--table1", action="store_true",
                    help="also run top-1 vs top-2 at the capacity factors of --table1_cf")
@@ -151,6 +154,11 @@ def parse_args(argv=None):
         p.error("--retime and --reuse exclude each other: --retime trains nothing")
     if args.retime and not args.timing_repeats:
         p.error("--retime needs --timing_repeats >= 1")
+    if args.no_main and args.dropless_experts:
+        p.error("--dropless_experts compares with the main Switch models: drop --no_main")
+    if not set(args.dropless_experts) <= set(args.experts):
+        p.error(f"--dropless_experts {args.dropless_experts} must be among --experts "
+                f"{args.experts} (each is compared with the capacity-factor model)")
     if args.no_main and not args.table1:
         p.error("--no_main without --table1 leaves nothing to run")
     if args.workers < 1:
@@ -553,6 +561,10 @@ def retime(output, step_times, main_configs, table1_configs):
     for row in payload.get("table1", []):
         if row["name"] in table1_configs:
             row["step_time_vs_dense_interleaved"] = step_times[row["name"]]["median"] / dense
+    for name, row in payload.get("dropless_vs_capacity", {}).items():
+        row["step_time_ratio"] = (step_times[name]["median"]
+                                  / step_times[name.replace("_dropless", "")]["median"])
+        row["step_time_ratio_interleaved"] = True
     payload["interleaved_step_times"] = step_times
     payload["retimed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     common.write_result(output, payload)
@@ -567,7 +579,7 @@ def retime(output, step_times, main_configs, table1_configs):
 
 # Arguments that only choose which models run or where results go; every other
 # argument changes what a model's training measures.
-SELECTION_ARGS = frozenset({"experts", "no_main", "table1", "table1_experts", "table1_cf",
+SELECTION_ARGS = frozenset({"experts", "dropless_experts", "no_main", "table1", "table1_experts", "table1_cf",
                             "timing_repeats", "retime", "reuse", "output", "no_plot", "smoke",
                             "export_batches", "batches", "workers", "job", "job_output"})
 
@@ -653,16 +665,20 @@ def main(argv=None):
         d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
         num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
 
-    def moe_config(moe_type, experts, train_cf, eval_cf):
+    def moe_config(moe_type, experts, train_cf, eval_cf, dispatch="auto"):
         return dense_config.replace(
             moe_type=moe_type, num_experts=experts, encoder_sparse_step=2,
             decoder_sparse_step=2, train_capacity_factor=train_cf,
             eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity,
-            track_router_metrics=True)
+            track_router_metrics=True, dispatch=dispatch)
 
     main_configs = {} if args.no_main else {
         f"switch{e}": moe_config("switch", e, args.capacity_factor, args.eval_capacity_factor)
         for e in args.experts}
+    main_configs.update({
+        f"switch{e}_dropless": moe_config("switch", e, args.capacity_factor,
+                                          args.eval_capacity_factor, "dropless")
+        for e in args.dropless_experts})
     table1_configs = {} if not args.table1 else {
         f"{router}_E{args.table1_experts}_cf{cf:g}": moe_config(
             moe_type, args.table1_experts, cf, cf)
@@ -757,7 +773,7 @@ def main(argv=None):
 
     runs = {"dense": run_or_reuse("dense", dense_config)}
     dense_final = runs["dense"]["final_neg_log_perplexity"]
-    comparison, ordering = {}, None
+    comparison, ordering, dropless_vs_capacity = {}, None, {}
     save(runs, comparison, [])
     if not args.no_main:
         for name, config in main_configs.items():
@@ -767,6 +783,14 @@ def main(argv=None):
         names = [f"switch{e}" for e in sorted(args.experts)]
         ordering = [difference_with_noise(runs[b], runs[a])
                     for a, b in zip(["dense"] + names, names)]
+        for e in args.dropless_experts:  # dropless vs the capacity-factor layer, same E
+            name, capped = f"switch{e}_dropless", f"switch{e}"
+            if capped in runs:
+                dropless_vs_capacity[name] = {
+                    **difference_with_noise(runs[name], runs[capped]),
+                    "step_time_ratio": time_ratio(name) / time_ratio(capped)
+                    if step_times else runs[name]["step_time_s"] / runs[capped]["step_time_s"],
+                    "step_time_ratio_interleaved": step_times is not None}
 
     table1 = []
     if args.table1:
@@ -796,6 +820,8 @@ def main(argv=None):
                  + (f"\nmean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else ""))
         extra["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
                                         os.path.dirname(common.RESULTS_DIR))
+    if dropless_vs_capacity:
+        extra["dropless_vs_capacity"] = dropless_vs_capacity
     payload, path = save(runs, comparison, table1, ordering, final=True, extra=extra)
 
 
@@ -816,6 +842,11 @@ def main(argv=None):
         print(f"ordering step: {o['difference']:+.4f} nats"
               + ("" if o["noise_std"] is None else
                  f" (noise std {o['noise_std']:.4f}, resolved: {o['resolved']})"))
+    for name, d in dropless_vs_capacity.items():
+        print(f"{name} - {name.replace('_dropless', '')}: {d['difference']:+.4f} nats"
+              + ("" if d["noise_std"] is None else
+                 f" (noise std {d['noise_std']:.4f}, resolved: {d['resolved']})")
+              + f"; step time x{d['step_time_ratio']:.3f}")
     for row in table1:
         print(f"{row['name']:>16s}: final {row['final_neg_log_perplexity']:.4f} "
               f"(gain {row['gain_over_dense']:+.4f}), step {1e3 * row['step_time_s']:.1f} ms "

@@ -60,7 +60,7 @@ def test_layer_speed_smoke():
     assert data["environment"]["backend"] == "tensorflow"
     names = [(r["layer"], r["dispatch"], r["num_experts"]) for r in data["rows"]]
     assert sorted(names) == sorted((layer, d, e) for layer in ("switch", "gshard")
-                                   for d in ("gather", "einsum") for e in (2, 4))
+                                   for d in ("gather", "einsum", "dropless") for e in (2, 4))
     for row in data["rows"]:
         assert row["tokens"] == SMOKE_TOKENS
         assert _positive_seconds(row["t_moe_s"]) and _positive_seconds(row["t_dense_s"])
@@ -74,14 +74,14 @@ def test_layer_speed_smoke():
 def test_memory_smoke():
     data = _run("memory.py", "smoke_memory")
     rows = {r["kind"]: r for r in data["rows"]}
-    assert sorted(r["kind"] for r in data["rows"]) == ["dense", "einsum", "gather"]
+    assert sorted(r["kind"] for r in data["rows"]) == ["dense", "dropless", "einsum", "gather"]
     assert {r["tokens"] for r in data["rows"]} == {SMOKE_TOKENS}
     # Weight gradients by hand, float32: the dense FFN has wi [16, 32] and wo [32, 16]; the
     # Switch layer has 4 experts of those plus a [16, 4] router, whatever the dispatcher.
     dense_bytes = 2 * SMOKE_D_MODEL * SMOKE_D_FF * 4
     switch_bytes = 4 * dense_bytes + SMOKE_D_MODEL * 4 * 4
     assert rows["dense"]["weight_gradients_mb"] == pytest.approx(dense_bytes / 2 ** 20)
-    for kind in ("gather", "einsum"):
+    for kind in ("gather", "einsum", "dropless"):
         assert rows[kind]["weight_gradients_mb"] == pytest.approx(switch_bytes / 2 ** 20)
     for row in rows.values():
         # Each child imported TensorFlow before its baseline: hundreds of MB, not KB
@@ -126,7 +126,7 @@ def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
     data = _run("peers.py", "smoke_peers", "--tfm_python", python)
     row = data["rows"][0]
     assert set(row["median_s"]) == {"keras_moe_switch_gather", "keras_moe_switch_einsum",
-                                     "hf_switch_torch", "keras_moe_expert_choice_gather",
+                                     "keras_moe_switch_dropless", "hf_switch_torch", "keras_moe_expert_choice_gather",
                                      "dense_tf", "dense_torch", "tfm_expert_choice"}
     # The peer's own step time (0.25 s) is what is reported, not the round trip.
     assert row["median_s"]["tfm_expert_choice"] == 0.25 and row["tfm_tensorflow"] == "fake-2.20"
@@ -139,6 +139,8 @@ def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
                      "steps": data["args"]["repeats"]}
     assert row["capacity"] == 20  # ceil(1.25 * 64 tokens per sequence / 4 experts)
     assert all(_positive_seconds(t) for t in row["median_s"].values())
+    assert row["speedup_dropless_vs_hf"] == pytest.approx(
+        row["median_s"]["hf_switch_torch"] / row["median_s"]["keras_moe_switch_dropless"])
 
 
 @pytest.mark.slow
