@@ -94,7 +94,8 @@ class T5Config:
         group_size, jitter_noise, expert_dropout_rate,
         aux_loss_factor, z_loss_factor, dispatch: passed to the MoE layers
             (see `keras_moe.SwitchFeedForward`; `group_size` "batch" routes
-            each replica's batch as one group).
+            each replica's batch as one group; `dispatch="dropless"` drops
+            nothing and ignores the capacity factors, see `keras_moe.MoeLayer`).
         router_bias: give the router a bias (HF `router_bias`).
         router_dtype: dtype policy of the Switch router: "float32" (default, the
             Switch paper's selective precision, also under mixed_bfloat16),
