@@ -40,50 +40,51 @@ def check_reference():
     print("OK reference")
 
 
+def _same_weight_layers(*kwargs_list):
+    """GShard layers built with the first one's weights, one per kwargs dict."""
+    layers = [keras_moe.GShardFeedForward(6, 16, seed=0, **kwargs) for kwargs in kwargs_list]
+    for layer in layers:
+        layer.build((3, 10, 8))
+    for layer in layers[1:]:
+        layer.set_weights(layers[0].get_weights())
+    return layers
+
+
+def _outputs_and_gradients(layer, x, mask):
+    """Outputs and gradients (weights, input) of one jit-compiled step."""
+    def objective(trainable, inputs):
+        y, _ = layer.stateless_call(trainable, [v.value for v in layer.non_trainable_variables],
+                                    inputs, mask=mask, training=False)
+        return (y * np.sin(np.arange(8, dtype="float32"))).sum(), y
+    step = jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+    (_, y), grads = step([v.value for v in layer.trainable_variables], x)
+    return np.asarray(y), [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+
+
+def _assert_same(a, b):
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-5, atol=1e-6)
+    for ga, gb in zip(a[1], b[1]):
+        np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
+
+
 def check_gradients_agree():
-    layers = [keras_moe.GShardFeedForward(6, 16, dispatch=m, seed=0) for m in ("einsum", "gather")]
     x = rng.normal(size=(3, 10, 8)).astype("float32")
-    for layer in layers:
-        layer.build(x.shape)
-    layers[1].set_weights(layers[0].get_weights())
-    grads = []
-    for layer in layers:
-        def objective(trainable, inputs):
-            y, _ = layer.stateless_call(trainable, [v.value for v in layer.non_trainable_variables],
-                                        inputs, training=False)
-            return (y ** 2).sum()
-        grads.append(jax.grad(objective, argnums=(0, 1))(
-            [v.value for v in layer.trainable_variables], x))
-    flat_a, flat_b = jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])
-    for a, b in zip(flat_a, flat_b):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    mask = np.ones((3, 10), "float32")
+    einsum, gather = _same_weight_layers(dict(dispatch="einsum"), dict(dispatch="gather"))
+    _assert_same(*(_outputs_and_gradients(layer, x, mask) for layer in (einsum, gather)))
     print("OK gradients")
 
 
 def check_dropless():
     """ragged_dot under jax.jit: the same outputs and gradients as gather with room for all."""
-    layers = [keras_moe.GShardFeedForward(6, 16, dispatch="gather", eval_capacity_factor=6.0,
-                                          seed=0),
-              keras_moe.GShardFeedForward(6, 16, dispatch="dropless", seed=0)]
     x = rng.normal(size=(3, 10, 8)).astype("float32")
     mask = np.ones((3, 10), "float32")
     mask[2, 6:] = 0
-    for layer in layers:
-        layer.build(x.shape)
-    layers[1].set_weights(layers[0].get_weights())
-    results = []
-    for layer in layers:
-        def objective(trainable, inputs):
-            y, _ = layer.stateless_call(trainable, [v.value for v in layer.non_trainable_variables],
-                                        inputs, mask=mask, training=False)
-            return (y * np.sin(np.arange(8, dtype="float32"))).sum(), y
-        step = jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
-        (value, y), grads = step([v.value for v in layer.trainable_variables], x)
-        results.append((np.asarray(y), jax.tree_util.tree_leaves(grads)))
-    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    gather, dropless = _same_weight_layers(dict(dispatch="gather", eval_capacity_factor=6.0),
+                                           dict(dispatch="dropless"))
+    results = [_outputs_and_gradients(layer, x, mask) for layer in (gather, dropless)]
+    _assert_same(*results)
     assert np.all(results[1][0][2, 6:] == 0)
-    for a, b in zip(results[0][1], results[1][1]):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     print("OK dropless")
 
 

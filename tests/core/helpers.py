@@ -1,0 +1,28 @@
+"""Helpers shared by the core-layer tests."""
+
+import numpy as np
+import tensorflow as tf
+
+
+def forward_and_gradients(layer, x, mask):
+    """(outputs, [gradient of the input, then of every trainable weight], losses) of one
+    call at inference capacity, for an objective that weights each output channel differently."""
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        out = layer(xt, mask=mask, training=False)
+        y = out[0] if isinstance(out, tuple) else out
+        objective = tf.reduce_sum(y * tf.sin(tf.range(x.shape[-1], dtype=tf.float32)))
+        objective += tf.add_n(layer.losses)
+    grads = tape.gradient(objective, [xt] + layer.trainable_weights)
+    return out, [np.asarray(g) for g in grads], [float(v) for v in layer.losses]
+
+
+def assert_same_outputs_and_gradients(a, b):
+    """Compares two `forward_and_gradients` results (outputs, gradients, losses)."""
+    ya = a[0][0] if isinstance(a[0], tuple) else a[0]
+    yb = b[0][0] if isinstance(b[0], tuple) else b[0]
+    np.testing.assert_allclose(np.asarray(ya), np.asarray(yb), rtol=1e-5, atol=1e-6)
+    for ga, gb in zip(a[1], b[1]):
+        np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(a[2], b[2], rtol=1e-5)
