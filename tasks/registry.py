@@ -30,19 +30,24 @@ def register_task(base_name, source, preprocessors, *, metric_fns=(),
       >>> register_task("my_task", source, [seqio.preprocessors.tokenize])
       ['my_task', 'my_task_byte']
     """
+    return _replace_per_kind(seqio.TaskRegistry, base_name, kinds, lambda name, kind: dict(
+        source=source,
+        preprocessors=list(preprocessors),
+        output_features=vocab_lib.output_features(kind),
+        metric_fns=list(metric_fns),
+        postprocess_fn=postprocess_fn,
+        shuffle_buffer_size=shuffle_buffer_size))
+
+
+def _replace_per_kind(registry, base_name, kinds, arguments):
+    """Adds `base_name`'s entry of each vocabulary kind to `registry` (replacing an
+    existing one) with `registry.add(name, **arguments(name, kind))`; returns the names."""
     names = []
     for kind in kinds:
         name = vocab_lib.task_name(base_name, kind)
-        if name in seqio.TaskRegistry.names():
-            seqio.TaskRegistry.remove(name)
-        seqio.TaskRegistry.add(
-            name,
-            source=source,
-            preprocessors=list(preprocessors),
-            output_features=vocab_lib.output_features(kind),
-            metric_fns=list(metric_fns),
-            postprocess_fn=postprocess_fn,
-            shuffle_buffer_size=shuffle_buffer_size)
+        if name in registry.names():
+            registry.remove(name)
+        registry.add(name, **arguments(name, kind))
         names.append(name)
     return names
 
@@ -60,17 +65,8 @@ def register_mixture(base_name, base_tasks_and_rates, *,
     Returns:
       The list of registered names.
     """
-    names = []
-    for kind in kinds:
-        name = vocab_lib.task_name(base_name, kind)
-        if name in seqio.MixtureRegistry.names():
-            seqio.MixtureRegistry.remove(name)
-        seqio.MixtureRegistry.add(
-            name,
-            [(vocab_lib.task_name(t, kind), rate)
-             for t, rate in base_tasks_and_rates])
-        names.append(name)
-    return names
+    return _replace_per_kind(seqio.MixtureRegistry, base_name, kinds, lambda name, kind: dict(
+        tasks=[(vocab_lib.task_name(t, kind), rate) for t, rate in base_tasks_and_rates]))
 
 
 def temperature_rate(count, temperature):

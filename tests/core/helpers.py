@@ -4,6 +4,20 @@ import numpy as np
 import tensorflow as tf
 
 
+def inputs_and_mask(rng, shape=(4, 10, 12), padding=0.15):
+    """Random float32 tokens of `shape` and a mask with about `padding` of them masked."""
+    x = rng.normal(size=shape).astype("float32")
+    return x, (rng.random(shape[:-1]) > padding).astype("float32")
+
+
+def with_same_weights(a, b, input_shape):
+    """Builds layers `a` and `b` for `input_shape` and gives `b` the weights of `a`."""
+    a.build(input_shape)
+    b.build(input_shape)
+    b.set_weights(a.get_weights())
+    return a, b
+
+
 def forward_and_gradients(layer, x, mask):
     """(outputs, [gradient of the input, then of every trainable weight], losses) of one
     call at inference capacity, for an objective that weights each output channel differently."""

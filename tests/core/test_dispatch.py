@@ -5,7 +5,12 @@ import pytest
 
 import keras_moe
 from keras_moe import dispatch as dispatch_lib
-from tests.core.helpers import assert_same_outputs_and_gradients, forward_and_gradients
+from tests.core.helpers import (
+    assert_same_outputs_and_gradients,
+    forward_and_gradients,
+    inputs_and_mask,
+    with_same_weights,
+)
 
 
 def _pair(layer_cls, seed, **kwargs):
@@ -21,11 +26,8 @@ def _pair(layer_cls, seed, **kwargs):
 ])
 def test_einsum_and_gather_agree_forward_and_gradients(rng, layer_cls, kwargs):
     a, b = _pair(layer_cls, 7, **kwargs)
-    x = rng.normal(size=(4, 10, 12)).astype("float32")
-    mask = (rng.random((4, 10)) > 0.15).astype("float32")
-    a.build(x.shape)
-    b.build(x.shape)
-    b.set_weights(a.get_weights())
+    x, mask = inputs_and_mask(rng)
+    with_same_weights(a, b, x.shape)
     results = [forward_and_gradients(layer, x, mask) for layer in (a, b)]
     assert_same_outputs_and_gradients(*results)
     assert np.abs(results[0][1][1]).sum() > 0  # the router does get a gradient

@@ -9,7 +9,12 @@ from keras_moe import dispatch as dispatch_lib
 from keras_moe import experts as experts_lib
 from keras_moe import routing
 from keras_moe.grouped_matmul import grouped_matmul
-from tests.core.helpers import assert_same_outputs_and_gradients, forward_and_gradients
+from tests.core.helpers import (
+    assert_same_outputs_and_gradients,
+    forward_and_gradients,
+    inputs_and_mask,
+    with_same_weights,
+)
 from tests.core.reference import reference_moe
 
 NO_LIMIT = 10 ** 9  # a capacity no expert reaches
@@ -66,11 +71,8 @@ def test_equals_gather_with_room_for_every_token_forward_and_gradients(rng, laye
                   seed=3, return_metrics=True, **kwargs)
     b = layer_cls(num_experts=6, d_ff=24, dispatch="dropless", seed=3, return_metrics=True,
                   **kwargs)
-    x = rng.normal(size=(4, 10, 12)).astype("float32")
-    mask = (rng.random((4, 10)) > 0.15).astype("float32")
-    a.build(x.shape)
-    b.build(x.shape)
-    b.set_weights(a.get_weights())
+    x, mask = inputs_and_mask(rng)
+    with_same_weights(a, b, x.shape)
     results = [forward_and_gradients(layer, x, mask) for layer in (a, b)]
     assert_same_outputs_and_gradients(*results)
     (_, sa), gb, (_, sb) = results[0][0], results[1][1], results[1][0]
