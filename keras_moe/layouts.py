@@ -31,6 +31,8 @@ Example:
 
 import re
 
+import keras as _keras
+
 LOGICAL_AXES = ("batch", "length", "expert", "embed", "mlp", "heads", "kv", "vocab")
 MESH_AXES = ("data", "expert", "model")
 
@@ -259,89 +261,83 @@ def tensor_layout(logical_axes, device_mesh, rules, shape=None):
     return _make_layout(spec, device_mesh)
 
 
-try:  # keras is always importable, but keep this module import-light.
-    import keras as _keras
+class MultiAxisLayout(_keras.distribution.TensorLayout):
+    """A `TensorLayout` whose dimensions may span several mesh axes (JAX only)."""
 
-    class MultiAxisLayout(_keras.distribution.TensorLayout):
-        """A `TensorLayout` whose dimensions may span several mesh axes (JAX only)."""
+    def _validate_axes(self):
+        if self._device_mesh:
+            valid = set(self._device_mesh.axis_names)
+            for entry in self._axes:
+                for axis in _as_mesh_axes(entry):
+                    if axis not in valid:
+                        raise ValueError(
+                            f"Invalid mesh axis {axis!r} for a layout; valid: {sorted(valid)}."
+                        )
 
-        def _validate_axes(self):
-            if self._device_mesh:
-                valid = set(self._device_mesh.axis_names)
-                for entry in self._axes:
-                    for axis in _as_mesh_axes(entry):
-                        if axis not in valid:
-                            raise ValueError(
-                                f"Invalid mesh axis {axis!r} for a layout; valid: {sorted(valid)}."
-                            )
+    @property
+    def backend_layout(self):
+        if not hasattr(self, "_backend_layout"):
+            import jax
 
-        @property
-        def backend_layout(self):
-            if not hasattr(self, "_backend_layout"):
-                import jax
+            mesh = self.device_mesh.backend_mesh
+            self._backend_layout = jax.sharding.NamedSharding(
+                mesh, jax.sharding.PartitionSpec(*self.axes)
+            )
+        return self._backend_layout
 
-                mesh = self.device_mesh.backend_mesh
-                self._backend_layout = jax.sharding.NamedSharding(
-                    mesh, jax.sharding.PartitionSpec(*self.axes)
+class LogicalLayoutMap(_keras.distribution.LayoutMap):
+    """A `LayoutMap` that falls back on the logical-axis variable table.
+
+    Explicit entries (`layout_map["regex"] = ("model", None)`) behave as
+    in Keras and take priority; paths they do not match are looked up in
+    `VARIABLE_AXES` and mapped through `rules`.
+    """
+
+    def __init__(self, device_mesh, rules, variable_axes=None):
+        super().__init__(device_mesh)
+        self.rules = tuple(rules)
+        self._variable_axes = variable_axes
+
+    def layout_for(self, path, shape):
+        """Layout of a variable at `path` with `shape`, or None (replicated)."""
+        explicit = self[path]
+        if explicit is not None:
+            return explicit
+        axes = variable_logical_axes(path, len(shape), self._variable_axes)
+        if axes is None:
+            return None
+        mesh_shape = _mesh_shape(self.device_mesh)
+        spec = logical_to_mesh_axes(axes, self.rules, mesh_shape)
+        for dim, entry in zip(shape, spec):
+            size = 1
+            for a in _as_mesh_axes(entry):
+                size *= mesh_shape[a]
+            if dim is not None and dim % size:
+                raise ValueError(
+                    f"Variable {path!r} of shape {tuple(shape)} (logical axes {axes}) "
+                    f"cannot be sharded as {spec}: dimension {dim} is not divisible "
+                    f"by the {entry!r} mesh size {size}. For expert weights the "
+                    "number of experts must be divisible by the expert axis."
                 )
-            return self._backend_layout
+        return _make_layout(spec, self.device_mesh)
 
-    class LogicalLayoutMap(_keras.distribution.LayoutMap):
-        """A `LayoutMap` that falls back on the logical-axis variable table.
+class LogicalModelParallel(_keras.distribution.ModelParallel):
+    """`ModelParallel` whose input batch and variables follow logical rules.
 
-        Explicit entries (`layout_map["regex"] = ("model", None)`) behave as
-        in Keras and take priority; paths they do not match are looked up in
-        `VARIABLE_AXES` and mapped through `rules`.
-        """
+    Input batches are laid out as `("batch", None, ...)` under the rules,
+    so with `DEFAULT_RULES` they are split over `("data", "expert")`, the
+    GShard layout (Keras's own `ModelParallel` can only split the batch
+    over one mesh axis).
+    """
 
-        def __init__(self, device_mesh, rules, variable_axes=None):
-            super().__init__(device_mesh)
-            self.rules = tuple(rules)
-            self._variable_axes = variable_axes
+    def get_data_layout(self, data_shape):
+        axes = ("batch",) + (None,) * (len(data_shape) - 1)
+        return tensor_layout(axes, self.device_mesh, self._layout_map.rules, data_shape)
 
-        def layout_for(self, path, shape):
-            """Layout of a variable at `path` with `shape`, or None (replicated)."""
-            explicit = self[path]
-            if explicit is not None:
-                return explicit
-            axes = variable_logical_axes(path, len(shape), self._variable_axes)
-            if axes is None:
-                return None
-            mesh_shape = _mesh_shape(self.device_mesh)
-            spec = logical_to_mesh_axes(axes, self.rules, mesh_shape)
-            for dim, entry in zip(shape, spec):
-                size = 1
-                for a in _as_mesh_axes(entry):
-                    size *= mesh_shape[a]
-                if dim is not None and dim % size:
-                    raise ValueError(
-                        f"Variable {path!r} of shape {tuple(shape)} (logical axes {axes}) "
-                        f"cannot be sharded as {spec}: dimension {dim} is not divisible "
-                        f"by the {entry!r} mesh size {size}. For expert weights the "
-                        "number of experts must be divisible by the expert axis."
-                    )
-            return _make_layout(spec, self.device_mesh)
-
-    class LogicalModelParallel(_keras.distribution.ModelParallel):
-        """`ModelParallel` whose input batch and variables follow logical rules.
-
-        Input batches are laid out as `("batch", None, ...)` under the rules,
-        so with `DEFAULT_RULES` they are split over `("data", "expert")`, the
-        GShard layout (Keras's own `ModelParallel` can only split the batch
-        over one mesh axis).
-        """
-
-        def get_data_layout(self, data_shape):
-            axes = ("batch",) + (None,) * (len(data_shape) - 1)
-            return tensor_layout(axes, self.device_mesh, self._layout_map.rules, data_shape)
-
-        def get_variable_layout(self, variable):
-            if getattr(variable, "_layout", None) is not None:
-                return variable._layout
-            layout = self._layout_map.layout_for(variable.path, variable.shape)
-            if layout is not None:
-                return layout
-            return _keras.distribution.TensorLayout([None] * len(variable.shape), self.device_mesh)
-
-except ImportError:  # pragma: no cover
-    pass
+    def get_variable_layout(self, variable):
+        if getattr(variable, "_layout", None) is not None:
+            return variable._layout
+        layout = self._layout_map.layout_for(variable.path, variable.shape)
+        if layout is not None:
+            return layout
+        return _keras.distribution.TensorLayout([None] * len(variable.shape), self.device_mesh)
