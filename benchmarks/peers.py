@@ -138,9 +138,11 @@ def run(args):
                                                   args.precision)}
         ours = {}
         for dispatch in ("gather", "einsum", "dropless"):
+            # Each sequence is a routing group with HF's capacity (HF routes per sequence).
             layer = keras_moe.SwitchFeedForward(
                 num_experts, args.d_ff, dispatch=dispatch, train_capacity_factor=1e-6,
-                min_expert_capacity=capacity, track_metrics=False, dtype=dtype)
+                min_expert_capacity=capacity, group_size=args.seq_len, track_metrics=False,
+                dtype=dtype)
             ours[dispatch] = layer
             timers[f"keras_moe_switch_{dispatch}"] = step_fn(layer, x)
         mlp, hf_step = hf_switch_step(num_experts, args.d_model, args.d_ff, capacity, x_np,
@@ -150,7 +152,7 @@ def run(args):
             keras_moe.ExpertChoiceRouter(num_experts),
             keras_moe.FeedForwardExperts(num_experts, args.d_ff, dtype=dtype), dispatch="gather",
             train_capacity_factor=args.capacity_factor, min_expert_capacity=0,
-            track_metrics=False, dtype=dtype)
+            group_size=args.seq_len, track_metrics=False, dtype=dtype)
         timers["keras_moe_expert_choice_gather"] = step_fn(ec, x)
         peer = None
         if args.tfm_python and args.precision == "float32":
