@@ -1,5 +1,6 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
+import inspect
 import threading
 
 import keras
@@ -132,6 +133,12 @@ class MoeLayer(keras.layers.Layer):
             raise ValueError(
                 f"dispatch={dispatch!r} has no capacity, so it needs a token-choice router "
                 f"(Switch, top-2, top-k); got {type(router).__name__}.")
+        if not self.dispatcher.uses_capacity and "group_sizes" not in inspect.signature(
+                experts.call).parameters:
+            raise ValueError(
+                f"dispatch={dispatch!r} runs the experts on tokens sorted by expert, which "
+                f"{type(experts).__name__} does not take (expert-parallel experts exchange "
+                "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
         self.router = router
         self.experts = experts
         self.num_experts = router.num_experts

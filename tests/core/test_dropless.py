@@ -115,6 +115,11 @@ def test_refusals_name_what_to_use(monkeypatch):
     with pytest.raises(ValueError, match="token-choice router.*ExpertChoiceRouter"):
         keras_moe.MoeLayer(keras_moe.ExpertChoiceRouter(4), keras_moe.FeedForwardExperts(4, 8),
                            dispatch="dropless")
+    from keras_moe.expert_parallel import ExpertParallelExperts
+
+    with pytest.raises(ValueError, match="sorted by expert.*ExpertParallelExperts.*'gather'"):
+        keras_moe.MoeLayer(keras_moe.SwitchRouter(4), ExpertParallelExperts(4, 8),
+                           dispatch="dropless")
     monkeypatch.setattr(dispatch_lib.sharding, "accelerator_platform", lambda: "tpu")
     with pytest.raises(ValueError, match="dropless.*TPU.*einsum"):
         dispatch_lib.get_dispatcher("dropless")
