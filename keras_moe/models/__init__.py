@@ -5,6 +5,7 @@ from keras_moe.gin_config import parse_gin
 from keras_moe.models import decoding
 from keras_moe.models import objective
 from keras_moe.models.attention import T5Attention
+from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 from keras_moe.models.config import (
     T5Config,
     count_params,
@@ -22,7 +23,7 @@ from keras_moe.models.objective import (
     token_log_likelihood,
 )
 from keras_moe.models.position_bias import RelativePositionBias, relative_position_bucket
-from keras_moe.models.transformer import DecoderBlock, EncoderBlock, EncoderDecoder
+from keras_moe.models.transformer import EncoderDecoder
 
 __all__ = [
     "DecoderBlock", "DenseFeedForward", "EncoderBlock", "EncoderDecoder", "NegLogPerplexity",

@@ -24,7 +24,7 @@ from keras_moe.models.attention import T5Attention
 from keras_moe.feedforward import DenseFeedForward
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
-from keras_moe.models.transformer import DecoderBlock, EncoderBlock
+from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 
 D = 16  # d_model of every case
 

@@ -30,6 +30,7 @@ MODULES = [
     "keras_moe.layouts",
     "keras_moe.metrics",
     "keras_moe.models.attention",
+    "keras_moe.models.blocks",
     "keras_moe.models.builder",
     "keras_moe.models.config",
     "keras_moe.models.data",

@@ -167,7 +167,7 @@ def test_sparse_ffn_is_the_ready_made_layer_with_the_configs_router(moe_type):
     """Both MoE types take `router_bias` and `router_dtype` from the config
     (GShard refused both before), through the ready-made layers."""
     import keras_moe
-    from keras_moe.models.transformer import make_ffn
+    from keras_moe.models.blocks import make_ffn
 
     config = tiny_switch_config(moe_type=moe_type, router_bias=True, router_dtype="bfloat16",
                                 init_scale=0.5)
