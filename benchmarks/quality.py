@@ -191,7 +191,7 @@ def quiet_logs():
 
 def pick_task(name, fallback, lengths):
     """`name` if its validation split yields a batch, else `fallback` (with the reason)."""
-    import tasks
+    from keras_moe import tasks
     from keras_moe.training import data as data_lib
     from keras_moe.training.errors import TrainingConfigError
 
@@ -411,7 +411,7 @@ class SeqioBatches:
     """The benchmark's batches from the seqio task (needs seqio and TensorFlow)."""
 
     def __init__(self, args):
-        import tasks
+        from keras_moe import tasks
         from keras_moe.training import data as data_lib
 
         quiet_logs()

@@ -140,7 +140,7 @@ def decode(model, examples, vocabulary, input_length, max_length, batch_size):
 
 def corpus_bleu(references, hypotheses):
     """Corpus BLEU as the tasks report it (`tasks.metrics.bleu`, sacrebleu intl)."""
-    from tasks import metrics
+    from keras_moe.tasks import metrics
 
     return float(metrics.bleu(list(references), list(hypotheses))["bleu"])
 
@@ -149,7 +149,7 @@ def main(argv=None):
     args = parse_args(argv)
     import keras
 
-    import tasks
+    from keras_moe import tasks
     from benchmarks import common
     from keras_moe.models import T5Config, build_model, count_params
     from keras_moe.training import data as data_lib

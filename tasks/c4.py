@@ -9,14 +9,14 @@ C4 is not downloadable from here; the tasks need a prepared TFDS copy
 be tested over any source with a "text" feature.
 
 Example:
-  >>> import tasks
+  >>> from keras_moe import tasks
   >>> ds = tasks.get_dataset("c4_span_corruption",
   ...                        {"inputs": 512, "targets": 114})  # needs the data
 """
 
-from tasks import preprocessors
-from tasks import registry
-from tasks.tfds_source import CheckedTfdsSource
+from keras_moe.tasks import preprocessors
+from keras_moe.tasks import registry
+from keras_moe.tasks.tfds_source import CheckedTfdsSource
 
 TFDS_NAME = "c4/en:3.0.1"
 FIX = ("a prepared TFDS copy of c4/en:3.0.1: point $TFDS_DATA_DIR at it "

@@ -15,7 +15,7 @@ Registered (plus `_byte` twins): `docs_span_corruption` (Python + Perl),
 `docs_prefix_lm`, `linux_docs_span_corruption`.
 
 Example:
-  >>> import tasks
+  >>> from keras_moe import tasks
   >>> ds = tasks.get_dataset("docs_span_corruption",
   ...                        {"inputs": 512, "targets": 114})
 """
@@ -29,11 +29,11 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from tasks import markup
-from tasks import preprocessors
-from tasks import registry
-from tasks import splits as splits_lib
-from tasks.errors import SourceMissingError
+from keras_moe.tasks import markup
+from keras_moe.tasks import preprocessors
+from keras_moe.tasks import registry
+from keras_moe.tasks import splits as splits_lib
+from keras_moe.tasks.errors import SourceMissingError
 
 DocRoot = collections.namedtuple("DocRoot", ["name", "root", "pattern",
                                              "kind", "fix"])

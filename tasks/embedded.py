@@ -14,7 +14,7 @@ Splits: prose documents by CRC-32 of their id, verses by chapter (the same
 rule as `tasks.bible`), ~5% validation and ~5% test.
 
 Example:
-  >>> import tasks
+  >>> from keras_moe import tasks
   >>> ds = tasks.get_dataset("embedded_span_corruption",
   ...                        {"inputs": 128, "targets": 32}, batch_size=4)
 """
@@ -28,12 +28,12 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from tasks import bible
-from tasks import metrics
-from tasks import preprocessors
-from tasks import registry
-from tasks import splits as splits_lib
-from tasks.errors import SourceMissingError
+from keras_moe.tasks import bible
+from keras_moe.tasks import metrics
+from keras_moe.tasks import preprocessors
+from keras_moe.tasks import registry
+from keras_moe.tasks import splits as splits_lib
+from keras_moe.tasks.errors import SourceMissingError
 
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "data", "embedded")

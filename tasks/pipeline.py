@@ -28,7 +28,7 @@ def get_task_or_mixture(name):
     if name not in names:
         close = difflib.get_close_matches(str(name), sorted(names), n=5)
         raise ValueError(f"name {name!r} is not a registered task or mixture "
-                         f"(did you `import tasks`?); close names: {close}")
+                         f"(did you `from keras_moe import tasks`?); close names: {close}")
     return seqio.get_mixture_or_task(name)
 
 
@@ -64,7 +64,7 @@ def get_dataset(name, sequence_length, split="train", batch_size=8,
       `decoder_positions` when packed), each [batch_size, length] int32.
 
     Example:
-      >>> import tasks
+      >>> from keras_moe import tasks
       >>> ds = tasks.get_dataset("embedded_span_corruption_byte",
       ...                        {"inputs": 128, "targets": 32}, batch_size=2,
       ...                        seed=0)

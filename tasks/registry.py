@@ -2,7 +2,7 @@
 
 import seqio
 
-from tasks import vocab as vocab_lib
+from keras_moe.tasks import vocab as vocab_lib
 
 
 def register_task(base_name, source, preprocessors, *, metric_fns=(),

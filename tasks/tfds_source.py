@@ -2,7 +2,7 @@
 
 import seqio
 
-from tasks.errors import SourceMissingError
+from keras_moe.tasks.errors import SourceMissingError
 
 
 class CheckedTfdsSource(seqio.TfdsDataSource):

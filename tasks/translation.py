@@ -9,7 +9,7 @@ Inputs "translate English to German: ...", targets the reference; BLEU with
 sacrebleu (`tasks.metrics.bleu`).  The data needs a prepared TFDS copy.
 
 Example:
-  >>> import tasks
+  >>> from keras_moe import tasks
   >>> ds = tasks.get_dataset("wmt14_ende", {"inputs": 256, "targets": 256})
 """
 
@@ -18,9 +18,9 @@ import functools
 import seqio
 from t5.data import preprocessors as t5_preprocessors
 
-from tasks import metrics
-from tasks import registry
-from tasks.tfds_source import CheckedTfdsSource
+from keras_moe.tasks import metrics
+from keras_moe.tasks import registry
+from keras_moe.tasks.tfds_source import CheckedTfdsSource
 
 # task prefix -> (TFDS name, the non-English language of the pair)
 WMT_DATASETS = {

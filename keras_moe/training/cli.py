@@ -46,7 +46,7 @@ def build_parser(prog="keras-moe-train"):
 def add_gin_allow_import_flag(parser):
     parser.add_argument("--gin_allow_import", action="append", default=[], metavar="MODULE",
                         help="let gin files `import` MODULE (and its sub-modules) besides "
-                             "keras_moe, tasks, seqio, t5.data, t5.evaluation; repeatable")
+                             "keras_moe, seqio, t5.data, t5.evaluation; repeatable")
 
 
 def main(argv=None):

@@ -39,7 +39,7 @@ def quiet_startup():
     with filtered_stderr():
         import tensorflow as tf
 
-        import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
+        from keras_moe import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
 
         tf.config.list_physical_devices()
     for name in {name for name, _ in HARMLESS_LOG_MESSAGES}:

@@ -20,9 +20,9 @@ def check_feature_lengths(feature_lengths):
 
 
 def get_task(name):
-    """The seqio task or mixture `name` (after `import tasks`); clear error if unknown."""
-    import tasks  # noqa: F401  (registers the tasks)
-    from tasks import pipeline
+    """The seqio task or mixture `name` (after `from keras_moe import tasks`); clear error if unknown."""
+    from keras_moe import tasks  # noqa: F401  (registers the tasks)
+    from keras_moe.tasks import pipeline
 
     if not isinstance(name, str) or not name:
         raise TrainingConfigError(f"MIXTURE_OR_TASK_NAME must be a non-empty string, got {name!r}.")
@@ -58,7 +58,7 @@ def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, 
     """
     import tensorflow as tf
 
-    import tasks
+    from keras_moe import tasks
     from keras_moe.models import seqio_to_keras
 
     check_feature_lengths(feature_lengths)

@@ -37,7 +37,7 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
     """
     import seqio
 
-    from tasks import metrics as task_metrics
+    from keras_moe.tasks import metrics as task_metrics
 
     task = seqio.get_mixture_or_task(task_name)
     ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,

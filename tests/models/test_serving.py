@@ -13,7 +13,7 @@ import pytest
 
 from keras_moe.models import EncoderDecoder
 from keras_moe.models.serving import decode_with_vocabulary, export_for_serving
-from tasks.vocab import get_vocabulary
+from keras_moe.tasks.vocab import get_vocabulary
 from tests.models.helpers import tiny_switch_config
 
 MAX_INPUT, MAX_LENGTH = 12, 8
@@ -25,8 +25,7 @@ DECODING = dict(max_length=MAX_LENGTH, method="beam", num_beams=3, length_penalt
 # (tensorflow_text itself imports Keras).
 LOADER = """
 import json, sys
-for name in ("keras_moe", "tasks"):
-    sys.modules[name] = None
+sys.modules["keras_moe"] = None  # and with it keras_moe.tasks
 import tensorflow as tf
 import tensorflow_text  # the SentencePiece ops of the text signature
 served = tf.saved_model.load(sys.argv[1])

@@ -6,8 +6,8 @@ import sqlite3
 import pytest
 import seqio
 
-import tasks
-from tasks import bible
+from keras_moe import tasks
+from keras_moe.tasks import bible
 from tests.tasks import helpers
 
 

@@ -5,9 +5,9 @@ import glob
 import pytest
 import seqio
 
-import tasks
-from tasks import docs
-from tasks import markup
+from keras_moe import tasks
+from keras_moe.tasks import docs
+from keras_moe.tasks import markup
 
 REST = """\
 :mod:`glob` --- Pathname expansion

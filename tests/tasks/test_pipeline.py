@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import seqio
 
-import tasks
-from tasks import embedded
+from keras_moe import tasks
+from keras_moe.tasks import embedded
 from tests.tasks import helpers
 
 LENGTHS = {"inputs": 64, "targets": 16}

@@ -7,8 +7,8 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import tasks
-from tasks import c4
+from keras_moe import tasks
+from keras_moe.tasks import c4
 from tests.tasks import helpers
 
 LENGTHS = {"inputs": 64, "targets": 32}

@@ -5,9 +5,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import tasks
-from tasks import translation
-from tasks.tfds_source import CheckedTfdsSource
+from keras_moe import tasks
+from keras_moe.tasks import translation
+from keras_moe.tasks.tfds_source import CheckedTfdsSource
 
 NAMES = ["wmt14_ende", "wmt14_enfr", "wmt16_enro", "wmt19_ende", "wmt14_deen"]
 

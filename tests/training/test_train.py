@@ -209,7 +209,7 @@ def test_empty_dataset_and_unknown_task_fail_before_writing(tmp_path):
     import seqio
     import tensorflow as tf
 
-    import tasks
+    from keras_moe import tasks
     from keras_moe.training.errors import TrainingConfigError
 
     name = "keras_moe_test_empty_task"
