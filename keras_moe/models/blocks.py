@@ -47,10 +47,36 @@ def make_ffn(config, sparse, causal, name, metrics_prefix=None):
 
 
 class _Block(keras.layers.Layer):
+    """What the encoder and decoder layers share: pre-norm attention sublayers, the FFN
+    branch, and building every sublayer for d_model inputs."""
+
     def __init__(self, config, layer_index, **kwargs):
         super().__init__(**kwargs)
         self.config = as_config(config)
         self.layer_index = layer_index
+
+    def _norm_and_attention(self, name):
+        c = self.config
+        return (RMSNorm(c.layer_norm_epsilon, name=f"{name}_norm"),
+                T5Attention(c.num_heads, c.head_dim, c.dropout_rate, init_scale=c.init_scale,
+                            name=name))
+
+    def _add_ffn(self, causal):
+        c = self.config
+        self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
+        self.ffn = make_ffn(c, self.is_sparse, causal=causal, name="ffn",
+                            metrics_prefix=f"{self.name}/ffn")
+        self.dropout = keras.layers.Dropout(c.dropout_rate)
+
+    def sublayers(self):
+        """The layers with weights, in order."""
+        raise NotImplementedError
+
+    def build(self, input_shape):
+        shape = (None, None, self.config.d_model)
+        for layer in self.sublayers():
+            layer.build(shape)
+        self.built = True
 
     def get_config(self):
         base = super().get_config()
@@ -84,21 +110,12 @@ class EncoderBlock(_Block):
 
     def __init__(self, config, layer_index, **kwargs):
         super().__init__(config, layer_index, **kwargs)
-        c = self.config
-        self.is_sparse = layer_index in c.resolved_encoder_sparse_layers()
-        self.attention_norm = RMSNorm(c.layer_norm_epsilon, name="attention_norm")
-        self.attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
-                                     init_scale=c.init_scale, name="attention")
-        self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
-        self.ffn = make_ffn(c, self.is_sparse, causal=False, name="ffn",
-                            metrics_prefix=f"{self.name}/ffn")
-        self.dropout = keras.layers.Dropout(c.dropout_rate)
+        self.is_sparse = layer_index in self.config.resolved_encoder_sparse_layers()
+        self.attention_norm, self.attention = self._norm_and_attention("attention")
+        self._add_ffn(causal=False)
 
-    def build(self, input_shape):
-        shape = (None, None, self.config.d_model)
-        for layer in (self.attention_norm, self.attention, self.ffn_norm, self.ffn):
-            layer.build(shape)
-        self.built = True
+    def sublayers(self):
+        return (self.attention_norm, self.attention, self.ffn_norm, self.ffn)
 
     def call(self, x, bias, token_mask=None, training=None):
         h = self.attention(self.attention_norm(x), bias=bias, training=training)
@@ -128,25 +145,16 @@ class DecoderBlock(_Block):
 
     def __init__(self, config, layer_index, **kwargs):
         super().__init__(config, layer_index, **kwargs)
-        c = self.config
-        self.is_sparse = layer_index in c.resolved_decoder_sparse_layers()
-        self.self_attention_norm = RMSNorm(c.layer_norm_epsilon, name="self_attention_norm")
-        self.self_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
-                                          init_scale=c.init_scale, name="self_attention")
-        self.cross_attention_norm = RMSNorm(c.layer_norm_epsilon, name="cross_attention_norm")
-        self.cross_attention = T5Attention(c.num_heads, c.head_dim, c.dropout_rate,
-                                           init_scale=c.init_scale, name="cross_attention")
-        self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
-        self.ffn = make_ffn(c, self.is_sparse, causal=True, name="ffn",
-                            metrics_prefix=f"{self.name}/ffn")
-        self.dropout = keras.layers.Dropout(c.dropout_rate)
+        self.is_sparse = layer_index in self.config.resolved_decoder_sparse_layers()
+        self.self_attention_norm, self.self_attention = self._norm_and_attention(
+            "self_attention")
+        self.cross_attention_norm, self.cross_attention = self._norm_and_attention(
+            "cross_attention")
+        self._add_ffn(causal=True)
 
-    def build(self, input_shape):
-        shape = (None, None, self.config.d_model)
-        for layer in (self.self_attention_norm, self.self_attention, self.cross_attention_norm,
-                      self.cross_attention, self.ffn_norm, self.ffn):
-            layer.build(shape)
-        self.built = True
+    def sublayers(self):
+        return (self.self_attention_norm, self.self_attention, self.cross_attention_norm,
+                self.cross_attention, self.ffn_norm, self.ffn)
 
     def call(self, x, self_bias, encoder_outputs, cross_bias, token_mask=None, cache=None,
              cache_index=None, training=None):
