@@ -149,8 +149,8 @@ def main(argv=None):
     args = parse_args(argv)
     import keras
 
-    from keras_moe import tasks
     from benchmarks import common
+    from keras_moe import tasks
     from keras_moe.models import T5Config, build_model, count_params
     from keras_moe.training import data as data_lib
 
