@@ -80,7 +80,8 @@ def train(model_dir, task="embedded_span_corruption",
           mirrored_devices=None, optimizer=None, jit_compile=False, steps_per_execution=1,
           init_checkpoint=None, eval_split="validation", summary_batches=4,
           expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
-          collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None):
+          collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None,
+          mesh_shape=None, logical_axis_rules=None):
     """Trains a model on a seqio task; returns a summary dict.
 
     Args:
@@ -126,12 +127,18 @@ def train(model_dir, task="embedded_span_corruption",
         model: factory of the model to train, called under the strategy scope
             (gin: `train.model = @build_distiller`, as T5X run files inject
             `MODEL`); default: `keras_moe.models.build_model` as bound in gin.
+        mesh_shape: JAX backend: shard the model over a device mesh of this
+            shape (`MESH_SHAPE`, e.g. {"data": 2, "expert": 4}; see
+            `keras_moe.sharding.configure_mesh`), applied before it is built.
+        logical_axis_rules: the mesh's `(logical axis, mesh axes)` rules
+            (`LOGICAL_AXIS_RULES`); None: `keras_moe.layouts.DEFAULT_RULES`.
 
     Returns:
         dict with steps, losses, paths.
     """
     from keras_moe.training import callbacks as cb_lib
     from keras_moe.training import data as data_lib
+    from keras_moe.training import mesh as mesh_lib
     from keras_moe.training import stages
     from keras_moe.training import strategy as strategy_lib
 
@@ -151,6 +158,7 @@ def train(model_dir, task="embedded_span_corruption",
     _check_int("steps_per_epoch", steps_per_epoch, 1)
     if backup_every is not None:
         _check_int("backup_every", backup_every, 1)
+    mesh_lib.check_mesh(mesh_shape, logical_axis_rules, strategy)
     model_dir = prepare_model_dir(model_dir)
     # One seed for everything: model init, and tf.data (whose op seeds combine
     # with the global one, so a resumed run must set the same global seed to
@@ -172,10 +180,17 @@ def train(model_dir, task="embedded_span_corruption",
         f"global batch {batch_size} = {batch_size // replicas} per replica")
     data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
 
+    mesh = None
+    if mesh_shape is not None:
+        mesh = mesh_lib.apply_mesh(mesh_shape, logical_axis_rules)
+        log(f"device mesh {mesh}: the model is sharded by keras_moe.layouts")
     factory = model
     with strat.scope():
         model = build_compiled_model(optimizer, jit_compile, steps_per_execution, factory)
         model.optimizer.build(model.trainable_variables)
+    shards = mesh_lib.shard_report(model) if mesh else None
+    for name, full, local in shards or ():
+        log(f"  {name}: {full} -> {local} on one device")
     manager, backup_dir, resumed, start_step = stages.resume(
         model, model_dir, keep_checkpoints, init_checkpoint, factory)
     skip = resumed["batches_consumed"] if resumed else 0
@@ -234,7 +249,8 @@ def train(model_dir, task="embedded_span_corruption",
         "checkpoint": latest["path"] if latest else None,
         "tensorboard": log_root, "expert_load_plot": plot_path,
         "operative_config": os.path.join(model_dir, "operative_config.gin"),
-        "history": history,
+        "history": history, "mesh": mesh,
+        "shards": [[n, list(f), list(l)] for n, f, l in shards] if shards else None,
     }
     if chief:
         ckpt_lib.atomic_write_text(os.path.join(model_dir, "summary.json"),
@@ -248,6 +264,10 @@ def format_summary(summary):
     lines.append(f"task            {summary['task']}  (strategy {summary['strategy']}, "
                  f"{summary['replicas']} replica(s))")
     resumed = f"  (resumed from {summary['resumed_from']})" if summary["resumed_from"] else ""
+    if summary.get("mesh"):
+        lines.append(f"device mesh     {summary['mesh']}")
+        for name, full, local in summary["shards"]:
+            lines.append(f"  {name}: {tuple(full)} -> {tuple(local)} on one device")
     lines.append(f"steps           {summary['start_step']} -> {summary['end_step']}{resumed}")
     if summary["first_step_loss"] is not None:
         lines.append(f"train loss      first step {summary['first_step_loss']:.4f}, "

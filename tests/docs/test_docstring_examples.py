@@ -51,6 +51,7 @@ MODULES = [
     "keras_moe.training.checkpoint",
     "keras_moe.training.console",
     "keras_moe.training.log",
+    "keras_moe.training.mesh",
     "keras_moe.training.schedules",
     "keras_moe.training.stages",
     "keras_moe.validation",

@@ -151,8 +151,8 @@ def test_parse_gin_takes_one_file_or_a_list(tmp_path):
 def test_all_run_files_parse():
     import gin
 
-    for name in ("tiny_local", "pretrain_c4", "pretrain_docs", "translate_bible_x2en",
-                 "finetune"):
+    for name in ("tiny_local", "pretrain_c4", "pretrain_c4_mesh", "pretrain_docs",
+                 "translate_bible_x2en", "finetune"):
         gin.clear_config()
         gin_config.parse_gin([name + ".gin"], ['INIT_CHECKPOINT = "/x"'] * (name == "finetune"))
         bindings = gin.get_bindings("train")

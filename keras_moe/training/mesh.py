@@ -1,0 +1,86 @@
+"""The gin job on a JAX device mesh: `MESH_SHAPE` / `LOGICAL_AXIS_RULES` -> `configure_mesh`.
+
+`train(mesh_shape=..., logical_axis_rules=...)` shards the model over a
+`keras.distribution` mesh (expert weights over the "expert" axis, batches over
+"data") before it is built; `shard_report` says, per class of variable, the
+shape one device holds.
+"""
+
+import keras
+
+from keras_moe.training.errors import TrainingConfigError
+
+
+def check_mesh(mesh_shape, logical_axis_rules, strategy):
+    """Raises `TrainingConfigError` unless the mesh arguments can be applied here.
+
+    Args:
+        mesh_shape: dict mesh axis -> size (`MESH_SHAPE`), or None (no mesh).
+        logical_axis_rules: `(logical axis, mesh axes)` pairs (`LOGICAL_AXIS_RULES`),
+            or None for `keras_moe.layouts.DEFAULT_RULES`.
+        strategy: the run's `STRATEGY`.
+
+    Example:
+    >>> check_mesh(None, None, "default")  # no mesh: nothing to check
+    """
+    if mesh_shape is None:
+        if logical_axis_rules is not None:
+            raise TrainingConfigError(
+                "LOGICAL_AXIS_RULES is set but MESH_SHAPE is not: bind MESH_SHAPE (e.g. "
+                '{"data": 2, "expert": 4}) or drop the rules.')
+        return
+    if keras.backend.backend() != "jax":
+        raise TrainingConfigError(
+            f"MESH_SHAPE={mesh_shape!r} needs KERAS_BACKEND=jax (keras.distribution); on "
+            f"{keras.backend.backend()!r} use STRATEGY = \"mirrored\" / \"multi_worker\" / "
+            "\"tpu\" for data parallelism, or run with KERAS_BACKEND=jax.")
+    if strategy != "default":
+        raise TrainingConfigError(
+            f"MESH_SHAPE shards over a JAX device mesh; STRATEGY={strategy!r} is a "
+            "tf.distribute strategy: keep STRATEGY = \"default\" with a mesh.")
+    if not isinstance(mesh_shape, dict):
+        raise TrainingConfigError(
+            f"MESH_SHAPE must be a dict mesh axis -> size, e.g. {{\"data\": 2, \"expert\": 4}}, "
+            f"got {mesh_shape!r}.")
+
+
+def apply_mesh(mesh_shape, logical_axis_rules, num_experts=None):
+    """Sets the `keras.distribution` mesh (before any layer is created); returns its shape.
+
+    Errors of the mesh (sizes, device count, axes, experts not divisible by
+    the expert axis) come back as `TrainingConfigError` naming MESH_SHAPE.
+    """
+    from keras_moe import layouts, sharding
+
+    rules = layouts.DEFAULT_RULES if logical_axis_rules is None else tuple(
+        tuple(rule) for rule in logical_axis_rules)
+    try:
+        distribution = sharding.configure_mesh(mesh_shape, rules, num_experts=num_experts)
+    except ValueError as e:
+        raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
+    mesh = distribution.device_mesh
+    return dict(zip(mesh.axis_names, mesh.shape))
+
+
+def shard_report(model):
+    """[(class of variable, full shape, shape on one device)], one per logical-axes class.
+
+    A variable's class is its logical axes (`keras_moe.layouts`), e.g.
+    ("expert", "embed", "mlp") for the experts' `wi`; the first variable of
+    each class stands for the others.
+    """
+    from keras_moe import layouts
+
+    seen, rows = set(), []
+    for variable in model.weights:
+        axes = layouts.variable_logical_axes(variable.path, len(variable.shape))
+        key = axes if axes is not None else ("replicated",)
+        if key in seen:
+            continue
+        seen.add(key)
+        value = variable.value
+        sharding = getattr(value, "sharding", None)
+        local = (tuple(sharding.shard_shape(value.shape)) if sharding is not None
+                 else tuple(variable.shape))
+        rows.append((f"{variable.path} {key}", tuple(variable.shape), local))
+    return rows
