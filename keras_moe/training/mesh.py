@@ -38,24 +38,32 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
         raise TrainingConfigError(
             f"MESH_SHAPE shards over a JAX device mesh; STRATEGY={strategy!r} is a "
             "tf.distribute strategy: keep STRATEGY = \"default\" with a mesh.")
-    if not isinstance(mesh_shape, dict):
-        raise TrainingConfigError(
-            f"MESH_SHAPE must be a dict mesh axis -> size, e.g. {{\"data\": 2, \"expert\": 4}}, "
-            f"got {mesh_shape!r}.")
+    from keras_moe import sharding
+
+    try:  # axes, sizes, rules and the device count, before anything is written
+        sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules),
+                               num_devices=len(keras.distribution.list_devices()))
+    except ValueError as e:
+        raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
 
 
-def apply_mesh(mesh_shape, logical_axis_rules, num_experts=None):
+def _rules(logical_axis_rules):
+    from keras_moe import layouts
+
+    return layouts.DEFAULT_RULES if logical_axis_rules is None else logical_axis_rules
+
+
+def apply_mesh(mesh_shape, logical_axis_rules):
     """Sets the `keras.distribution` mesh (before any layer is created); returns its shape.
 
-    Errors of the mesh (sizes, device count, axes, experts not divisible by
-    the expert axis) come back as `TrainingConfigError` naming MESH_SHAPE.
+    Errors of the mesh come back as `TrainingConfigError` naming MESH_SHAPE
+    (`check_mesh` has already caught those it can see before the model dir
+    is written).
     """
-    from keras_moe import layouts, sharding
+    from keras_moe import sharding
 
-    rules = layouts.DEFAULT_RULES if logical_axis_rules is None else tuple(
-        tuple(rule) for rule in logical_axis_rules)
     try:
-        distribution = sharding.configure_mesh(mesh_shape, rules, num_experts=num_experts)
+        distribution = sharding.configure_mesh(mesh_shape, _rules(logical_axis_rules))
     except ValueError as e:
         raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
     mesh = distribution.device_mesh

@@ -30,7 +30,8 @@ def test_the_sharding_doc_command_shards_the_experts_over_eight_devices(tmp_path
         "TRAIN_STEPS = 4", "CHECKPOINT_EVERY = 2", "SUMMARY_BATCHES = 1")],
         timeout=600, env={**env, "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for shown in (line.lstrip("# ").rstrip() for line in block.splitlines() if line.startswith("#")):
+    shown_lines = [line.lstrip("# ").rstrip() for line in block.splitlines() if line[:1] == "#"]
+    for shown in shown_lines:
         assert shown in result.stdout, (shown, result.stdout[-3000:])
     # The dense weights are not split.
     assert "attention/query ('embed', 'heads'): (64, 64) -> (64, 64) on one device" in result.stdout
@@ -50,3 +51,23 @@ def test_mesh_settings_are_refused_where_they_cannot_apply(tmp_path, bindings, m
     with pytest.raises(TrainingConfigError, match=message):
         helpers.train_in_process(tmp_path / "run", bindings)
     assert not os.path.exists(tmp_path / "run") or os.listdir(tmp_path / "run") == []
+
+
+@pytest.mark.parametrize("mesh_shape,message", [
+    ({"data": 2, "expert": 2}, "4 devices but 8 devices are available"),
+    ({"data": 2, "experts": 4}, "Unknown mesh axis 'experts'"),
+])
+def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh_shape,
+                                                              message):
+    """On JAX (faked here: the check itself needs no devices), the mesh is validated
+    with the arguments, not only when the model is built."""
+    import keras
+
+    from keras_moe.training import mesh
+    from keras_moe.training.errors import TrainingConfigError
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda: [f"cpu:{i}" for i in range(8)])
+    with pytest.raises(TrainingConfigError, match=message):
+        mesh.check_mesh(mesh_shape, None, "default")
+    mesh.check_mesh({"data": 2, "expert": 4}, None, "default")  # the right size passes
