@@ -579,9 +579,10 @@ def retime(output, step_times, main_configs, table1_configs):
 
 # Arguments that only choose which models run or where results go; every other
 # argument changes what a model's training measures.
-SELECTION_ARGS = frozenset({"experts", "dropless_experts", "no_main", "table1", "table1_experts", "table1_cf",
-                            "timing_repeats", "retime", "reuse", "output", "no_plot", "smoke",
-                            "export_batches", "batches", "workers", "job", "job_output"})
+SELECTION_ARGS = frozenset({"experts", "dropless_experts", "no_main", "table1", "table1_experts",
+                            "table1_cf", "timing_repeats", "retime", "reuse", "output",
+                            "no_plot", "smoke", "export_batches", "batches", "workers", "job",
+                            "job_output"})
 
 
 def reusable_runs(output, args):

@@ -128,17 +128,16 @@ class MoeLayer(keras.layers.Layer):
                 "cannot be used in a causal layer (causal=True)."
             )
         self.dispatcher = dispatch_lib.get_dispatcher(dispatch)
-        if not self.dispatcher.uses_capacity and not isinstance(
-                router, routing_lib.TokenChoiceRouter):
-            raise ValueError(
-                f"dispatch={dispatch!r} has no capacity, so it needs a token-choice router "
-                f"(Switch, top-2, top-k); got {type(router).__name__}.")
-        if not self.dispatcher.uses_capacity and "group_sizes" not in inspect.signature(
-                experts.call).parameters:
-            raise ValueError(
-                f"dispatch={dispatch!r} runs the experts on tokens sorted by expert, which "
-                f"{type(experts).__name__} does not take (expert-parallel experts exchange "
-                "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
+        if not self.dispatcher.uses_capacity:
+            if not isinstance(router, routing_lib.TokenChoiceRouter):
+                raise ValueError(
+                    f"dispatch={dispatch!r} has no capacity, so it needs a token-choice router "
+                    f"(Switch, top-2, top-k); got {type(router).__name__}.")
+            if "group_sizes" not in inspect.signature(experts.call).parameters:
+                raise ValueError(
+                    f"dispatch={dispatch!r} runs the experts on tokens sorted by expert, which "
+                    f"{type(experts).__name__} does not take (expert-parallel experts exchange "
+                    "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
         self.router = router
         self.experts = experts
         self.num_experts = router.num_experts

@@ -20,7 +20,8 @@ def check_feature_lengths(feature_lengths):
 
 
 def get_task(name):
-    """The seqio task or mixture `name` (after `from keras_moe import tasks`); clear error if unknown."""
+    """The seqio task or mixture `name` (registered by `from keras_moe import tasks`);
+    clear error if unknown."""
     from keras_moe import tasks  # noqa: F401  (registers the tasks)
     from keras_moe.tasks import pipeline
 

@@ -49,7 +49,8 @@ def main(argv=None):
     from keras_moe.training.errors import TrainingConfigError
 
     try:
-        from keras_moe import tasks  # noqa: F401  (t5/seqio configurables named in operative configs)
+        # t5/seqio configurables that operative configs name
+        from keras_moe import tasks  # noqa: F401
         from keras_moe.gin_config import parse_gin
         from keras_moe.training import evaluate as eval_lib
 

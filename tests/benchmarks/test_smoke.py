@@ -126,8 +126,9 @@ def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
     data = _run("peers.py", "smoke_peers", "--tfm_python", python)
     row = data["rows"][0]
     assert set(row["median_s"]) == {"keras_moe_switch_gather", "keras_moe_switch_einsum",
-                                     "keras_moe_switch_dropless", "hf_switch_torch", "keras_moe_expert_choice_gather",
-                                     "dense_tf", "dense_torch", "tfm_expert_choice"}
+                                     "keras_moe_switch_dropless", "hf_switch_torch",
+                                     "keras_moe_expert_choice_gather", "dense_tf", "dense_torch",
+                                     "tfm_expert_choice"}
     # The peer's own step time (0.25 s) is what is reported, not the round trip.
     assert row["median_s"]["tfm_expert_choice"] == 0.25 and row["tfm_tensorflow"] == "fake-2.20"
     assert row["speedup_expert_choice_vs_tfm"] == pytest.approx(

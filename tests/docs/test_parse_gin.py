@@ -43,7 +43,8 @@ def test_one_name_a_path_or_a_list_give_the_same_config(tmp_path):
     by_list = models.parse_gin(["switch_tiny.gin"], ["T5Config.num_experts = 4"])
     gin.clear_config()
     path = pathlib.Path(resolve("switch_tiny"))
-    by_path = models.parse_gin(path, "T5Config.num_experts = 4")  # os.PathLike, one binding as a str
+    # os.PathLike, one binding as a str
+    by_path = models.parse_gin(path, "T5Config.num_experts = 4")
     assert by_name.num_experts == 8
     assert by_list == by_path and by_list.num_experts == 4
     assert by_list.replace(num_experts=8) == by_name
