@@ -6,9 +6,12 @@
 shape one device holds.
 """
 
+import os
+
 import keras
 
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.log import log
 
 
 def check_mesh(mesh_shape, logical_axis_rules, strategy):
@@ -40,11 +43,42 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
             "tf.distribute strategy: keep STRATEGY = \"default\" with a mesh.")
     from keras_moe import sharding
 
+    devices = keras.distribution.list_devices()
     try:  # axes, sizes, rules and the device count, before anything is written
-        sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules),
-                               num_devices=len(keras.distribution.list_devices()))
+        sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules), num_devices=len(devices))
     except ValueError as e:
         raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
+    if cpu_threads_too_few(devices):
+        log(f"warning: {len(devices)} emulated CPU devices and as many XLA client threads; "
+            "queued steps can hang in a collective. Set PJRT_NPROC to more than "
+            f"{len(devices)} (e.g. PJRT_NPROC={2 * len(devices)}), see docs/sharding.md.")
+
+
+def cpu_threads_too_few(devices, environ=None, cpu_count=None):
+    """Whether XLA's CPU client would run these devices on one thread each.
+
+    The client's pool has max(PJRT_NPROC or the core count, device count)
+    threads; exactly one per device can deadlock queued collectives.
+
+    Args:
+        devices: the device strings (`keras.distribution.list_devices()`).
+        environ: the environment (default `os.environ`).
+        cpu_count: the usable cores (default: this process's affinity).
+
+    Example:
+    >>> cpu_threads_too_few(["cpu:0", "cpu:1"], environ={}, cpu_count=2)
+    True
+    >>> cpu_threads_too_few(["cpu:0", "cpu:1"], environ={"PJRT_NPROC": "4"}, cpu_count=2)
+    False
+    """
+    if not devices or not all(str(d).lower().startswith("cpu") for d in devices):
+        return False
+    environ = os.environ if environ is None else environ
+    if cpu_count is None:
+        cpu_count = len(os.sched_getaffinity(0))
+    threads = environ.get("PJRT_NPROC", environ.get("NPROC", ""))
+    threads = int(threads) if threads.strip().isdigit() else cpu_count
+    return len(devices) > 1 and threads <= len(devices)
 
 
 def _rules(logical_axis_rules):

@@ -19,9 +19,8 @@ def test_the_sharding_doc_command_shards_the_experts_over_eight_devices(tmp_path
     command = shlex.split(block.replace("\\\n", " ").splitlines()[0])
     start = command.index("keras-moe-train")
     env = dict(a.split("=", 1) for a in command[:start])  # the VAR=value prefix
-    # The 8 emulated devices are threads on 2 shared cores: XLA's default 40 s limit for all
-    # of them to reach a collective is too short while the other test worker runs (as in
-    # tests/sharding/conftest.py).
+    # As in tests/sharding/conftest.py: 8 emulated devices on 2 shared cores can take longer
+    # than XLA's default 40 s to all reach a collective while the other test worker runs.
     env["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=400"
     args = command[start + 1:]
     model_dir = tmp_path / "run"
