@@ -57,6 +57,12 @@ def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_na
     assert scp[5:7] == ["dist/keras_moe-0.1.0-py3-none-any.whl",
                         "moe:keras_moe-0.1.0-py3-none-any.whl"]
     assert "pip install ~/keras_moe-0.1.0-py3-none-any.whl" in ssh[-1]
+    # --backend=jax: JAX's TPU runtime of the installed jax's version, not TensorFlow's.
+    *_, ssh = _lines(_run("setup.sh", "--name=moe", "--zone=z1", "--backend=jax", "--dry-run"))
+    command = ssh[-1]
+    assert 0 <= command.find(install) < command.find(
+        "pip install \"jax[tpu]==$(python3 -c 'import jax; print(jax.__version__)')\"")
+    assert "tensorflow-tpu" not in command
     for lines in (_lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run", *args))
                   for args in ([], ["--repo=https://example.org/k.git"], ["--wheel=k.whl"])):
         assert not any("pip install 'keras_moe'" in " ".join(l) or "install keras_moe" in
@@ -74,6 +80,14 @@ def test_setup_launch_logs_delete():
     assert "--gin_file=pretrain_c4.gin" in inner and "--model_dir=/mnt/runs/c4" in inner
     assert '--gin_bindings=STRATEGY = "tpu"' in inner
     assert "--gin_bindings=T5Config.num_experts = 16" in inner
+    # The JAX path: one process per worker, joined by jax.distributed; no tf.distribute.
+    argv = _argv(_run("launch.sh", "--name=moe", "--zone=z1", "--gin_file=pretrain_c4_mesh.gin",
+                      "--model_dir=/mnt/runs/c4", "--backend=jax", "--dry-run"))
+    assert "--worker=all" in argv
+    inner = shlex.split(argv[-1][len("--command="):])
+    assert inner[:3] == ["nohup", "KERAS_BACKEND=jax", "keras-moe-train"]
+    assert "--coordinator_address=auto" in inner and "--gin_file=pretrain_c4_mesh.gin" in inner
+    assert not any("STRATEGY" in a or "JAX_PLATFORMS" in a for a in inner)
     argv = _argv(_run("logs.sh", "--name=moe", "--zone=z1", "--worker=1", "--dry-run"))
     assert "--worker=1" in argv and argv[-1].startswith("--command=tail")
     argv = _argv(_run("delete.sh", "--name=moe", "--zone=z1", "--dry-run"))
@@ -93,6 +107,9 @@ def test_setup_launch_logs_delete():
     ("setup.sh", ["--name=moe", "--zone=z", "--ref=v1"], "--ref needs --repo"),
     ("launch.sh", ["--name=moe", "--zone=z", "--gin_file=x.gin", "--model_dir=gs://b/r"],
      "gcsfuse"),
+    ("launch.sh", ["--name=moe", "--zone=z", "--gin_file=x.gin", "--model_dir=/m",
+                   "--backend=torch"], "--backend must be tensorflow or jax"),
+    ("setup.sh", ["--name=moe", "--zone=z", "--backend=torch"], "--backend must be"),
 ])
 def test_bad_arguments_fail_with_a_message(script, args, message):
     result = _run(script, *args, "--dry-run")
