@@ -144,7 +144,7 @@ class NegLogPerplexity(keras.metrics.Mean):
         return {"name": self.name, "dtype": self.dtype}
 
 
-def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile=False):
+def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile="auto"):
     """`model.compile(**compile_defaults())`: Adafactor, T5 loss, weighted metrics.
 
     Accuracy and negative log perplexity are weighted by the loss weights
@@ -153,9 +153,10 @@ def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile=False):
     Args:
         learning_rate: Adafactor learning rate (ignored if `optimizer` is given).
         optimizer: any Keras optimizer.
-        jit_compile: XLA for the train step. Off by default: on CPU, TF's XLA
-            compile of an MoE step is very slow (see STACK_FACTS); turn it on
-            for TPU.
+        jit_compile: XLA for the train step. "auto": on for JAX (eager JAX
+            runs op by op, and cannot compute on arrays spread over several
+            processes), off for TensorFlow (on CPU, TF's XLA compile of an MoE
+            step is very slow; turn it on for TPU).
 
     Example:
     >>> from keras_moe.models import EncoderDecoder, T5Config
@@ -167,6 +168,8 @@ def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile=False):
     """
     if optimizer is None:
         optimizer = keras.optimizers.Adafactor(learning_rate=learning_rate)
+    if jit_compile == "auto":
+        jit_compile = keras.backend.backend() == "jax"
     return dict(
         optimizer=optimizer,
         loss=token_cross_entropy(),
