@@ -1,16 +1,22 @@
 """Atomic step checkpoints with retention, and the preemption backup.
 
-A checkpoint `ckpt-<step>` is two files in one folder:
+A checkpoint `ckpt-<step>` is two entries in one folder:
   * `ckpt-<step>.weights.h5`: `model.save_weights` (model and optimizer
     variables, so the step counter `optimizer.iterations` comes back too);
+    or, for a model sharded over several JAX processes, `ckpt-<step>.orbax/`:
+    the same state written by Orbax, each process its own shards, read back
+    by `model.load_weights` onto whatever mesh the reading model has;
   * `ckpt-<step>.json`: metadata written last, which commits the checkpoint
     (step, batches of the training stream consumed, time).
 Both are written to a temporary name in the same folder, flushed with fsync
-and renamed, so a crash at any moment leaves the previous checkpoint intact;
-a weights file without its json is ignored and cleaned up. A `checkpoint`
-index file (also written atomically) names the newest one.
+and renamed (Orbax does the same for its folder), so a crash at any moment
+leaves the previous checkpoint intact; weights without their json are
+ignored and cleaned up. A `checkpoint` index file (also written atomically)
+names the newest one. With several processes, all of them write the Orbax
+state and process 0 alone writes the json, the index and the pruning.
 
-The json records the weights file's size and sha256. `restore()` checks them
+The json records the weights file's size and sha256 (Orbax folders: the
+size; Orbax checks its own files). `restore()` checks them
 (`verify_checkpoint`) before loading; `restore_newest()` skips a corrupt,
 truncated or unreadable checkpoint with a log line naming the bad file and
 falls back to the previous good one.
@@ -21,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 import warnings
 
@@ -31,6 +38,7 @@ from keras_moe.training.log import log as default_log
 from keras_moe.validation import is_int
 
 _NAME = re.compile(r"^ckpt-(\d+)\.json$")
+_WEIGHTS_SUFFIXES = (".weights.h5", ".orbax")
 
 
 def _fsync_dir(path):
@@ -78,6 +86,10 @@ class CheckpointManager:
     Args:
         directory: checkpoint folder (created on first save).
         keep: how many newest checkpoints to keep (>= 1).
+        sharded: write Orbax folders (a model sharded over several JAX
+            processes; every process calls `save`).
+        primary: whether this process writes the metadata and prunes
+            (process 0).
 
     Example:
     >>> import os, shutil, tempfile
@@ -96,14 +108,17 @@ class CheckpointManager:
     >>> shutil.rmtree(run)
     """
 
-    def __init__(self, directory, keep=3):
+    def __init__(self, directory, keep=3, sharded=False, primary=True):
         if not is_int(keep) or keep < 1:
             raise TrainingConfigError(f"`keep_checkpoints` must be an integer >= 1, got {keep!r}.")
         self.directory = directory
         self.keep = keep
+        self.sharded = sharded
+        self.primary = primary
 
     def weights_path(self, step):
-        return os.path.join(self.directory, f"ckpt-{step:08d}.weights.h5")
+        suffix = ".orbax" if self.sharded else ".weights.h5"
+        return os.path.join(self.directory, f"ckpt-{step:08d}{suffix}")
 
     def meta_path(self, step):
         return os.path.join(self.directory, f"ckpt-{step:08d}.json")
@@ -113,6 +128,8 @@ class CheckpointManager:
         os.makedirs(self.directory, exist_ok=True)
         step = int(step)
         final = self.weights_path(step)
+        if self.sharded:
+            return self._save_sharded(model, step, final, batches_consumed, extra)
         tmp = os.path.join(self.directory, f".tmp-{os.getpid()}-ckpt-{step:08d}.weights.h5")
         try:
             model.save_weights(tmp, overwrite=True)
@@ -128,8 +145,26 @@ class CheckpointManager:
                 "weights": os.path.basename(final), "time": time.time(),
                 "size": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
         os.replace(tmp, final)
+        return self._commit(meta, extra)
+
+    def _save_sharded(self, model, step, final, batches_consumed, extra):
+        import orbax.checkpoint as ocp
+
+        # Every process writes its shards; Orbax's folder appears complete or not at all.
+        # overwrite: an uncommitted folder of this step (a crash before its json).
+        state = {group: {_key(i): v.value for i, v in enumerate(variables)}
+                 for group, variables in _saved_variables(model).items()}
+        ocp.v1.save(final, state, overwrite=True)
+        meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
+                                                      else batches_consumed),
+                "weights": os.path.basename(final), "time": time.time(),
+                "size": _folder_size(final), "format": "orbax"}
+        return self._commit(meta, extra) if self.primary else meta
+
+    def _commit(self, meta, extra):
         if extra:
             meta.update(extra)
+        step = meta["step"]
         atomic_write_text(self.meta_path(step), json.dumps(meta, indent=1, sort_keys=True))
         atomic_write_text(os.path.join(self.directory, "checkpoint"),
                           json.dumps({"latest": os.path.basename(self.meta_path(step))}))
@@ -150,7 +185,7 @@ class CheckpointManager:
             if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
                 continue
             weights = os.path.join(self.directory, str(meta.get("weights", "")))
-            if not os.path.isfile(weights):
+            if not meta.get("weights") or not os.path.exists(weights):
                 continue
             meta["path"] = weights
             out.append(meta)
@@ -165,23 +200,69 @@ class CheckpointManager:
         committed = self.all()
         for meta in committed[:-self.keep]:
             for path in (meta["path"], self.meta_path(meta["step"])):
-                try:
-                    os.remove(path)
-                except FileNotFoundError:
-                    pass
+                _remove(path)
         keep = {os.path.basename(m["path"]) for m in committed[-self.keep:]}
         # Orphans: weights whose json never got written (a crash between the two).
-        for path in glob.glob(os.path.join(self.directory, "ckpt-*.weights.h5")):
-            if os.path.basename(path) not in keep:
-                stem = os.path.basename(path)[:-len(".weights.h5")]
-                if not os.path.exists(os.path.join(self.directory, stem + ".json")):
-                    os.remove(path)
-        for path in glob.glob(os.path.join(self.directory, ".tmp-*")):
+        for suffix in _WEIGHTS_SUFFIXES:
+            for path in glob.glob(os.path.join(self.directory, f"ckpt-*{suffix}")):
+                if os.path.basename(path) not in keep:
+                    stem = os.path.basename(path)[:-len(suffix)]
+                    if not os.path.exists(os.path.join(self.directory, stem + ".json")):
+                        _remove(path)
+        # Orbax's own temporary folders of a save that never finished.
+        tmp = glob.glob(os.path.join(self.directory, ".tmp-*")) + glob.glob(
+            os.path.join(self.directory, "ckpt-*.orbax-checkpoint-tmp*"))
+        for path in tmp:
             try:
                 if time.time() - os.path.getmtime(path) > 60:
-                    os.remove(path)
+                    _remove(path)
             except OSError:
                 pass
+
+
+def _saved_variables(model):
+    """What a checkpoint holds, as `model.save_weights` does: weights and optimizer state."""
+    return {"model": model.weights,
+            "optimizer": model.optimizer.variables if model.optimizer is not None else []}
+
+
+def _key(index):
+    # Keyed by position like a .weights.h5 file (Keras's state tree keys by variable name,
+    # which Adafactor's placeholder variables repeat).
+    return f"{index:06d}"
+
+
+def _restore_sharded(model, path):
+    """Reads an Orbax checkpoint into `model`, each array straight into its variable's
+    sharding (any mesh, any number of processes)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    groups = _saved_variables(model)
+    abstract = {group: {_key(i): jax.ShapeDtypeStruct(v.shape, v.dtype,
+                                                       sharding=getattr(v.value, "sharding", None))
+                        for i, v in enumerate(variables)}
+                for group, variables in groups.items()}
+    loaded = ocp.v1.load(path, abstract)
+    for group, variables in groups.items():
+        for i, variable in enumerate(variables):
+            variable.assign(loaded[group][_key(i)])
+
+
+def _remove(path):
+    """Removes a file or an Orbax folder; a missing one is fine."""
+    try:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _folder_size(path):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
 
 
 def resolve_checkpoint(path, argument="checkpoint"):
@@ -224,9 +305,12 @@ def verify_checkpoint(meta):
     before checksums were recorded are only checked for existence).
     """
     path = meta["path"]
-    json_path = path[:-len(".weights.h5")] + ".json" if path.endswith(".weights.h5") else path
+    json_path = path
+    for suffix in _WEIGHTS_SUFFIXES:
+        if path.endswith(suffix):
+            json_path = path[:-len(suffix)] + ".json"
     try:
-        size = os.path.getsize(path)
+        size = _folder_size(path) if os.path.isdir(path) else os.path.getsize(path)
     except OSError as e:
         raise CorruptCheckpointError(f"checkpoint {path} is unreadable: {e}") from None
     if "size" in meta and size != meta["size"]:
@@ -279,7 +363,10 @@ def restore(model, meta):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model.load_weights(meta["path"])
+            if os.path.isdir(meta["path"]):
+                _restore_sharded(model, meta["path"])
+            else:
+                model.load_weights(meta["path"])
     except (ValueError, KeyError, OSError) as e:
         if _is_unreadable(e):
             raise CorruptCheckpointError(
@@ -322,7 +409,8 @@ class StepCheckpoint(keras.callbacks.Callback):
         if self.enabled and step != self.last_saved:
             self.manager.save(self.model, step)
             self.last_saved = step
-            self.log(f"saved checkpoint {self.manager.weights_path(step)}")
+            if self.manager.primary:
+                self.log(f"saved checkpoint {self.manager.weights_path(step)}")
 
     def on_train_batch_end(self, batch, logs=None):
         step = self._step()
@@ -342,9 +430,9 @@ class PreemptionBackup(keras.callbacks.BackupAndRestore):
     with the data position; so `on_train_begin` here does not load anything.
     """
 
-    def __init__(self, backup_dir, save_freq="epoch", enabled=True):
+    def __init__(self, backup_dir, save_freq="epoch", enabled=True, sharded=False, primary=True):
         super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=True)
-        self.manager = CheckpointManager(backup_dir, keep=1)
+        self.manager = CheckpointManager(backup_dir, keep=1, sharded=sharded, primary=primary)
         self.enabled = enabled
 
     def on_train_begin(self, logs=None):
@@ -356,5 +444,5 @@ class PreemptionBackup(keras.callbacks.BackupAndRestore):
             self.manager.save(self.model, step)
 
     def on_train_end(self, logs=None):
-        if self.enabled:
+        if self.enabled and self.manager.primary:
             super().on_train_end(logs)

@@ -4,6 +4,9 @@ Example:
   keras-moe-train --gin_file=tiny_local.gin --model_dir=/tmp/keras_moe_tiny
   keras-moe-train --gin_file=pretrain_c4.gin --gin_bindings='STRATEGY = "tpu"' \\
       --gin_bindings='TPU_NAME = "local"' --model_dir=/mnt/runs/c4
+  # every host of a TPU pod slice, sharing one model dir (e.g. on GCS):
+  KERAS_BACKEND=jax keras-moe-train --gin_file=pretrain_c4_mesh.gin \\
+      --coordinator_address=auto --model_dir=gs://bucket/runs/c4_128
 """
 
 import argparse
@@ -40,6 +43,9 @@ def build_parser(prog="keras-moe-train"):
     parser.add_argument("--model_dir", required=True, help="output folder (resumes if it holds "
                         "checkpoints)")
     add_gin_allow_import_flag(parser)
+    from keras_moe.training import multihost
+
+    multihost.add_flags(parser)
     return parser
 
 
@@ -65,6 +71,10 @@ def main(argv=None):
     if not args.gin_file:
         args.gin_file = ["tiny_local.gin"]
     try:
+        from keras_moe.training import multihost
+
+        # Before anything touches a device: afterwards JAX sees every process's devices.
+        multihost.initialize(args.coordinator_address, args.process_count, args.process_index)
         from keras_moe.gin_config import parse_gin
         from keras_moe.training import gin_configurables
         from keras_moe.training import trainer

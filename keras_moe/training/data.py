@@ -80,6 +80,42 @@ def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, 
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+def make_process_dataset(task, feature_lengths, split, plan, **kwargs):
+    """This process's rows of every global batch, read from its seqio shards.
+
+    Args:
+        task, feature_lengths, split: as for `make_dataset`.
+        plan: `(shard indices, input shards, rows per shard)` from
+            `multihost.input_plan`. With one shard this is `make_dataset`
+            unsharded; otherwise each shard's batch of `rows per shard` is read
+            with `seqio.ShardInfo` and the shards' batches are concatenated in
+            shard order.
+        **kwargs: the other `make_dataset` arguments (pack, shuffle, seed,
+            repeat, skip_batches), applied to every shard.
+
+    Example:
+    >>> plan = ([0, 1], 2, 2)  # one process reading both shards of a 4-row batch
+    >>> ds = make_process_dataset("embedded_span_corruption", {"inputs": 32, "targets": 8},
+    ...                           "train", plan)
+    >>> inputs, targets, weights = next(iter(ds))
+    >>> tuple(targets.shape)
+    (4, 8)
+    """
+    import seqio
+    import tensorflow as tf
+
+    indices, num_shards, rows = plan
+    if num_shards == 1:
+        return make_dataset(task, feature_lengths, split, rows, **kwargs)
+    shards = [make_dataset(task, feature_lengths, split, rows,
+                           shard_info=seqio.ShardInfo(index=i, num_shards=num_shards), **kwargs)
+              for i in indices]
+    if len(shards) == 1:
+        return shards[0]
+    return tf.data.Dataset.zip(tuple(shards)).map(
+        lambda *batches: tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *batches))
+
+
 def check_not_empty(ds, task, split):
     """Raises `EmptyDatasetError` when `ds` yields no batch; returns the first batch."""
     for batch in ds.take(1):

@@ -100,6 +100,9 @@ def apply_mesh(mesh_shape, logical_axis_rules):
         distribution = sharding.configure_mesh(mesh_shape, _rules(logical_axis_rules))
     except ValueError as e:
         raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
+    # Each process feeds its own rows (trainer: multihost.input_plan), so Keras
+    # must not shard the per-process dataset again.
+    distribution.auto_shard_dataset = False
     mesh = distribution.device_mesh
     return dict(zip(mesh.axis_names, mesh.shape))
 

@@ -11,17 +11,20 @@ from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 
 
-def resume(model, model_dir, keep_checkpoints, init_checkpoint, model_factory=None):
+def resume(model, model_dir, keep_checkpoints, init_checkpoint, model_factory=None,
+           sharded=False, primary=True):
     """Restores the newest loadable checkpoint of `model_dir` (step checkpoints or
     preemption backup) into `model`, or else `init_checkpoint` (weights only,
     read into a model of `model_factory`; see `load_init_checkpoint`).
+    `sharded` / `primary`: see `CheckpointManager` (several JAX processes).
 
     Returns:
         `(manager, backup_dir, resumed, start_step)`: the step-checkpoint
         manager, the backup folder, the restored checkpoint's metadata (None
         when starting fresh) and the optimizer step to continue from.
     """
-    manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), keep_checkpoints)
+    manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), keep_checkpoints,
+                                         sharded=sharded, primary=primary)
     backup_dir = os.path.join(model_dir, "backup")
     candidates = manager.all() + ckpt_lib.CheckpointManager(backup_dir).all()
     resumed = None
@@ -119,12 +122,15 @@ def make_callbacks(manager, backup_dir, log_root, chief, logger, checkpoint_ever
         meta = manager.latest()
         return meta["path"] if meta else None
 
+    # Sharded checkpoints are written by every process (each its own shards).
+    writes = chief or manager.sharded
     callbacks = [
         cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any checkpoint.
         console.CompactProgbar(),  # Router statistics go to the logger's table instead.
         logger,
-        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=chief, log=log),
-        ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=chief),
+        ckpt_lib.StepCheckpoint(manager, checkpoint_every, enabled=writes, log=log),
+        ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=writes,
+                                  sharded=manager.sharded, primary=chief),
     ]
     if tensorboard and not _has_tensorboard():
         log("the tensorboard package is not installed: no TensorBoard logs "
@@ -200,6 +206,22 @@ def fit(model, train_dataset, start_step, skip, train_steps, steps_per_epoch, ca
     return time.time() - start
 
 
+def build_metrics(model, batch):
+    """Builds the compiled loss and metrics on `batch` (JAX backend) before `fit`.
+
+    Keras's JAX `fit` builds whatever is not built yet from a batch it takes
+    off the training stream, which shifts a resumed run's data by one batch
+    (a fresh run builds them in the start evaluation). A test step on a batch
+    of a separate stream builds them instead.
+    """
+    import keras
+
+    import numpy as np
+
+    if keras.backend.backend() == "jax":
+        model.test_on_batch(*keras.tree.map_structure(np.asarray, batch))
+
+
 def evaluate(model, data):
     """`model.evaluate` on the finite `data` as a dict of floats (None without data)."""
     if data is None:
@@ -215,10 +237,10 @@ def plot_expert_load(model, data, split, model_dir, step, strategy):
     plot's path (None when the model has no experts or under "multi_worker")."""
     from keras_moe.training import expert_load as load_lib
 
-    if strategy == "multi_worker":
+    if strategy == "multi_worker" or strategy == "multi_process":
         # An eager pass on the chief alone would need the other workers for the
         # MoE layers' metric variables (collectives): skipped.
-        log("multi_worker: no expert-load plot (measure it with keras-moe-eval)")
+        log(f"{strategy}: no expert-load plot (measure it with keras-moe-eval)")
         return None
     loads = load_lib.measure_expert_load(model, data)
     if not loads:

@@ -40,7 +40,7 @@ def prepare_model_dir(model_dir):
     return os.path.abspath(model_dir)
 
 
-def build_compiled_model(optimizer=None, jit_compile=False, steps_per_execution=1, model=None):
+def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution=1, model=None):
     """The model of the factory `model` (default: `keras_moe.models.build_model`,
     as bound in gin), compiled with its `compile_defaults` (T5: the T5 loss).
 
@@ -77,11 +77,11 @@ def train(model_dir, task="embedded_span_corruption",
           feature_lengths=None, batch_size=16, train_steps=100, steps_per_epoch=None,
           checkpoint_every=50, keep_checkpoints=3, backup_every=None, log_every=10,
           pack=True, shuffle=True, seed=0, strategy="default", tpu_name=None,
-          mirrored_devices=None, optimizer=None, jit_compile=False, steps_per_execution=1,
+          mirrored_devices=None, optimizer=None, jit_compile="auto", steps_per_execution=1,
           init_checkpoint=None, eval_split="validation", summary_batches=4,
           expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
           collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None,
-          mesh_shape=None, logical_axis_rules=None):
+          mesh_shape=None, logical_axis_rules=None, input_shards=None):
     """Trains a model on a seqio task; returns a summary dict.
 
     Args:
@@ -104,8 +104,9 @@ def train(model_dir, task="embedded_span_corruption",
         mirrored_devices: devices for "mirrored" (default: all local GPUs/CPU).
         optimizer: a Keras optimizer or a factory called under the strategy scope
             (gin: `@make_optimizer`); default: `make_optimizer()` with its defaults.
-        jit_compile: XLA for the train step (keep off on CPU; Keras turns it
-            off under tf.distribute strategies anyway).
+        jit_compile: XLA for the train step; "auto": on for JAX, off for
+            TensorFlow (slow to compile on CPU; Keras turns it off under
+            tf.distribute strategies anyway).
         steps_per_execution: train steps per tf.function call (TPU: e.g. 100).
         init_checkpoint: weights to start from when model_dir has no checkpoint
             (see `stages.load_init_checkpoint`).
@@ -132,6 +133,11 @@ def train(model_dir, task="embedded_span_corruption",
             `keras_moe.sharding.configure_mesh`), applied before it is built.
         logical_axis_rules: the mesh's `(logical axis, mesh axes)` rules
             (`LOGICAL_AXIS_RULES`); None: `keras_moe.layouts.DEFAULT_RULES`.
+        input_shards: the global batch is this many equal slices, each read
+            from its own `seqio.ShardInfo` shard, the shards split over the JAX
+            processes (`INPUT_SHARDS`; see `multihost.input_plan`); None: one
+            per process (one process: the task read unsharded). Fixing it keeps
+            the data stream the same for any number of processes.
 
     Returns:
         dict with steps, losses, paths.
@@ -139,6 +145,7 @@ def train(model_dir, task="embedded_span_corruption",
     from keras_moe.training import callbacks as cb_lib
     from keras_moe.training import data as data_lib
     from keras_moe.training import mesh as mesh_lib
+    from keras_moe.training import multihost
     from keras_moe.training import stages
     from keras_moe.training import strategy as strategy_lib
 
@@ -159,6 +166,12 @@ def train(model_dir, task="embedded_span_corruption",
     if backup_every is not None:
         _check_int("backup_every", backup_every, 1)
     mesh_lib.check_mesh(mesh_shape, logical_axis_rules, strategy)
+    process_index, process_count = multihost.process_info()
+    if process_count > 1 and mesh_shape is None:
+        raise TrainingConfigError(
+            f"{process_count} JAX processes train one model over a device mesh: bind "
+            "MESH_SHAPE (its product = the devices of all processes).")
+    input_plan = multihost.input_plan(batch_size, input_shards, process_index, process_count)
     model_dir = prepare_model_dir(model_dir)
     # One seed for everything: model init, and tf.data (whose op seeds combine
     # with the global one, so a resumed run must set the same global seed to
@@ -170,7 +183,7 @@ def train(model_dir, task="embedded_span_corruption",
     strat = strategy_lib.make_strategy(strategy, tpu_name=tpu_name, devices=mirrored_devices,
                                        collective_timeout=collective_timeout,
                                        cluster_wait_timeout=cluster_wait_timeout)
-    chief = strategy_lib.is_chief(strat)
+    chief = strategy_lib.is_chief(strat) and process_index == 0
     replicas = strat.num_replicas_in_sync
     if batch_size % replicas:
         raise TrainingConfigError(
@@ -178,6 +191,14 @@ def train(model_dir, task="embedded_span_corruption",
             f"STRATEGY={strategy!r}.")
     log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
         f"global batch {batch_size} = {batch_size // replicas} per replica")
+    shard_ids, num_shards, rows = input_plan
+    if process_count > 1 or num_shards > 1:
+        log(f"process {process_index} of {process_count}: input shards {shard_ids} of "
+            f"{num_shards}, {rows} rows each, of the global batch {batch_size}")
+    if process_count > 1 and expert_load_every:
+        # The probe runs on process 0 alone; the sharded model needs all of them.
+        log("several processes: no expert-load scalars (measure them with keras-moe-eval)")
+        expert_load_every = 0
     data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
 
     mesh = None
@@ -192,22 +213,24 @@ def train(model_dir, task="embedded_span_corruption",
     for name, full, local in shards or ():
         log(f"  {name}: {full} -> {local} on one device")
     manager, backup_dir, resumed, start_step = stages.resume(
-        model, model_dir, keep_checkpoints, init_checkpoint, factory)
+        model, model_dir, keep_checkpoints, init_checkpoint, factory,
+        sharded=process_count > 1, primary=chief)
     skip = resumed["batches_consumed"] if resumed else 0
 
     def dataset(skip_batches):
-        return data_lib.make_dataset(task, feature_lengths, "train", batch_size, pack=pack,
-                                     shuffle=shuffle, seed=seed, repeat=True,
-                                     skip_batches=skip_batches)
+        return data_lib.make_process_dataset(task, feature_lengths, "train", input_plan,
+                                             pack=pack, shuffle=shuffle, seed=seed, repeat=True,
+                                             skip_batches=skip_batches)
 
     def train_dataset(skip_batches):
         ds = dataset(skip_batches)
         return data_lib.record_batches(ds, record_batches) if record_batches else ds
 
-    data_lib.check_not_empty(dataset(0), task, "train")
+    first_batch = data_lib.check_not_empty(dataset(0), task, "train")
     summary_data, summary_split = stages.summary_dataset(
-        lambda split: data_lib.make_dataset(task, feature_lengths, split, batch_size, pack=pack,
-                                            shuffle=False, seed=seed, repeat=False),
+        lambda split: data_lib.make_process_dataset(task, feature_lengths, split, input_plan,
+                                                    pack=pack, shuffle=False, seed=seed,
+                                                    repeat=False),
         eval_split, summary_batches, dataset(0))
 
     # Everything validated: now the model dir gets written.
@@ -226,14 +249,16 @@ def train(model_dir, task="embedded_span_corruption",
     eval_start = stages.evaluate(model, summary_data) if start_step == 0 else None
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
+    stages.build_metrics(model, first_batch)
     train_seconds = stages.fit(model, train_dataset, start_step, skip, train_steps,
                                steps_per_epoch, callbacks, verbose, strategy, collective_timeout)
     end_step = int(model.optimizer.iterations.numpy())
     eval_end = stages.evaluate(model, summary_data)
     plot_path = None
     if chief and summary_data is not None:
-        plot_path = stages.plot_expert_load(model, summary_data, summary_split, model_dir,
-                                            end_step, strategy)
+        plot_path = stages.plot_expert_load(
+            model, summary_data, summary_split, model_dir, end_step,
+            "multi_process" if process_count > 1 else strategy)
 
     history = logger.history
     latest = manager.latest()
@@ -249,7 +274,8 @@ def train(model_dir, task="embedded_span_corruption",
         "checkpoint": latest["path"] if latest else None,
         "tensorboard": log_root, "expert_load_plot": plot_path,
         "operative_config": os.path.join(model_dir, "operative_config.gin"),
-        "history": history, "mesh": mesh,
+        "history": history, "mesh": mesh, "processes": process_count,
+        "input_shards": num_shards,
         "shards": [[n, list(f), list(l)] for n, f, l in shards] if shards else None,
     }
     if chief:

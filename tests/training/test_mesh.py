@@ -3,16 +3,17 @@
 import json
 import os
 import shlex
+import socket
+import subprocess
+import sys
 
 import pytest
 
-from tests.training.helpers import run_cli
+from tests.training.helpers import REPO, run_cli
 
 
-@pytest.mark.slow
-@pytest.mark.jax
-def test_the_sharding_doc_command_shards_the_experts_over_eight_devices(tmp_path):
-    """docs/sharding.md's command, shortened to 4 steps, prints what the doc shows."""
+def _doc_command():
+    """docs/sharding.md's keras-moe-train command: (environment, arguments)."""
     from tests.docs.test_readme_snippets import SHARDING, code_blocks
 
     block = code_blocks(SHARDING, "bash")[0]
@@ -22,21 +23,103 @@ def test_the_sharding_doc_command_shards_the_experts_over_eight_devices(tmp_path
     # As in tests/sharding/conftest.py: 8 emulated devices on 2 shared cores can take longer
     # than XLA's default 40 s to all reach a collective while the other test worker runs.
     env["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=400"
-    args = command[start + 1:]
-    model_dir = tmp_path / "run"
-    args = [a if not a.startswith("--model_dir=") else f"--model_dir={model_dir}" for a in args]
-    result = run_cli(args + [f"--gin_bindings={b}" for b in (
-        "TRAIN_STEPS = 4", "CHECKPOINT_EVERY = 2", "SUMMARY_BATCHES = 1")],
-        timeout=600, env={**env, "JAX_PLATFORMS": "cpu"})
+    env["JAX_PLATFORMS"] = "cpu"
+    return env, command[start + 1:], block
+
+
+def _with_model_dir(args, model_dir):
+    return [a if not a.startswith("--model_dir=") else f"--model_dir={model_dir}" for a in args]
+
+
+# Short runs of the doc command; the input is read as 2 seqio shards, so a run with 2
+# processes (one shard each) sees the same global batches as one process reading both.
+SHORT = ["TRAIN_STEPS = 6", "CHECKPOINT_EVERY = 2", "SUMMARY_BATCHES = 1", "INPUT_SHARDS = 2"]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    env, args, block = _doc_command()
+    model_dir = tmp_path_factory.mktemp("mesh") / "run"
+    result = run_cli(_with_model_dir(args, model_dir) + [f"--gin_bindings={b}" for b in SHORT],
+                     timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return block, result, model_dir
+
+
+def _losses(model_dir):
+    summary = json.loads((model_dir / "summary.json").read_text())
+    return summary, dict(summary["history"])
+
+
+@pytest.mark.slow
+@pytest.mark.jax
+@pytest.mark.xdist_group("mesh")
+def test_the_sharding_doc_command_shards_the_experts_over_eight_devices(one_process_run):
+    """docs/sharding.md's command, shortened to 6 steps, prints what the doc shows."""
+    block, result, model_dir = one_process_run
     shown_lines = [line.lstrip("# ").rstrip() for line in block.splitlines() if line[:1] == "#"]
     for shown in shown_lines:
         assert shown in result.stdout, (shown, result.stdout[-3000:])
     # The dense weights are not split.
     assert "attention/query ('embed', 'heads'): (64, 64) -> (64, 64) on one device" in result.stdout
-    summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["end_step"] == 4 and summary["mesh"] == {"data": 2, "expert": 4, "model": 1}
-    assert os.path.isfile(model_dir / "checkpoints" / "ckpt-00000004.weights.h5")
+    summary, _ = _losses(model_dir)
+    assert summary["end_step"] == 6 and summary["mesh"] == {"data": 2, "expert": 4, "model": 1}
+    assert os.path.isfile(model_dir / "checkpoints" / "ckpt-00000006.weights.h5")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.jax
+@pytest.mark.xdist_group("mesh")
+def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run, tmp_path):
+    """2 processes x 4 CPU devices on loopback == 1 process x 8 devices, step by step;
+    their sharded checkpoint then resumes in one process on a {"data": 4, "expert": 2} mesh."""
+    _, _, reference_dir = one_process_run
+    env, args, _ = _doc_command()
+    env["XLA_FLAGS"] = env["XLA_FLAGS"].replace("device_count=8", "device_count=4")
+    model_dir = tmp_path / "run"
+    address = f"127.0.0.1:{_free_port()}"
+    command = [sys.executable, "-m", "keras_moe.training"] + _with_model_dir(args, model_dir) + [
+        f"--gin_bindings={b}" for b in SHORT] + [
+        f"--coordinator_address={address}", "--process_count=2"]
+    full_env = {**os.environ, **env, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    processes = [subprocess.Popen(command + [f"--process_index={i}"], cwd=REPO, env=full_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    for p, out in zip(processes, outputs):
+        assert p.returncode == 0, out[-4000:]
+    assert "process 1 of 2: input shards [1] of 2, 8 rows each" in outputs[1]
+
+    reference, reference_losses = _losses(reference_dir)
+    summary, losses = _losses(model_dir)
+    assert summary["processes"] == 2 and summary["end_step"] == 6
+    assert sorted(losses) == sorted(reference_losses) == [1, 2, 3, 4, 5, 6]
+    for step in losses:
+        assert losses[step] == pytest.approx(reference_losses[step], rel=2e-5), step
+    # Sharded checkpoints, committed once (by process 0).
+    checkpoints = sorted(os.listdir(model_dir / "checkpoints"))
+    assert "ckpt-00000006.orbax" in checkpoints and "ckpt-00000006.json" in checkpoints
+    assert not any(name.endswith(".weights.h5") for name in checkpoints)
+
+    # Resume from step 4 (as if the job died after it) in one process on another mesh:
+    # the weights are resharded and the data continues where it was.
+    os.remove(model_dir / "checkpoints" / "ckpt-00000006.json")
+    env = _doc_command()[0]
+    resumed = run_cli(_with_model_dir(args, model_dir) + [
+        f"--gin_bindings={b}" for b in SHORT + ['MESH_SHAPE = {"data": 4, "expert": 2}']],
+        timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resumed from checkpoint" in resumed.stdout and "ckpt-00000004.orbax" in resumed.stdout
+    summary, losses = _losses(model_dir)
+    assert summary["start_step"] == 4 and sorted(losses) == [5, 6]
+    for step in (5, 6):
+        assert losses[step] == pytest.approx(reference_losses[step], rel=2e-5), step
 
 
 @pytest.mark.parametrize("bindings,message", [
