@@ -95,6 +95,9 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
     for p, out in zip(processes, outputs):
         assert p.returncode == 0, out[-4000:]
     assert "process 1 of 2: input shards [1] of 2, 8 rows each" in outputs[1]
+    # Process 0 alone reports steps and commits checkpoints.
+    for line in ("[keras_moe] step 6/6", "saved checkpoint"):
+        assert line in outputs[0] and line not in outputs[1], line
 
     reference, reference_losses = _losses(reference_dir)
     summary, losses = _losses(model_dir)
@@ -153,3 +156,47 @@ def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh
     with pytest.raises(TrainingConfigError, match=message):
         mesh.check_mesh(mesh_shape, None, "default")
     mesh.check_mesh({"data": 2, "expert": 4}, None, "default")  # the right size passes
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(process_count=2, process_index=0), "need --coordinator_address"),
+    (dict(coordinator_address="h:1", process_count=2, process_index=0, backend="tensorflow"),
+     'STRATEGY = "multi_worker"'),
+    (dict(coordinator_address="host0", process_count=2, process_index=0, backend="jax"),
+     "must be HOST:PORT or 'auto'"),
+    (dict(coordinator_address="h:1", process_count=None, process_index=0, backend="jax"),
+     "--process_count must be an integer >= 1"),
+    (dict(coordinator_address="h:1", process_count=2, process_index=2, backend="jax"),
+     r"--process_index must be an integer in \[0, 2\)"),
+])
+def test_bad_process_flags_are_refused_before_jax_starts(kwargs, message):
+    from keras_moe.training import multihost
+    from keras_moe.training.errors import TrainingConfigError
+
+    with pytest.raises(TrainingConfigError, match=message):
+        multihost.initialize(**kwargs)
+
+
+@pytest.mark.parametrize("args,expected", [
+    ((16, None, 0, 1), ([0], 1, 16)),   # one process: the task unsharded
+    ((16, 2, 0, 1), ([0, 1], 2, 8)),    # one process reading 2 shards
+    ((16, 4, 1, 2), ([2, 3], 4, 4)),    # process 1 of 2: the second half of 4 shards
+    ((16, None, 3, 4), ([3], 4, 4)),
+])
+def test_input_plan_gives_each_process_its_block_of_the_global_batch(args, expected):
+    from keras_moe.training import multihost
+
+    assert multihost.input_plan(*args) == expected
+
+
+@pytest.mark.parametrize("args,message", [
+    ((16, 3, 0, 2), "positive multiple of the 2 process"),
+    ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into INPUT_SHARDS=4"),
+    ((16, 0, 0, 1), "positive multiple"),
+])
+def test_input_plan_refuses_shards_that_do_not_split_evenly(args, message):
+    from keras_moe.training import multihost
+    from keras_moe.training.errors import TrainingConfigError
+
+    with pytest.raises(TrainingConfigError, match=message):
+        multihost.input_plan(*args)
