@@ -188,3 +188,23 @@ def test_decode_speed_smoke():
         f"{who}_{method}" for method in ("greedy", "beam")
         for who in ("hf", "keras_moe", "keras_moe_xla", "keras_moe_eager", "saved_model")}
     assert all(_positive_seconds(r["median_s"]) for r in case["results"].values())
+
+
+def test_memory_plan_smoke():
+    """Shapes only: splitting the experts over twice the devices halves their share.
+
+    switch_tiny has 2 MoE layers of 8 experts, each expert a [64, 128] and a [128, 64]
+    float32 kernel: 2 * 8 * 2 * 64 * 128 * 4 bytes = 1 MiB of expert weights. Going from
+    2 to 4 devices on the "expert" axis, a device holds 1/4 instead of 1/2 of them.
+    """
+    data = _run("memory_plan.py", "smoke_memory_plan")
+    rows = {r["devices"]: r for r in data["rows"]}
+    assert sorted(rows) == [2, 4]
+    assert rows[2]["mesh"] == {"data": 1, "expert": 2, "model": 1}
+    assert rows[4]["mesh"] == {"data": 1, "expert": 4, "model": 1}
+    expert_bytes = 2 * 8 * 2 * 64 * 128 * 4
+    assert rows[2]["param_bytes"] - rows[4]["param_bytes"] == expert_bytes // 4
+    for row in rows.values():
+        assert row["parameters"] > 0 and row["temp_bytes"] > 0
+        # One group per sequence: tokens reach the experts on other devices by all-to-all.
+        assert row["all_to_all"] > 0, row
