@@ -55,7 +55,8 @@ def initialize(coordinator_address=None, process_count=None, process_index=None,
         raise TrainingConfigError(
             f"--coordinator_address starts JAX processes; on {backend!r} run several workers "
             "with STRATEGY = \"multi_worker\" (TF_CONFIG) instead, or use KERAS_BACKEND=jax.")
-    kwargs = {}
+    # "auto": the cluster's environment fills in what is not given here.
+    kwargs = dict(num_processes=process_count, process_id=process_index)
     if coordinator_address != "auto":
         if ":" not in coordinator_address:
             raise TrainingConfigError(
@@ -68,8 +69,7 @@ def initialize(coordinator_address=None, process_count=None, process_index=None,
             raise TrainingConfigError(
                 f"--process_index must be an integer in [0, {process_count}), got "
                 f"{process_index!r}.")
-        kwargs = dict(coordinator_address=coordinator_address, num_processes=process_count,
-                      process_id=process_index)
+        kwargs["coordinator_address"] = coordinator_address
     import jax
 
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":

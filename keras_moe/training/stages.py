@@ -215,7 +215,6 @@ def build_metrics(model, batch):
     of a separate stream builds them instead.
     """
     import keras
-
     import numpy as np
 
     if keras.backend.backend() == "jax":
