@@ -5,7 +5,7 @@ A checkpoint `ckpt-<step>` is two entries in one folder:
     variables, so the step counter `optimizer.iterations` comes back too);
     or, for a model sharded over several JAX processes, `ckpt-<step>.orbax/`:
     the same state written by Orbax, each process its own shards, read back
-    by `model.load_weights` onto whatever mesh the reading model has;
+    into each variable's current sharding (whatever mesh the reading model has);
   * `ckpt-<step>.json`: metadata written last, which commits the checkpoint
     (step, batches of the training stream consumed, time).
 Both are written to a temporary name in the same folder, flushed with fsync
