@@ -4,9 +4,9 @@ Example:
   keras-moe-train --gin_file=tiny_local.gin --model_dir=/tmp/keras_moe_tiny
   keras-moe-train --gin_file=pretrain_c4.gin --gin_bindings='STRATEGY = "tpu"' \\
       --gin_bindings='TPU_NAME = "local"' --model_dir=/mnt/runs/c4
-  # every host of a TPU pod slice, sharing one model dir (e.g. on GCS):
+  # every host of a TPU pod slice, with one model dir they all mount:
   KERAS_BACKEND=jax keras-moe-train --gin_file=pretrain_c4_mesh.gin \\
-      --coordinator_address=auto --model_dir=gs://bucket/runs/c4_128
+      --coordinator_address=auto --model_dir=/mnt/runs/c4_128
 """
 
 import argparse

@@ -48,37 +48,43 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
         sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules), num_devices=len(devices))
     except ValueError as e:
         raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
-    if cpu_threads_too_few(devices):
-        log(f"warning: {len(devices)} emulated CPU devices and as many XLA client threads; "
-            "queued steps can hang in a collective. Set PJRT_NPROC to more than "
-            f"{len(devices)} (e.g. PJRT_NPROC={2 * len(devices)}), see docs/sharding.md.")
+    import jax
+
+    local = jax.local_devices()
+    if cpu_threads_too_few(len(local), local[0].platform):
+        log(f"warning: {len(local)} emulated CPU devices in this process and as many XLA "
+            "client threads; queued steps can hang in a collective. Set PJRT_NPROC to more "
+            f"than {len(local)} (e.g. PJRT_NPROC={2 * len(local)}), see docs/sharding.md.")
 
 
-def cpu_threads_too_few(devices, environ=None, cpu_count=None):
-    """Whether XLA's CPU client would run these devices on one thread each.
+def cpu_threads_too_few(num_devices, platform, environ=None, cpu_count=None):
+    """Whether XLA's CPU client would run this process's devices on one thread each.
 
     The client's pool has max(PJRT_NPROC or the core count, device count)
     threads; exactly one per device can deadlock queued collectives.
 
     Args:
-        devices: the device strings (`keras.distribution.list_devices()`).
+        num_devices: this process's devices (`jax.local_device_count()`).
+        platform: their platform ("cpu", "tpu", "gpu").
         environ: the environment (default `os.environ`).
         cpu_count: the usable cores (default: this process's affinity).
 
     Example:
-    >>> cpu_threads_too_few(["cpu:0", "cpu:1"], environ={}, cpu_count=2)
+    >>> cpu_threads_too_few(8, "cpu", environ={}, cpu_count=2)
     True
-    >>> cpu_threads_too_few(["cpu:0", "cpu:1"], environ={"PJRT_NPROC": "4"}, cpu_count=2)
+    >>> cpu_threads_too_few(8, "cpu", environ={"PJRT_NPROC": "16"}, cpu_count=2)
+    False
+    >>> cpu_threads_too_few(8, "tpu", environ={}, cpu_count=2)
     False
     """
-    if not devices or not all(str(d).lower().startswith("cpu") for d in devices):
+    if platform != "cpu" or num_devices < 2:
         return False
     environ = os.environ if environ is None else environ
     if cpu_count is None:
         cpu_count = len(os.sched_getaffinity(0))
     threads = environ.get("PJRT_NPROC", environ.get("NPROC", ""))
     threads = int(threads) if threads.strip().isdigit() else cpu_count
-    return len(devices) > 1 and threads <= len(devices)
+    return threads <= num_devices
 
 
 def _rules(logical_axis_rules):
