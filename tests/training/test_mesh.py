@@ -91,7 +91,12 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
     processes = [subprocess.Popen(command + [f"--process_index={i}"], cwd=REPO, env=full_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for i in range(2)]
-    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in processes]
+    finally:  # a hung or failed process must not outlive the test (its peer waits for it)
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
     for p, out in zip(processes, outputs):
         assert p.returncode == 0, out[-4000:]
     assert "process 1 of 2: input shards [1] of 2, 8 rows each" in outputs[1]
