@@ -33,6 +33,7 @@ import warnings
 
 import keras
 
+from keras_moe.training import sharded_checkpoint
 from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
 from keras_moe.training.log import log as default_log
 from keras_moe.validation import is_int
@@ -148,17 +149,11 @@ class CheckpointManager:
         return self._commit(meta, extra)
 
     def _save_sharded(self, model, step, final, batches_consumed, extra):
-        import orbax.checkpoint as ocp
-
-        # Every process writes its shards; Orbax's folder appears complete or not at all.
-        # overwrite: an uncommitted folder of this step (a crash before its json).
-        state = {group: {_key(i): v.value for i, v in enumerate(variables)}
-                 for group, variables in _saved_variables(model).items()}
-        ocp.v1.save(final, state, overwrite=True)
+        sharded_checkpoint.save(model, final)
         meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
                                                       else batches_consumed),
                 "weights": os.path.basename(final), "time": time.time(),
-                "size": _folder_size(final), "format": "orbax"}
+                "size": sharded_checkpoint.folder_size(final), "format": "orbax"}
         return self._commit(meta, extra) if self.primary else meta
 
     def _commit(self, meta, extra):
@@ -220,35 +215,6 @@ class CheckpointManager:
                 pass
 
 
-def _saved_variables(model):
-    """What a checkpoint holds, as `model.save_weights` does: weights and optimizer state."""
-    return {"model": model.weights,
-            "optimizer": model.optimizer.variables if model.optimizer is not None else []}
-
-
-def _key(index):
-    # Keyed by position like a .weights.h5 file (Keras's state tree keys by variable name,
-    # which Adafactor's placeholder variables repeat).
-    return f"{index:06d}"
-
-
-def _restore_sharded(model, path):
-    """Reads an Orbax checkpoint into `model`, each array straight into its variable's
-    sharding (any mesh, any number of processes)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    groups = _saved_variables(model)
-    abstract = {group: {_key(i): jax.ShapeDtypeStruct(v.shape, v.dtype,
-                                                       sharding=getattr(v.value, "sharding", None))
-                        for i, v in enumerate(variables)}
-                for group, variables in groups.items()}
-    loaded = ocp.v1.load(path, abstract)
-    for group, variables in groups.items():
-        for i, variable in enumerate(variables):
-            variable.assign(loaded[group][_key(i)])
-
-
 def _remove(path):
     """Removes a file or an Orbax folder; a missing one is fine."""
     try:
@@ -258,11 +224,6 @@ def _remove(path):
             os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _folder_size(path):
-    return sum(os.path.getsize(os.path.join(root, name))
-               for root, _, names in os.walk(path) for name in names)
 
 
 def resolve_checkpoint(path, argument="checkpoint"):
@@ -310,7 +271,8 @@ def verify_checkpoint(meta):
         if path.endswith(suffix):
             json_path = path[:-len(suffix)] + ".json"
     try:
-        size = _folder_size(path) if os.path.isdir(path) else os.path.getsize(path)
+        size = (sharded_checkpoint.folder_size(path) if os.path.isdir(path)
+                else os.path.getsize(path))
     except OSError as e:
         raise CorruptCheckpointError(f"checkpoint {path} is unreadable: {e}") from None
     if "size" in meta and size != meta["size"]:
@@ -364,7 +326,7 @@ def restore(model, meta):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if os.path.isdir(meta["path"]):
-                _restore_sharded(model, meta["path"])
+                sharded_checkpoint.restore(model, meta["path"])
             else:
                 model.load_weights(meta["path"])
     except (ValueError, KeyError, OSError) as e:

@@ -55,6 +55,7 @@ MODULES = [
     "keras_moe.training.mesh",
     "keras_moe.training.multihost",
     "keras_moe.training.schedules",
+    "keras_moe.training.sharded_checkpoint",
     "keras_moe.training.stages",
     "keras_moe.validation",
 ]
