@@ -130,7 +130,22 @@ class CheckpointManager:
         step = int(step)
         final = self.weights_path(step)
         if self.sharded:
-            return self._save_sharded(model, step, final, batches_consumed, extra)
+            sharded_checkpoint.save(model, final)
+            fields = {"size": sharded_checkpoint.folder_size(final), "format": "orbax"}
+        else:
+            tmp = self._write_weights(model, step)
+            fields = {"size": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
+            os.replace(tmp, final)
+        meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
+                                                      else batches_consumed),
+                "weights": os.path.basename(final), "time": time.time(), **fields,
+                **(extra or {})}
+        if self.primary:
+            self._commit(meta)
+        return meta
+
+    def _write_weights(self, model, step):
+        """`model.save_weights` to a fsynced temporary file in the folder; returns its path."""
         tmp = os.path.join(self.directory, f".tmp-{os.getpid()}-ckpt-{step:08d}.weights.h5")
         try:
             model.save_weights(tmp, overwrite=True)
@@ -141,30 +156,14 @@ class CheckpointManager:
             except OSError:
                 pass
             raise
-        meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
-                                                      else batches_consumed),
-                "weights": os.path.basename(final), "time": time.time(),
-                "size": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
-        os.replace(tmp, final)
-        return self._commit(meta, extra)
+        return tmp
 
-    def _save_sharded(self, model, step, final, batches_consumed, extra):
-        sharded_checkpoint.save(model, final)
-        meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
-                                                      else batches_consumed),
-                "weights": os.path.basename(final), "time": time.time(),
-                "size": sharded_checkpoint.folder_size(final), "format": "orbax"}
-        return self._commit(meta, extra) if self.primary else meta
-
-    def _commit(self, meta, extra):
-        if extra:
-            meta.update(extra)
+    def _commit(self, meta):
         step = meta["step"]
         atomic_write_text(self.meta_path(step), json.dumps(meta, indent=1, sort_keys=True))
         atomic_write_text(os.path.join(self.directory, "checkpoint"),
                           json.dumps({"latest": os.path.basename(self.meta_path(step))}))
         self._prune()
-        return meta
 
     def all(self):
         """Committed checkpoints' metadata, oldest first (json present, weights present)."""
