@@ -210,9 +210,9 @@ def build_metrics(model, batch):
     """Builds the compiled loss and metrics on `batch` (JAX backend) before `fit`.
 
     Keras's JAX `fit` builds whatever is not built yet from a batch it takes
-    off the training stream, which shifts a resumed run's data by one batch
-    (a fresh run builds them in the start evaluation). A test step on a batch
-    of a separate stream builds them instead.
+    off the training stream, which shifts the run's data by one batch. A test
+    step on a batch of a separate stream builds them instead (the trainer
+    calls this when no start evaluation has built them).
     """
     import keras
     import numpy as np
@@ -231,15 +231,16 @@ def evaluate(model, data):
     return {k: float(v) for k, v in out.items()}
 
 
-def plot_expert_load(model, data, split, model_dir, step, strategy):
+def plot_expert_load(model, data, split, model_dir, step, shared_with=None):
     """Writes `expert_load.png` / `.json` of the tokens of `data`; returns the
-    plot's path (None when the model has no experts or under "multi_worker")."""
+    plot's path (None when the model has no experts or is `shared_with` other
+    workers or processes, e.g. "multi_worker", "2 processes")."""
     from keras_moe.training import expert_load as load_lib
 
-    if strategy == "multi_worker" or strategy == "multi_process":
-        # An eager pass on the chief alone would need the other workers for the
-        # MoE layers' metric variables (collectives): skipped.
-        log(f"{strategy}: no expert-load plot (measure it with keras-moe-eval)")
+    if shared_with:
+        # A pass on the chief alone would need the others for the MoE layers'
+        # metric variables or the sharded weights (collectives): skipped.
+        log(f"{shared_with}: no expert-load plot (measure it with keras-moe-eval)")
         return None
     loads = load_lib.measure_expert_load(model, data)
     if not loads:

@@ -249,16 +249,18 @@ def train(model_dir, task="embedded_span_corruption",
     eval_start = stages.evaluate(model, summary_data) if start_step == 0 else None
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
-    stages.build_metrics(model, first_batch)
+    if eval_start is None:  # resumed, or no summary data: nothing built the metrics yet
+        stages.build_metrics(model, first_batch)
     train_seconds = stages.fit(model, train_dataset, start_step, skip, train_steps,
                                steps_per_epoch, callbacks, verbose, strategy, collective_timeout)
     end_step = int(model.optimizer.iterations.numpy())
     eval_end = stages.evaluate(model, summary_data)
     plot_path = None
     if chief and summary_data is not None:
-        plot_path = stages.plot_expert_load(
-            model, summary_data, summary_split, model_dir, end_step,
-            "multi_process" if process_count > 1 else strategy)
+        shared_with = (f"{process_count} processes" if process_count > 1
+                       else "multi_worker" if strategy == "multi_worker" else None)
+        plot_path = stages.plot_expert_load(model, summary_data, summary_split, model_dir,
+                                            end_step, shared_with)
 
     history = logger.history
     latest = manager.latest()
