@@ -44,8 +44,7 @@ def _bytes(shape, dtype):
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def plan_one(gin_files, devices, batch_size, inputs_length, targets_length, mesh=None,
-             bindings=()):
+def plan_one(gin_files, devices, batch_size, inputs_length, targets_length, bindings=()):
     """In a child with `devices` emulated CPU devices: the per-device sizes (bytes)."""
     import jax
     import keras
@@ -57,7 +56,7 @@ def plan_one(gin_files, devices, batch_size, inputs_length, targets_length, mesh
     # "einsum": what dispatch="auto" becomes on TPU (CPU, where this runs, would pick "gather").
     config = gin_config.parse_gin(gin_files, ['T5Config.dispatch = "einsum"', *bindings],
                                   check_required=False)
-    mesh = mesh or mesh_for(devices, config.num_experts)
+    mesh = mesh_for(devices, config.num_experts)
     distribution = sharding.configure_mesh(mesh)
     # Variables created in this scope get a shape and a layout; initialize_variables=False
     # keeps them from being computed when it closes.
@@ -155,8 +154,7 @@ def markdown_table(rows):
 
 def _child(args):
     row = plan_one(args.gin_file, args.devices[0], args.batch_size, args.inputs_length,
-                   args.targets_length, json.loads(args.mesh) if args.mesh else None,
-                   args.bindings or ())
+                   args.targets_length, args.bindings or ())
     print("PLAN " + json.dumps(row), flush=True)
 
 
@@ -176,7 +174,6 @@ def main(argv=None):
     parser.add_argument("--output", default="memory_plan")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gin_file", action="append", help=argparse.SUPPRESS)
-    parser.add_argument("--mesh", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return _child(args)
