@@ -19,7 +19,7 @@ from keras_moe.dispatch import (  # noqa: E402
 from keras_moe.experts import FeedForwardExperts  # noqa: E402
 from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: E402
 from keras_moe.metrics import router_metrics  # noqa: E402
-from keras_moe.moe import MoeLayer  # noqa: E402
+from keras_moe.moe import MoeLayer, route_each_sequence  # noqa: E402
 from keras_moe.routing import (  # noqa: E402
     ExpertChoiceRouter,
     Router,
@@ -36,5 +36,5 @@ __all__ = [
     "Dispatcher", "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts",
     "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RoutingInstructions",
     "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
-    "get_dispatcher", "router_losses", "router_metrics", "sharding",
+    "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics", "sharding",
 ]

@@ -1,5 +1,6 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
+import contextlib
 import inspect
 import threading
 
@@ -14,6 +15,45 @@ from keras_moe.validation import check_int, is_int, is_number
 
 
 GROUPINGS = ("batch", "sequence")
+
+# How many `route_each_sequence` scopes are open. Process-wide rather than
+# per thread: tf.distribute replicas trace `call` in threads of their own.
+_each_sequence_scopes = [0]
+
+
+@contextlib.contextmanager
+def route_each_sequence():
+    """A scope in which MoE layers never route tokens of different sequences together.
+
+    Inside it, `group_size="batch"` routes each sequence as its own group and
+    an integer `group_size` N cuts each sequence into groups of N (the last
+    one padded; sequences of at most N tokens are one group), so a sequence's
+    outputs do not depend on the other sequences of the batch. Decoding and
+    serving (`keras_moe.models.search`) open it by default: co-batched
+    requests, or the beams of one input, do not compete for capacity. It is
+    read when a layer is called (traced), not when it is built.
+
+    Example:
+    >>> import numpy as np
+    >>> import keras_moe
+    >>> layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=16, eval_capacity_factor=0.5,
+    ...                                     min_expert_capacity=1)
+    >>> x = np.random.default_rng(0).normal(size=(3, 8, 8)).astype("float32")
+    >>> with route_each_sequence():
+    ...     alone = layer(x[:1])
+    ...     together = layer(x)[:1]
+    >>> bool(np.allclose(alone, together, atol=1e-6))
+    True
+    """
+    _each_sequence_scopes[0] += 1
+    try:
+        yield
+    finally:
+        _each_sequence_scopes[0] -= 1
+
+
+def _routing_each_sequence():
+    return _each_sequence_scopes[0] > 0
 
 
 def _check_capacity_factor(name, value):
@@ -39,15 +79,16 @@ class MoeLayer(keras.layers.Layer):
             "batch" (default): all tokens of the call (on each replica) form
             one group, ordered position-major (every sequence's token 0, then
             every token 1, ...), so in a causal layer no token's slot depends
-            on a later position; one-token calls (cached decoding) route each
-            token alone. When the batch size is unknown at trace time
+            on a later position. When the batch size is unknown at trace time
             (TensorFlow `fit` on arrays or on a dataset without
             `drop_remainder`) the capacity is computed at run time, which
             the gather dispatcher supports and einsum does not (it needs
             static shapes, as on TPU). "sequence" (or None): each sequence
             is a group. An integer N: the batch's tokens are flattened and cut
             into groups of N; the token count must be divisible by it unless
-            `pad_to_group_size=True`.
+            `pad_to_group_size=True`. Whatever the setting, one-token calls
+            (cached decoding) route each token alone, and inside
+            `route_each_sequence()` no group holds tokens of two sequences.
         pad_to_group_size: pad the tokens up to a multiple of `group_size` with
             masked padding instead of raising.
         train_capacity_factor: capacity factor in training, > 0.
@@ -187,12 +228,16 @@ class MoeLayer(keras.layers.Layer):
         return self.router.expert_capacity(group_size, factor, self.min_expert_capacity)
 
     def _grouping(self, x):
-        """The grouping used for input `x`: "batch", "sequence" or an int."""
-        if self.group_size != "batch":
+        """The grouping used for input `x`: "batch", "sequence", an int N, or
+        ("chunks", N): each sequence cut into groups of N."""
+        length = x.shape[1]
+        if length == 1:
+            return "sequence"  # cached decoding: each token alone, never over capacity
+        if not _routing_each_sequence() or self.group_size == "sequence":
             return self.group_size
-        if x.shape[1] == 1:
-            return "sequence"  # cached decoding: never over capacity
-        return "batch"
+        if self.group_size == "batch" or (length is not None and length <= self.group_size):
+            return "sequence"
+        return ("chunks", self.group_size)
 
     def _to_groups(self, x, token_mask, grouping):
         """[B, L, d] -> [G, S, d] and its mask; returns the padding added."""
@@ -204,6 +249,17 @@ class MoeLayer(keras.layers.Layer):
             )
         if grouping == "sequence":
             return x, token_mask, 0
+        if isinstance(grouping, tuple):  # each sequence cut into groups of N
+            size = grouping[1]
+            if x.shape[1] is None:
+                raise ValueError(
+                    "route_each_sequence() with an integer `group_size` needs a static "
+                    "sequence length.")
+            pad = -x.shape[1] % size
+            x = ops.pad(x, ((0, 0), (0, pad), (0, 0)))
+            token_mask = ops.pad(token_mask, ((0, 0), (0, pad)))
+            return (ops.reshape(x, (-1, size, d_model)), ops.reshape(token_mask, (-1, size)),
+                    pad)
         if grouping == "batch":
             tokens = ops.transpose(x, (1, 0, 2))  # position-major
             mask = ops.transpose(token_mask, (1, 0))
@@ -231,6 +287,9 @@ class MoeLayer(keras.layers.Layer):
         if grouping == "batch":
             outputs = ops.reshape(outputs, (inputs.shape[1], -1, d_model))
             return ops.transpose(outputs, (1, 0, 2))
+        if isinstance(grouping, tuple):
+            outputs = ops.reshape(outputs, (input_shape[0], -1, d_model))
+            return outputs[:, :inputs.shape[1]]
         if grouping != "sequence":
             outputs = ops.reshape(outputs, (-1, d_model))
             if pad:

@@ -82,12 +82,47 @@ def test_einsum_with_unknown_batch_size_names_the_fix(rng):
         dynamic(tf.zeros((2, 8, 8)))
 
 
-def test_one_token_calls_route_each_token_alone(rng):
-    """Cached decoding feeds one token per sequence: never over capacity."""
-    layer = _switch(eval_capacity_factor=0.25)
+@pytest.mark.parametrize("group_size", ["batch", "sequence", 8, 16])
+def test_one_token_calls_route_each_token_alone(rng, group_size):
+    """Cached decoding feeds one token per sequence: never over capacity, whatever
+    the group size (groups of 8 one-token rows dropped 12.5 % of them)."""
+    layer = _switch(eval_capacity_factor=0.25, group_size=group_size, return_metrics=True)
     x = rng.normal(size=(16, 1, 8)).astype("float32")
-    y = np.asarray(layer(x, training=False))
-    assert not np.any(np.all(y == 0, axis=-1))
+    y, stats = layer(x, training=False)
+    assert not np.any(np.all(np.asarray(y) == 0, axis=-1))
+    assert float(stats["dropped_fraction"]) == 0.0
+
+
+def _alone_and_together(layer, x):
+    with keras_moe.route_each_sequence():
+        alone = [np.asarray(layer(x[i:i + 1], training=False))[0] for i in range(len(x))]
+        together = np.asarray(layer(x, training=False))
+    return np.stack(alone), together
+
+
+@pytest.mark.parametrize("group_size", ["batch", 4, 5, 12])
+def test_route_each_sequence_keeps_sequences_apart(rng, group_size):
+    """Inside the scope a sequence's outputs do not depend on the rest of the batch
+    (capacity short enough to drop); outside it, batch-wide groups do mix them."""
+    layer = _switch(eval_capacity_factor=0.5, min_expert_capacity=1, group_size=group_size,
+                    pad_to_group_size=True)
+    x = rng.normal(size=(4, 10, 8)).astype("float32")
+    alone, together = _alone_and_together(layer, x)
+    assert np.any(np.all(together == 0, axis=-1)), "capacity must drop tokens"
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-6)
+    if group_size in ("batch", 12):
+        assert not np.allclose(np.asarray(layer(x, training=False)), together, atol=1e-6)
+
+
+def test_route_each_sequence_cuts_sequences_into_integer_groups(rng):
+    """group_size=5 on 10-token sequences: two groups of 5 per sequence, each with
+    the capacity of 5 tokens, exactly as "sequence" routing of the two halves."""
+    layer = _switch(eval_capacity_factor=0.5, min_expert_capacity=1, group_size=5)
+    x = rng.normal(size=(3, 10, 8)).astype("float32")
+    with keras_moe.route_each_sequence():
+        y = np.asarray(layer(x, training=False))
+    halves = np.asarray(layer(x.reshape(6, 5, 8), training=False)).reshape(3, 10, 8)
+    np.testing.assert_allclose(y, halves, rtol=1e-5, atol=1e-6)
 
 
 def test_batch_prioritized_routing_is_refused_in_causal_layers():
