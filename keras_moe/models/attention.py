@@ -26,9 +26,11 @@ class T5Attention(keras.layers.Layer):
         x: queries' input `[B, Lq, d]`.
         kv: keys'/values' input `[B, Lk, d]`; None: self-attention on `x`.
         bias: additive bias (position bias + mask), broadcastable to `[B, H, Lq, Lk]`.
-        cache: optional `(k, v)` each `[B, T, H, d_kv]`. With `cache_index`
-            (self-attention decoding), the new keys/values of `x` are written
-            at `cache_index` and attention runs over the whole cache (mask
+        cache: optional `(k, v)` each `[B, H, T, d_kv]` (heads first, so a
+            decoding step multiplies without transposing the cache; see
+            `compute_kv_cache`). With `cache_index` (self-attention
+            decoding), the new keys/values of `x` are written at
+            `cache_index` and attention runs over the whole cache (mask
             future slots through `bias`). Without `cache_index` the cache is
             used as precomputed keys/values (cross-attention).
         cache_index: int slot of the first query in the cache.
@@ -76,32 +78,49 @@ class T5Attention(keras.layers.Layer):
         return ops.reshape(x, (shape[0], shape[1], self.num_heads, self.d_kv))
 
     def compute_kv(self, kv):
-        """Keys and values `[B, Lk, H, d_kv]` of `kv` (for a cross-attention cache)."""
+        """Keys and values `[B, Lk, H, d_kv]` of `kv`."""
         return (self._heads(ops.matmul(kv, self.key)), self._heads(ops.matmul(kv, self.value)))
 
+    def compute_kv_cache(self, kv):
+        """Keys and values `[B, H, Lk, d_kv]` of `kv`: a cross-attention cache."""
+        return tuple(ops.transpose(t, (0, 2, 1, 3)) for t in self.compute_kv(kv))
+
     def call(self, x, kv=None, bias=None, cache=None, cache_index=None, training=None):
+        if cache is not None:
+            return self._call_cached(x, bias, cache, cache_index, training)
         q = self._heads(ops.matmul(x, self.query))
-        if cache is not None and cache_index is None:
+        k, v = self.compute_kv(x if kv is None else kv)
+        scores = ops.einsum("bqhd,bkhd->bhqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
+        weights = self._attention_weights(scores, bias, training)
+        context = ops.einsum("bhqk,bkhd->bqhd", weights, ops.cast(v, self.compute_dtype))
+        return self._output(context)
+
+    def _call_cached(self, x, bias, cache, cache_index, training):
+        # Heads-first einsums contract the cache's last axis in place; the
+        # [B, T, H, d] layout made TensorFlow transpose the whole cache per step.
+        q = ops.transpose(self._heads(ops.matmul(x, self.query)), (0, 2, 1, 3))
+        if cache_index is None:
             k, v = cache
         else:
-            k, v = self.compute_kv(x if kv is None else kv)
-            if cache is not None:
-                k_cache, v_cache = cache
-                start = [0, cache_index, 0, 0]
-                k = ops.slice_update(k_cache, start, ops.cast(k, k_cache.dtype))
-                v = ops.slice_update(v_cache, start, ops.cast(v, v_cache.dtype))
-        scores = ops.einsum("bqhd,bkhd->bhqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
+            start = [0, 0, cache_index, 0]
+            k, v = (ops.slice_update(old, start, ops.cast(new, old.dtype))
+                    for old, new in zip(cache, self.compute_kv_cache(x)))
+        scores = ops.einsum("bhqd,bhkd->bhqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
+        weights = self._attention_weights(scores, bias, training)
+        context = ops.einsum("bhqk,bhkd->bhqd", weights, ops.cast(v, self.compute_dtype))
+        return self._output(ops.transpose(context, (0, 2, 1, 3))), (k, v)
+
+    def _attention_weights(self, scores, bias, training):
         if bias is not None:
             scores = scores + ops.cast(bias, "float32")  # bias is bf16 under mixed_bfloat16
         weights = ops.softmax(scores, axis=-1)
-        weights = self.dropout(ops.cast(weights, self.compute_dtype), training=training)
-        context = ops.einsum("bhqk,bkhd->bqhd", weights, ops.cast(v, self.compute_dtype))
+        return self.dropout(ops.cast(weights, self.compute_dtype), training=training)
+
+    def _output(self, context):
+        """Context `[B, Lq, H, d_kv]` -> output `[B, Lq, d]`."""
         shape = ops.shape(context)
         context = ops.reshape(context, (shape[0], shape[1], self.num_heads * self.d_kv))
-        out = ops.matmul(context, self.output_kernel)
-        if cache is not None:
-            return out, (k, v)
-        return out
+        return ops.matmul(context, self.output_kernel)
 
     def get_config(self):
         config = super().get_config()

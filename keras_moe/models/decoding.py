@@ -1,27 +1,27 @@
 """Greedy and beam search for `EncoderDecoder`, with or without a key/value cache.
 
-Greedy search is beam search with one beam. Beams that emitted EOS are
-frozen (they only extend with padding at no cost) and keep competing with the
-live beams; the search stops when every beam of every example has finished
-or `max_length` tokens were produced. By default `generate` runs the search
-as one compiled loop (`keras_moe.models.search`); with `compiled=False` it
-runs the reference loop here: the model eagerly one step at a time, the
-bookkeeping in float64 NumPy.
+By default `generate` runs the search as one compiled loop
+(`keras_moe.models.search`, whose docstring gives the beam-search rules);
+with `compiled=False` it runs the reference loop here: the model eagerly one
+step at a time, the bookkeeping in float64 NumPy, the same rules written
+independently. Each input is encoded once, and by default each input is
+routed apart from the rest of the batch (`keras_moe.route_each_sequence`).
 
-With the cache, each step feeds one token per sequence; MoE layers then see
-one-token groups, which are never over capacity. Cached and uncached decoding
-therefore give the same tokens whenever the uncached (whole-prefix) forward
-pass drops no token, i.e. with `eval_capacity_factor` / `min_expert_capacity`
-large enough for the decoded length (the defaults, cf = 2.0, min 4, are
-enough for short outputs). The default `group_size="batch"` groups the whole
-batch position-major for the uncached pass, while one-token steps are routed
-token by token; the two agree whenever the uncached pass drops nothing.
+With the cache, each step feeds one token per sequence; MoE layers then route
+each token alone, never over capacity. Cached and uncached decoding therefore
+give the same tokens whenever the uncached (whole-prefix) forward pass drops
+no token, i.e. with `eval_capacity_factor` / `min_expert_capacity` large
+enough for the decoded length (the defaults, cf = 2.0, min 4, are enough for
+short outputs).
 """
+
+import contextlib
 
 import numpy as np
 from keras import ops
 
-from keras_moe.validation import check_int
+from keras_moe.moe import route_each_sequence
+
 
 METHODS = ("greedy", "beam")
 
@@ -72,9 +72,77 @@ def _reorder(caches, index):
     return out
 
 
+def _normalizer(length, length_penalty):
+    return ((5.0 + length) / 6.0) ** length_penalty if length_penalty else 1.0
+
+
+class _ReferenceBeams:
+    """Beam-search bookkeeping in float64 NumPy: `num_beams` live hypotheses and
+    the `num_beams` best finished ones per example (see `search.search`)."""
+
+    def __init__(self, batch, beams, max_length, length_penalty, eos, start_id):
+        self.beams, self.max_length, self.alpha, self.eos = beams, max_length, length_penalty, eos
+        self.seqs = np.full((batch, beams, 1), start_id, np.int32)
+        self.scores = np.full((batch, beams), -np.inf)
+        self.scores[:, 0] = 0.0
+        # per example: list of (rank, score, tokens) of finished hypotheses, best first
+        self.finished = [[] for _ in range(batch)]
+
+    def step(self, logp):
+        """`logp [B, K, V]` of the live beams; returns the parents' rows `[B*K]`."""
+        batch, k, vocab = logp.shape
+        cand = (self.scores[..., None] + logp).reshape(batch, k * vocab)
+        order = np.argsort(-cand, axis=-1, kind="stable")[:, :2 * k]
+        parents, new_seqs, new_scores = [], [], []
+        for b in range(batch):
+            live = []
+            for rank, index in enumerate(order[b]):
+                beam, token = divmod(int(index), vocab)
+                seq = np.append(self.seqs[b, beam], token)
+                if token == self.eos:
+                    if rank < k:
+                        length = len(seq) - 1  # EOS included, start token not
+                        self.finished[b].append(
+                            (cand[b, index] / _normalizer(length, self.alpha), cand[b, index],
+                             seq))
+                elif len(live) < k:
+                    live.append((beam, seq, cand[b, index]))
+            self.finished[b] = sorted(self.finished[b], key=lambda f: -f[0])[:k]
+            parents.append([b * k + beam for beam, _, _ in live])
+            new_seqs.append([seq for _, seq, _ in live])
+            new_scores.append([score for _, _, score in live])
+        self.seqs = np.array(new_seqs, np.int32)
+        self.scores = np.array(new_scores)
+        return np.array(parents).reshape(-1)
+
+    def done(self):
+        length = self.seqs.shape[-1] - 1
+        for b, finished in enumerate(self.finished):
+            best = self.scores[b, 0]
+            bound = max(best / _normalizer(self.max_length, self.alpha),
+                        best / _normalizer(length, self.alpha))
+            if len(finished) < self.beams or finished[-1][0] < bound:
+                return False
+        return True
+
+    def best(self):
+        """Tokens `[B, T]` (after the start token, 0-padded) and scores `[B]` of the best
+        finished or live hypothesis of each example."""
+        length = self.seqs.shape[-1] - 1
+        tokens = np.zeros((len(self.finished), length), np.int32)
+        scores = np.zeros(len(self.finished))
+        for b, finished in enumerate(self.finished):
+            live = [(self.scores[b, i] / _normalizer(length, self.alpha), self.scores[b, i],
+                     self.seqs[b, i]) for i in range(self.beams)]
+            pool = finished + live  # finished first: they win ties
+            _, scores[b], seq = max(pool, key=lambda h: h[0])  # max keeps the first of ties
+            tokens[b, :len(seq) - 1] = seq[1:]
+        return tokens, scores
+
+
 def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
              length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
-             compiled=True, jit_compile=False):
+             compiled=True, jit_compile=False, independent_routing=True):
     """Decodes output token ids for a batch of inputs.
 
     Args:
@@ -82,9 +150,9 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
         encoder_input_tokens: int `[B, L]`, 0-padded.
         max_length: most tokens to produce, >= 1.
         method: "greedy" or "beam".
-        num_beams: beams for beam search, >= 1.
+        num_beams: beams for beam search, >= 1 and at most half the vocabulary.
         length_penalty: alpha of the GNMT length normalisation
-            `score / ((5 + len) / 6) ** alpha` used to pick the final beam
+            `score / ((5 + len) / 6) ** alpha` used to rank the beams
             (0 = plain log-probability).
         use_cache: keep keys/values between steps (True) or recompute the
             whole prefix at every step (False; slower, for checking).
@@ -93,6 +161,10 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
         compiled: run the cached search as one compiled loop (True) or as the
             eager reference loop (False). `use_cache=False` is always eager.
         jit_compile: with `compiled` on TensorFlow, compile the loop with XLA.
+        independent_routing: route each input apart from the rest of the
+            batch (`keras_moe.route_each_sequence`; default), so its output
+            does not depend on the other inputs. False: the MoE layers' own
+            `group_size`.
 
     Returns:
         int32 `[B, T]` with `T <= max_length`: the tokens after the start
@@ -107,66 +179,79 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     >>> tokens.dtype, tokens.shape[0], tokens.shape[1] <= 8  # [B, T <= max_length]
     (dtype('int32'), 1, True)
     """
+    from keras_moe.models.search import check_search_arguments, compiled_search
+
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
-    check_int("max_length", max_length)
-    if method == "beam":
-        check_int("num_beams", num_beams)
-    config = model.config
-    eos = config.eos_id if eos_id is None else eos_id
-    pad = config.pad_id
-    enc = np.asarray(ops.convert_to_numpy(encoder_input_tokens)).astype(np.int32)
-    batch = enc.shape[0]
     beams = 1 if method == "greedy" else num_beams
+    check_search_arguments(model, max_length, beams)
+    eos = model.config.eos_id if eos_id is None else eos_id
+    enc = np.asarray(ops.convert_to_numpy(encoder_input_tokens)).astype(np.int32)
     if compiled and use_cache:
-        from keras_moe.models.search import compiled_search
-
-        run = compiled_search(model, max_length, beams, length_penalty, eos, jit_compile)
+        run = compiled_search(model, max_length, beams, length_penalty, eos, jit_compile,
+                              independent_routing)
         tokens, scores, steps = (ops.convert_to_numpy(t) for t in run(enc))
         tokens = np.asarray(tokens)[:, :int(steps)]
         if return_scores:
             return tokens, np.asarray(scores, np.float64)
         return tokens
-    enc = np.repeat(enc, beams, axis=0)
+    routing = route_each_sequence() if independent_routing else contextlib.nullcontext()
+    with routing:
+        if beams == 1:
+            tokens, scores = _greedy_reference(model, enc, max_length, use_cache, eos)
+        else:
+            tokens, scores = _beam_reference(model, enc, max_length, beams, length_penalty,
+                                             use_cache, eos)
+    if return_scores:
+        return tokens, scores
+    return tokens
+
+
+def _step_log_probs(model, seqs, step, caches, enc_out, enc_mask):
+    """float64 log-probabilities `[N, V]` of the next token of `seqs [N, t]`."""
+    if caches is not None:
+        logits, caches = model.decode_step(seqs[:, -1], step, caches, enc_mask)
+    else:
+        logits = model.decode(seqs, enc_out, enc_mask, training=False)[:, -1]
+    return _log_softmax(np.asarray(ops.convert_to_numpy(logits))), caches
+
+
+def _greedy_reference(model, enc, max_length, use_cache, eos):
+    config = model.config
     enc_out, enc_mask = model.encode(enc, training=False)
     caches = model.init_cache(enc_out, max_length) if use_cache else None
-
-    seqs = np.full((batch, beams, 1), config.decoder_start_id, np.int32)
-    scores = np.full((batch, beams), -np.inf)
-    scores[:, 0] = 0.0
-    finished = np.zeros((batch, beams), bool)
+    seqs = np.full((len(enc), 1), config.decoder_start_id, np.int32)
+    scores = np.zeros(len(enc))
+    finished = np.zeros(len(enc), bool)
     for t in range(max_length):
-        flat = seqs.reshape(batch * beams, -1)
-        if use_cache:
-            logits, caches = model.decode_step(flat[:, -1], t, caches, enc_mask)
-        else:
-            logits = model.decode(flat, enc_out, enc_mask, training=False)[:, -1]
-        logp = _log_softmax(np.asarray(ops.convert_to_numpy(logits)))
-        vocab = logp.shape[-1]
-        logp = logp.reshape(batch, beams, vocab)
-        frozen = np.full(vocab, -np.inf)
-        frozen[pad] = 0.0
-        logp = np.where(finished[..., None], frozen, logp)
-        cand = (scores[..., None] + logp).reshape(batch, beams * vocab)
-        order = np.argsort(-cand, axis=-1, kind="stable")[:, :beams]
-        beam_index, token = order // vocab, order % vocab
-        scores = np.take_along_axis(cand, order, axis=-1)
-        rows = np.arange(batch)[:, None]
-        seqs = np.concatenate([seqs[rows, beam_index], token[..., None].astype(np.int32)], -1)
-        finished = finished[rows, beam_index] | (token == eos)
-        if use_cache and beams > 1:
-            caches = _reorder(caches, (rows * beams + beam_index).reshape(-1))
+        logp, caches = _step_log_probs(model, seqs, t, caches, enc_out, enc_mask)
+        token = np.argmax(logp, axis=-1)
+        scores = np.where(finished, scores, scores + logp[np.arange(len(enc)), token])
+        token = np.where(finished, config.pad_id, token).astype(np.int32)
+        seqs = np.concatenate([seqs, token[:, None]], axis=1)
+        finished |= token == eos
         if finished.all():
             break
-    out = seqs[:, :, 1:]
-    if length_penalty:
-        is_eos = out == eos
-        lengths = np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, out.shape[-1])
-        ranked = scores / ((5.0 + lengths) / 6.0) ** length_penalty
-    else:
-        ranked = scores
-    best = np.argmax(ranked, axis=-1)
-    tokens = out[np.arange(batch), best]
-    if return_scores:
-        return tokens, scores[np.arange(batch), best]
-    return tokens
+    return seqs[:, 1:], scores
+
+
+def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eos):
+    config = model.config
+    enc_out, enc_mask = model.encode(enc, training=False)  # once per input
+    caches = model.init_cache(enc_out, max_length) if use_cache else None
+    if caches is not None:
+        caches = [{part: tuple(ops.repeat(t, beams, axis=0) for t in cache[part])
+                   for part in ("self", "cross")} for cache in caches]
+    enc_out = ops.repeat(enc_out, beams, axis=0)
+    enc_mask = ops.repeat(enc_mask, beams, axis=0)
+    state = _ReferenceBeams(len(enc), beams, max_length, length_penalty, eos,
+                            config.decoder_start_id)
+    for t in range(max_length):
+        flat = state.seqs.reshape(len(enc) * beams, -1)
+        logp, caches = _step_log_probs(model, flat, t, caches, enc_out, enc_mask)
+        parents = state.step(logp.reshape(len(enc), beams, -1))
+        if caches is not None:
+            caches = _reorder(caches, parents)
+        if state.done():
+            break
+    return state.best()

@@ -2,23 +2,30 @@
 
 The whole search is one `keras.ops.while_loop` over static shapes: the
 self-attention key/value cache holds `max_length` slots written by slice
-update, the output buffer holds `max_length` tokens, and the loop stops early
-once every beam has finished. No value goes back to the host per token, so the
-search runs as one `tf.function` on TensorFlow (optionally XLA-compiled) and
-as one `jax.jit` on JAX. Its tokens equal `keras_moe.models.decoding`'s eager
-reference loop (same candidate order: ties go to the lower beam, then the
-lower token id).
+update, the output buffers hold `max_length` tokens, and the loop stops early
+once no example can change its result. No value goes back to the host per
+token, so the search runs as one `tf.function` on TensorFlow (optionally
+XLA-compiled) and as one `jax.jit` on JAX. Its tokens equal
+`keras_moe.models.decoding`'s eager float64 reference loop and HF
+`generate(num_beams=...)` (same candidate order: ties go to the lower beam,
+then the lower token id).
 
-MoE layers see one token per sequence at each step; a one-token call routes
-every sequence's token on its own, so it is never over capacity and nothing is
-dropped while decoding. A teacher-forced pass over the same tokens gives the
-same logits only when it drops nothing either (an `eval_capacity_factor` /
-`min_expert_capacity` large enough for the decoded length).
+Each input is encoded once; its beams share the encoder outputs. Routing is
+independent per input by default (`keras_moe.route_each_sequence`): an
+input's output does not depend on what else is in the batch. MoE layers see
+one token per sequence at each decoding step and route each token alone, so
+nothing is dropped while decoding. A teacher-forced pass over the same tokens
+gives the same logits only when it drops nothing either (an
+`eval_capacity_factor` / `min_expert_capacity` large enough for the decoded
+length).
 """
+
+import contextlib
 
 import keras
 from keras import ops
 
+from keras_moe.moe import route_each_sequence
 from keras_moe.validation import check_int
 
 # The compiled functions live on the model (outside Keras' attribute tracking),
@@ -26,19 +33,48 @@ from keras_moe.validation import check_int
 _CACHE_ATTRIBUTE = "_keras_moe_compiled_searches"
 
 
+def length_normalizer(length, length_penalty):
+    """GNMT length normalisation `((5 + length) / 6) ** length_penalty` (1 when 0)."""
+    if not length_penalty:
+        return 1.0
+    return ((5.0 + ops.cast(length, "float32")) / 6.0) ** length_penalty
+
+
+def check_search_arguments(model, max_length, num_beams):
+    """Raises ValueError naming `max_length` or `num_beams` when they are unusable."""
+    check_int("max_length", max_length)
+    check_int("num_beams", num_beams)
+    vocab = model.config.vocab_size
+    if num_beams > 1 and 2 * num_beams > vocab:
+        raise ValueError(
+            f"`num_beams` ({num_beams}) must be at most half the vocabulary "
+            f"(vocab_size={vocab}): each step ranks 2 * num_beams candidates.")
+
+
 def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=0.0,
            eos_id=None):
-    """Beam search (greedy with one beam), traceable by `tf.function` and `jax.jit`.
+    """Greedy search (one beam) or beam search, traceable by `tf.function` and `jax.jit`.
 
-    Beams that emitted EOS are frozen: they extend only with padding at no cost
-    and keep competing with the live beams. The final beam is the best by
-    `score / ((5 + length) / 6) ** length_penalty`.
+    Beam search keeps `num_beams` live hypotheses and, beside them, the
+    `num_beams` best finished ones (as T5X and HF do): a hypothesis that emits
+    EOS moves to the finished set, so finished hypotheses never take a live
+    beam's place. At each step the `2 * num_beams` best extensions of the live
+    beams are ranked; an EOS among the first `num_beams` of them finishes a
+    hypothesis (HF's and fairseq's rule), the best `num_beams` others stay
+    live. An example is done when its finished set is full and no live
+    hypothesis can still beat its worst one. The result is the best of the
+    finished and live hypotheses by `score / ((5 + length) / 6) **
+    length_penalty` (length counts EOS).
+
+    Greedy search takes the most likely token; a sequence that emitted EOS is
+    padded until every sequence has.
 
     Args:
         model: an `EncoderDecoder`.
         encoder_input_tokens: int `[B, L]`, 0-padded.
         max_length: most tokens to produce (a Python int: it sizes the cache).
-        num_beams: beams per example (a Python int; 1 = greedy).
+        num_beams: beams per example (a Python int; 1 = greedy; at most half
+            the vocabulary).
         length_penalty: alpha of the GNMT length normalisation (0: none).
         eos_id: end-of-sequence id; defaults to `model.config.eos_id`.
 
@@ -57,89 +93,161 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
     >>> tuple(tokens.shape), tuple(scores.shape)
     ((1, 8), (1,))
     """
-    config = model.config
-    eos = config.eos_id if eos_id is None else eos_id
-    beams = num_beams
+    eos = model.config.eos_id if eos_id is None else eos_id
     tokens = ops.cast(encoder_input_tokens, "int32")
-    batch = ops.shape(tokens)[0]
-    if beams > 1:
-        tokens = ops.repeat(tokens, beams, axis=0)
     encoder_outputs, encoder_mask = model.encode(tokens, training=False)
     caches = model.init_cache(encoder_outputs, max_length)
-    cross = [cache["cross"] for cache in caches]
-    flat_self = tuple(t for cache in caches for t in cache["self"])
-    vocab = config.vocab_size
-    frozen = ops.where(ops.equal(ops.arange(vocab), config.pad_id), 0.0, float("-inf"))
-    first_beam_only = ops.where(ops.equal(ops.arange(beams), 0), 0.0, float("-inf"))
-    positions = ops.arange(max_length, dtype="int32")
+    if num_beams > 1:  # every beam of an input shares its encoding
+        caches = [{part: tuple(ops.repeat(t, num_beams, axis=0) for t in cache[part])
+                   for part in ("self", "cross")} for cache in caches]
+        encoder_mask = ops.repeat(encoder_mask, num_beams, axis=0)
+    loop = _GreedyLoop if num_beams == 1 else _BeamLoop
+    return loop(model, caches, encoder_mask, ops.shape(tokens)[0], max_length, num_beams,
+                length_penalty, eos).run()
 
-    def unflatten(flat):
-        return [{"self": (flat[2 * i], flat[2 * i + 1]), "cross": kv}
-                for i, kv in enumerate(cross)]
 
-    def cond(step, last, seqs, scores, finished, *flat):
-        return ops.logical_and(ops.less(step, max_length),
-                               ops.logical_not(ops.all(finished)))
+class _Loop:
+    """The while loop shared by greedy and beam search: state, cache plumbing, stop rule."""
 
-    def greedy_step(logits, scores, finished):
-        # argmax and one logsumexp instead of a log-softmax and a top-k over the vocabulary
+    def __init__(self, model, caches, encoder_mask, batch, max_length, beams, length_penalty,
+                 eos):
+        self.model, self.encoder_mask = model, encoder_mask
+        self.cross = [cache["cross"] for cache in caches]
+        self.flat_self = tuple(t for cache in caches for t in cache["self"])
+        self.batch, self.max_length, self.beams = batch, max_length, beams
+        self.length_penalty, self.eos = length_penalty, eos
+        self.config = model.config
+        self.positions = ops.arange(max_length, dtype="int32")
+
+    def step_logits(self, last, step, flat):
+        caches = [{"self": (flat[2 * i], flat[2 * i + 1]), "cross": kv}
+                  for i, kv in enumerate(self.cross)]
+        logits, new_caches = self.model.decode_step(last, step, caches, self.encoder_mask)
+        return logits, tuple(t for cache in new_caches for t in cache["self"])
+
+    def write(self, seqs, step, token):
+        """`seqs [..., T]` with `token [...]` at position `step`."""
+        return ops.where(ops.equal(self.positions, step), token[..., None], seqs)
+
+    def run(self):
+        n = self.num_state
+        state = (ops.convert_to_tensor(0, "int32"),
+                 ops.full((self.batch * self.beams,), self.config.decoder_start_id, "int32"),
+                 ) + self.initial_state() + self.flat_self
+
+        def cond(step, last, *rest):
+            return ops.logical_and(ops.less(step, self.max_length),
+                                   ops.logical_not(ops.all(self.done(*rest[:n]))))
+
+        def body(step, last, *rest):
+            logits, flat = self.step_logits(last, step, rest[n:])
+            last, new_state, flat = self.advance(step, logits, rest[:n], flat)
+            return (step + 1, last) + new_state + flat
+
+        final = ops.while_loop(cond, body, state)
+        return self.result(final[0], final[2:2 + n])
+
+
+class _GreedyLoop(_Loop):
+    num_state = 3  # seqs [B, T], scores [B], finished [B]
+
+    def initial_state(self):
+        return (ops.zeros((self.batch, self.max_length), "int32"),
+                ops.zeros((self.batch,), "float32"), ops.zeros((self.batch,), "bool"))
+
+    def done(self, seqs, scores, finished):
+        return finished
+
+    def advance(self, step, logits, state, flat):
+        seqs, scores, finished = state
+        # argmax and one logsumexp instead of a log-softmax over the vocabulary
         token = ops.cast(ops.argmax(logits, axis=-1), "int32")
         logp = (ops.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
                 - ops.logsumexp(logits, axis=-1))
-        done = finished[:, 0]
-        token = ops.where(done, config.pad_id, token)[:, None]
-        return ops.where(done, scores[:, 0], scores[:, 0] + logp)[:, None], token
+        token = ops.where(finished, self.config.pad_id, token)
+        scores = ops.where(finished, scores, scores + logp)
+        finished = ops.logical_or(finished, ops.equal(token, self.eos))
+        return token, (self.write(seqs, step, token), scores, finished), flat
 
-    def body(step, last, seqs, scores, finished, *flat):
-        logits, new_caches = model.decode_step(last, step, unflatten(flat), encoder_mask)
-        new_flat = tuple(t for cache in new_caches for t in cache["self"])
-        if beams == 1:
-            scores, token = greedy_step(logits, scores, finished)
-        else:
-            logp = ops.reshape(ops.log_softmax(logits, axis=-1), (batch, beams, vocab))
-            logp = ops.where(finished[..., None], frozen, logp)
-            candidates = ops.reshape(scores[..., None] + logp, (batch, beams * vocab))
-            scores, order = ops.top_k(candidates, beams)
-            beam, token = order // vocab, ops.cast(order % vocab, "int32")
-            # Every beam continues one of the previous step's beams.
-            rows = ops.reshape(ops.arange(batch)[:, None] * beams + beam, (-1,))
-            seqs = ops.reshape(ops.take(ops.reshape(seqs, (-1, max_length)), rows, axis=0),
-                               (batch, beams, max_length))
-            finished = ops.reshape(ops.take(ops.reshape(finished, (-1,)), rows, axis=0),
-                                   (batch, beams))
-            new_flat = tuple(ops.take(t, rows, axis=0) for t in new_flat)
-        seqs = ops.where(ops.equal(positions, step), token[..., None], seqs)
-        finished = ops.logical_or(finished, ops.equal(token, eos))
-        return (step + 1, ops.reshape(token, (-1,)), seqs, scores, finished) + new_flat
+    def result(self, steps, state):
+        seqs, scores, _ = state
+        return seqs, scores, steps
 
-    state = (
-        ops.convert_to_tensor(0, "int32"),
-        ops.full((batch * beams,), config.decoder_start_id, "int32"),
-        ops.zeros((batch, beams, max_length), "int32"),
-        ops.zeros((batch, beams), "float32") + first_beam_only,
-        ops.zeros((batch, beams), "bool"),
-    ) + flat_self
-    steps, _, seqs, scores, _ = ops.while_loop(cond, body, state)[:5]
 
-    ranked = scores
-    if length_penalty:
-        is_eos = ops.equal(seqs, eos)
-        first_eos = ops.cast(ops.argmax(ops.cast(is_eos, "int32"), axis=-1), "int32") + 1
-        lengths = ops.where(ops.any(is_eos, axis=-1), first_eos, steps)
-        ranked = scores / ((5.0 + ops.cast(lengths, "float32")) / 6.0) ** length_penalty
-    best = ops.argmax(ranked, axis=-1)
-    rows = ops.arange(batch) * beams + ops.cast(best, "int32")
-    tokens = ops.take(ops.reshape(seqs, (-1, max_length)), rows, axis=0)
-    return tokens, ops.take(ops.reshape(scores, (-1,)), rows, axis=0), steps
+class _BeamLoop(_Loop):
+    # live seqs [B, K, T], live scores [B, K], finished seqs [B, K, T],
+    # finished scores [B, K] (raw) and their normalised ranking scores [B, K]
+    num_state = 5
+
+    def initial_state(self):
+        b, k, t = self.batch, self.beams, self.max_length
+        only_first = ops.where(ops.equal(ops.arange(k), 0), 0.0, float("-inf"))
+        empty = ops.full((b, k), float("-inf"), "float32")
+        return (ops.zeros((b, k, t), "int32"), ops.zeros((b, k), "float32") + only_first,
+                ops.zeros((b, k, t), "int32"), empty, empty)
+
+    def done(self, seqs, scores, finished_seqs, finished_scores, finished_ranks):
+        # Live scores only fall; the normaliser is monotonic in the length, so
+        # a live beam ranks at most its score over the larger of today's and the
+        # longest length's normaliser (scores are <= 0).
+        best = scores[:, 0]
+        bound = ops.maximum(best / length_normalizer(self.max_length, self.length_penalty),
+                            best)
+        return ops.greater_equal(finished_ranks[:, -1], bound)
+
+    def advance(self, step, logits, state, flat):
+        seqs, scores, finished_seqs, finished_scores, finished_ranks = state
+        b, k, t = self.batch, self.beams, self.max_length
+        vocab = self.config.vocab_size
+        logp = ops.reshape(ops.log_softmax(logits, axis=-1), (b, k, vocab))
+        candidates = ops.reshape(scores[..., None] + logp, (b, k * vocab))
+        cand_scores, order = ops.top_k(candidates, 2 * k)
+        beam, token = order // vocab, ops.cast(order % vocab, "int32")
+        rows = ops.reshape(ops.arange(b)[:, None] * k + beam, (-1,))
+        cand_seqs = ops.reshape(ops.take(ops.reshape(seqs, (b * k, t)), rows, axis=0),
+                                (b, 2 * k, t))
+        cand_seqs = self.write(cand_seqs, step, token)
+        is_eos = ops.equal(token, self.eos)
+
+        # Finished: EOS among the first k candidates, merged with the earlier ones.
+        first_k = ops.less(ops.arange(2 * k), k)[None, :]
+        new_scores = ops.where(ops.logical_and(is_eos, first_k), cand_scores, float("-inf"))
+        new_ranks = new_scores / length_normalizer(step + 1, self.length_penalty)
+        finished_ranks, pick = ops.top_k(
+            ops.concatenate([finished_ranks, new_ranks], axis=1), k)
+        finished_scores = ops.take_along_axis(
+            ops.concatenate([finished_scores, new_scores], axis=1), pick, axis=1)
+        finished_seqs = ops.take_along_axis(
+            ops.concatenate([finished_seqs, cand_seqs], axis=1), pick[..., None], axis=1)
+
+        # Live: the best k candidates that did not emit EOS (at most k of 2k did).
+        scores, pick = ops.top_k(ops.where(is_eos, float("-inf"), cand_scores), k)
+        seqs = ops.take_along_axis(cand_seqs, pick[..., None], axis=1)
+        cache_rows = ops.reshape(
+            ops.arange(b)[:, None] * k + ops.take_along_axis(beam, pick, axis=1), (-1,))
+        flat = tuple(ops.take(c, cache_rows, axis=0) for c in flat)
+        last = ops.reshape(ops.take_along_axis(token, pick, axis=1), (-1,))
+        return last, (seqs, scores, finished_seqs, finished_scores, finished_ranks), flat
+
+    def result(self, steps, state):
+        seqs, scores, finished_seqs, finished_scores, finished_ranks = state
+        live_ranks = scores / length_normalizer(steps, self.length_penalty)
+        ranks = ops.concatenate([finished_ranks, live_ranks], axis=1)  # ties: finished
+        best = ops.cast(ops.argmax(ranks, axis=-1), "int32")[:, None]
+        all_seqs = ops.concatenate([finished_seqs, seqs], axis=1)
+        all_scores = ops.concatenate([finished_scores, scores], axis=1)
+        tokens = ops.take_along_axis(all_seqs, best[..., None], axis=1)[:, 0]
+        return tokens, ops.take_along_axis(all_scores, best, axis=1)[:, 0], steps
 
 
 def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=None,
-                    jit_compile=False):
+                    jit_compile=False, independent_routing=True):
     """`search` compiled for the backend, cached per model and options.
 
     The function takes int `[B, L]` encoder tokens and returns `search`'s
-    `(tokens, scores, steps)`; it is traced once per input shape (MoE layers
-    size their capacity from the static length). It reads the model's current
+    `(tokens, scores, steps)`. On TensorFlow it is traced once per input
+    length, whatever the batch size (MoE layers size their capacity from the
+    static length); on JAX once per input shape. It reads the model's current
     weights at every call, so it stays valid while the model trains.
 
     Args:
@@ -147,6 +255,10 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
         max_length, num_beams, length_penalty, eos_id: as in `search`.
         jit_compile: TensorFlow only: compile the `tf.function` with XLA
             (JAX always compiles with XLA).
+        independent_routing: route each input's tokens apart from the other
+            inputs' (`keras_moe.route_each_sequence`), so an output does not
+            depend on the rest of the batch. False: the MoE layers' own
+            `group_size` (e.g. one group for the whole batch).
 
     Returns:
         A callable `tokens -> (tokens, scores, steps)`.
@@ -161,9 +273,9 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     >>> tuple(tokens.shape)
     (2, 8)
     """
-    check_int("max_length", max_length)
-    check_int("num_beams", num_beams)
-    key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile))
+    check_search_arguments(model, max_length, num_beams)
+    key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile),
+           bool(independent_routing))
     functions = model.__dict__.get(_CACHE_ATTRIBUTE)
     if functions is None:
         functions = {}
@@ -173,7 +285,7 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     return functions[key]
 
 
-def stateless_search(model, tokens, *search_args, state_mapping=None):
+def stateless_search(model, tokens, *search_args, state_mapping=None, independent_routing=True):
     """`search(model, tokens, *search_args)` in a stateless scope (for tracing).
 
     The scope keeps the MoE layers' losses and metric updates of the decoding
@@ -181,32 +293,45 @@ def stateless_search(model, tokens, *search_args, state_mapping=None):
     It creates no variables, so it leaves Keras' global list of deferred
     initialisations alone: a fit() that failed while building another model had
     left variables there, and initialising them on exit raised "already
-    initialized".
+    initialized". `independent_routing` is `compiled_search`'s.
     """
-    with keras.StatelessScope(state_mapping=state_mapping, initialize_variables=False):
+    routing = route_each_sequence() if independent_routing else contextlib.nullcontext()
+    with routing, keras.StatelessScope(state_mapping=state_mapping,
+                                       initialize_variables=False):
         return search(model, tokens, *search_args)
 
 
 def _compile(model, key):
-    max_length, num_beams, length_penalty, eos_id, jit_compile = key
+    max_length, num_beams, length_penalty, eos_id, jit_compile, independent_routing = key
     options = (max_length, num_beams, length_penalty, eos_id)
 
     def run(tokens):
-        return stateless_search(model, tokens, *options)
+        return stateless_search(model, tokens, *options,
+                                independent_routing=independent_routing)
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
 
-        # Traced once per input shape: MoE layers need the static length.
-        function = tf.function(run, jit_compile=jit_compile)
-        return lambda tokens: function(tf.convert_to_tensor(tokens, tf.int32))
+        by_length = {}
+
+        def call(tokens):
+            tokens = tf.convert_to_tensor(tokens, tf.int32)
+            length = int(tokens.shape[1])
+            if length not in by_length:  # any batch size; MoE layers need the length
+                by_length[length] = tf.function(
+                    run, jit_compile=jit_compile,
+                    input_signature=[tf.TensorSpec([None, length], tf.int32)])
+            return by_length[length](tokens)
+
+        return call
     if backend == "jax":
         import jax
 
         def stateless(values, tokens):
             return stateless_search(model, tokens, *options,
-                                    state_mapping=zip(model.variables, values))
+                                    state_mapping=zip(model.variables, values),
+                                    independent_routing=independent_routing)
 
         jitted = jax.jit(stateless)
         return lambda tokens: jitted([v.value for v in model.variables],

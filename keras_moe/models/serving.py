@@ -5,13 +5,19 @@ The SavedModel needs neither keras_moe nor Keras to run: load it with
 whose SentencePiece ops live there) or serve it with TF Serving. Signatures:
 
 - `generate_ids` (also `serving_default`): `encoder_input_tokens` int32
-  `[batch, length]` (0-padded; cut or padded to `max_input_length`) ->
+  `[batch, length]` (0-padded to `max_input_length`; an input with more
+  tokens is cut to `max_input_length - 1` of them and keeps its closing EOS,
+  as seqio's `append_eos_after_trim` cuts training inputs) ->
   `output_tokens` int32 `[batch, max_length]` (EOS included, 0 after it) and
   `scores` float32 `[batch]` (log-probability of each output).
 - `generate_text` (with a SentencePiece vocabulary): `inputs` string `[batch]`
   -> `outputs` string `[batch]`. The text is tokenized in the graph, cut to
   `max_input_length - 1` tokens and closed with EOS, as seqio's
   `append_eos_after_trim` does.
+
+Each request is routed apart from the others in its batch
+(`keras_moe.route_each_sequence`), so co-batched requests do not change each
+other's outputs.
 
 TF Serving's model server has the SentencePiece ops; `saved_model_cli`
 does not, so it runs SavedModels exported without a vocabulary.
@@ -21,7 +27,7 @@ import keras
 from keras import ops
 
 from keras_moe.models.decoding import METHODS
-from keras_moe.models.search import stateless_search
+from keras_moe.models.search import check_search_arguments, stateless_search
 from keras_moe.validation import check_int
 
 
@@ -77,21 +83,27 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
             "export_for_serving writes a TensorFlow SavedModel and needs "
             f"KERAS_BACKEND=tensorflow, got {keras.backend.backend()!r}; save the "
             "weights and export from a TensorFlow process.")
-    for name, value in (("max_input_length", max_input_length), ("max_length", max_length),
-                        ("num_beams", num_beams)):
-        check_int(name, value)
+    check_int("max_input_length", max_input_length)
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
+    beams = 1 if method == "greedy" else num_beams
+    check_search_arguments(model, max_length, beams)
     import tensorflow as tf
 
     config = model.config
-    beams = 1 if method == "greedy" else num_beams
     eos_id = config.eos_id if eos_id is None else eos_id
 
     def fixed_length(tokens):
-        tokens = tokens[:, :max_input_length]
-        tokens = tf.pad(tokens, [[0, 0], [0, max_input_length - tf.shape(tokens)[1]]])
-        return tf.reshape(tokens, [-1, max_input_length])
+        """Padded to `max_input_length`; longer inputs cut, keeping a closing EOS."""
+        tokens = tf.pad(tokens, [[0, 0], [0, tf.maximum(max_input_length - tf.shape(tokens)[1],
+                                                        0)]])
+        positions = tf.range(tf.shape(tokens)[1])[None, :]
+        last = tf.reduce_max(tf.where(tf.not_equal(tokens, config.pad_id), positions, -1), 1)
+        ends_with_eos = tf.equal(tf.gather(tokens, tf.maximum(last, 0), batch_dims=1), eos_id)
+        cut_eos = tf.logical_and(last >= max_input_length, ends_with_eos)
+        tokens = tf.reshape(tokens[:, :max_input_length], [-1, max_input_length])
+        closing = tf.where(cut_eos, eos_id, tokens[:, -1])
+        return tf.concat([tokens[:, :-1], closing[:, None]], axis=1)
 
     def generate_ids(encoder_input_tokens):
         tokens, scores, _ = stateless_search(model, fixed_length(encoder_input_tokens),

@@ -222,19 +222,20 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
 
     # ------------------------------------------------------------ incremental
     def init_cache(self, encoder_outputs, max_length):
-        """Per-layer caches: empty self-attention k/v `[B, T, H, d_kv]` and cross k/v."""
+        """Per-layer caches: empty self-attention k/v `[B, H, T, d_kv]` and cross k/v
+        `[B, H, L, d_kv]`."""
         batch = ops.shape(encoder_outputs)[0]
         c = self.config
         caches = []
         for layer in self.decoder_layers:
-            zeros = ops.zeros((batch, max_length, c.num_heads, c.head_dim), encoder_outputs.dtype)
+            zeros = ops.zeros((batch, c.num_heads, max_length, c.head_dim), encoder_outputs.dtype)
             caches.append({"self": (zeros, zeros),
-                           "cross": layer.cross_attention.compute_kv(encoder_outputs)})
+                           "cross": layer.cross_attention.compute_kv_cache(encoder_outputs)})
         return caches
 
     def decode_step(self, tokens, index, caches, encoder_mask):
         """One cached decoding step: `tokens [B]` at position `index` -> logits `[B, V]`, caches."""
-        max_length = ops.shape(caches[0]["self"][0])[1]
+        max_length = ops.shape(caches[0]["self"][0])[2]
         x = self.token_embedding(ops.cast(tokens, "int32")[:, None])
         keys = ops.arange(max_length, dtype="int32")[None, :]
         query = ops.full((1, 1), index, dtype="int32")

@@ -177,3 +177,53 @@ def test_from_hf_rejects_unknown_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bart"}))
     with pytest.raises(ValueError, match="model_type"):
         from_hf(str(tmp_path))
+
+
+BEAM_INPUTS = np.array([[5, 6, 7, 8, 9, 10, 11, 1, 0, 0], [2, 3, 1, 0, 0, 0, 0, 0, 0, 0],
+                        [7, 7, 7, 7, 7, 7, 7, 7, 7, 1], [4, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+                        [3, 5, 2, 6, 1, 0, 0, 0, 0, 0], [6, 2, 4, 3, 5, 8, 9, 10, 1, 0]])
+BEAM_CASES = {
+    "switch": lambda: _switch(vocab_size=12, expert_capacity=16),
+    "t5": lambda: _t5(vocab_size=12, num_decoder_layers=2),
+}
+
+
+def _likely_eos(model, blend):
+    """Moves EOS's output embedding towards the most frequent greedy token's, so that
+    hypotheses end at many different steps."""
+    with torch.no_grad():
+        greedy = model.generate(input_ids=torch.tensor(BEAM_INPUTS), max_new_tokens=9,
+                                decoder_start_token_id=0, eos_token_id=None,
+                                pad_token_id=0).numpy()[:, 1:]
+        favourite = np.bincount(greedy.ravel()).argmax()
+        rows = model.get_output_embeddings().weight
+        rows[1] = blend * rows[favourite] + (1 - blend) * rows[1]
+    return model
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+@pytest.mark.parametrize("case", sorted(BEAM_CASES))
+def test_beam_search_matches_hf_generate(case, num_beams, tmp_path):
+    """Beam search (live beams + a finished set, length_penalty 0) against HF's, which
+    encodes each input once; with a 12-token vocabulary many hypotheses end early."""
+    hf = _likely_eos(BEAM_CASES[case](), blend=0.97)
+    hf.save_pretrained(str(tmp_path))
+    ours = from_hf(str(tmp_path))
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=torch.tensor(BEAM_INPUTS), attention_mask=torch.tensor(BEAM_INPUTS > 0),
+            max_new_tokens=9, do_sample=False, num_beams=num_beams, length_penalty=0.0,
+            early_stopping=False, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
+            min_new_tokens=0, output_scores=True, return_dict_in_generate=True)
+    want = out.sequences.numpy()[:, 1:]
+    want[np.cumsum(want == 1, axis=1) - (want == 1) > 0] = 0  # HF pads with EOS, we with 0
+    print(want)
+    assert 2 <= (want == 1).any(axis=1).sum() < len(want)  # finished and unfinished outputs
+    for compiled in (True, False):
+        tokens, scores = ours.generate(BEAM_INPUTS, max_length=9, method="beam",
+                                       num_beams=num_beams, compiled=compiled,
+                                       return_scores=True)
+        n = max(tokens.shape[1], want.shape[1])
+        pad = lambda t: np.pad(t, ((0, 0), (0, n - t.shape[1])))  # noqa: E731
+        np.testing.assert_array_equal(pad(tokens), pad(want), err_msg=f"compiled={compiled}")
+        np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-4, atol=1e-4)

@@ -75,8 +75,8 @@ def test_search_stops_when_every_row_has_finished():
     model.logits = lambda x: original(x) + eos_bias  # every beam emits EOS first
     greedy = generate(model, INPUTS, max_length=10)
     assert greedy.shape == (6, 1) and (greedy == EOS).all()
-    # Step 0 extends only beam 0: with EOS and one other token; that second
-    # beam emits EOS at step 1, and the loop stops after it.
+    # Step 0 finishes EOS and keeps two live beams; both emit EOS at step 1, which
+    # fills the finished set with hypotheses no live one can beat: the loop stops.
     beam = generate(model, INPUTS, max_length=10, method="beam", num_beams=2)
     np.testing.assert_array_equal(beam, np.tile([[EOS, 0]], (6, 1)))
 
@@ -123,3 +123,101 @@ def test_a_model_that_decoded_can_be_garbage_collected():
     del decoded
     gc.collect()
     assert alive() is None
+
+
+# A Markov chain over 8 tokens (0 pad, 1 EOS, 2 A, 3 B, 4 C, 5-7 X Y Z) standing in
+# for the decoder: the next token's probabilities depend on the last token only.
+CHAIN = {0: {2: 0.45, 1: 0.30, 3: 0.25},   # start: A, EOS, B
+         2: {5: 0.34, 6: 0.33, 7: 0.33},   # A: X, Y or Z, never EOS
+         3: {4: 1.0},                      # B -> C
+         4: {1: 1.0},                      # C -> EOS
+         5: {5: 0.34, 6: 0.33, 7: 0.33}, 6: {5: 0.34, 6: 0.33, 7: 0.33},
+         7: {5: 0.34, 6: 0.33, 7: 0.33}, 1: {1: 1.0}}
+
+
+def _chain_model():
+    keras.utils.set_random_seed(0)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8))
+    table = np.full((8, 8), 1e-9)
+    for last, nxt in CHAIN.items():
+        for token, p in nxt.items():
+            table[last, token] = p
+    logits = ops.convert_to_tensor(np.log(table).astype("float32"))
+    model.decode_step = lambda tokens, index, caches, mask: (
+        ops.take(logits, ops.cast(tokens, "int32"), axis=0), caches)
+    return model
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_finished_hypotheses_do_not_take_live_beams(compiled):
+    """Two beams, GNMT length penalty 1: ((5 + len) / 6) normalises the scores.
+    Step 0 ranks A (.45), EOS (.30), B (.25): EOS finishes, A and B stay live.
+    B C EOS scores log .25 = -1.386, normalised -1.386 / (8/6) = -1.040, which
+    beats EOS's -1.204 / 1; A's paths lose 1.1 a step. Had the finished EOS kept
+    a beam, B would have been pruned at step 0 and the answer would be EOS."""
+    model = _chain_model()
+    tokens, scores = generate(model, np.array([[5, 1]]), max_length=6, method="beam",
+                              num_beams=2, length_penalty=1.0, compiled=compiled,
+                              return_scores=True)
+    np.testing.assert_array_equal(tokens[0, :3], [3, 4, EOS])
+    assert (tokens[0, 3:] == 0).all()
+    np.testing.assert_allclose(scores, [np.log(0.25)], rtol=1e-5)
+
+
+def test_each_input_is_encoded_once():
+    keras.utils.set_random_seed(4)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8))
+    shapes = []
+    encode = model.encode
+    model.encode = lambda tokens, **kw: shapes.append(tuple(tokens.shape)) or encode(tokens, **kw)
+    for compiled in (True, False):
+        generate(model, INPUTS, max_length=4, method="beam", num_beams=3, compiled=compiled)
+    # [B, L], not [B * beams, L] (the compiled trace sees an unknown batch size;
+    # test_an_input_decodes_the_same_alone_or_in_a_batch covers it)
+    assert shapes == [(None, INPUTS.shape[1]), INPUTS.shape], shapes
+
+
+def _crowded_model():
+    """MoE in every layer, one group for the whole batch and one slot per expert:
+    what one input gets depends on the rest of its batch unless routed alone."""
+    keras.utils.set_random_seed(6)
+    return EncoderDecoder(tiny_switch_config(
+        vocab_size=8, encoder_sparse_step=1, eval_capacity_factor=0.25, min_expert_capacity=1,
+        group_size="batch"))
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_an_input_decodes_the_same_alone_or_in_a_batch(method):
+    model = _crowded_model()
+    kwargs = dict(max_length=6, method=method, num_beams=3, return_scores=True)
+    together = generate(model, INPUTS, **kwargs)
+    for row in (0, 3):
+        alone = generate(model, INPUTS[row:row + 1], **kwargs)
+        np.testing.assert_array_equal(alone[0][0], together[0][row][:alone[0].shape[1]])
+        np.testing.assert_allclose(alone[1][0], together[1][row], rtol=1e-5)
+        # One input is one batch group: its beams share one encoding, so the
+        # layers' own grouping gives the same result (beam copies would compete).
+        own_grouping = generate(model, INPUTS[row:row + 1], independent_routing=False, **kwargs)
+        np.testing.assert_allclose(own_grouping[1], alone[1], rtol=1e-5)
+    # The layers' own batch grouping does mix them (what the default avoids).
+    mixed = generate(model, INPUTS, independent_routing=False, **kwargs)
+    assert not np.allclose(mixed[1], together[1], rtol=1e-5)
+
+
+def test_any_batch_size_reuses_one_trace_per_input_length():
+    keras.utils.set_random_seed(7)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8))
+    from keras_moe.models.search import compiled_search
+
+    run = compiled_search(model, max_length=3)
+    for batch in (1, 4, 6, 2):
+        run(INPUTS[:batch])
+    traces = [cell.cell_contents for cell in run.__closure__
+              if isinstance(cell.cell_contents, dict)][0]
+    assert list(traces) == [INPUTS.shape[1]]
+    assert traces[INPUTS.shape[1]].experimental_get_tracing_count() == 1
+
+
+def test_num_beams_above_half_the_vocabulary_is_refused(model):
+    with pytest.raises(ValueError, match="`num_beams`.*vocab_size=8"):
+        generate(model, INPUTS, max_length=4, method="beam", num_beams=5)

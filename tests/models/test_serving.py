@@ -109,3 +109,53 @@ def test_export_rejects_bad_arguments(tmp_path):
         export_for_serving(model, str(tmp_path), method="sample")
     with pytest.raises(ValueError, match="`vocabulary`"):
         export_for_serving(model, str(tmp_path), vocabulary=object())
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory):
+    """An ids-only export of a model whose batch-wide groups drop tokens (one slot
+    per expert), loaded back."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(2)
+    model = EncoderDecoder(tiny_switch_config(
+        vocab_size=1000, encoder_sparse_step=1, eval_capacity_factor=0.25,
+        min_expert_capacity=1, group_size="batch"))
+    path = export_for_serving(model, str(tmp_path_factory.mktemp("crowded") / "model"),
+                              max_input_length=MAX_INPUT, **DECODING)
+    return model, tf.saved_model.load(path).signatures["generate_ids"]
+
+
+def _serve(signature, ids):
+    import tensorflow as tf
+
+    out = signature(encoder_input_tokens=tf.constant(ids, tf.int32))
+    return out["output_tokens"].numpy(), out["scores"].numpy()
+
+
+def test_overlong_inputs_are_cut_keeping_their_eos(crowded):
+    """As seqio's append_eos_after_trim: the first MAX_INPUT - 1 tokens, then EOS."""
+    model, signature = crowded
+    long_ids = [list(range(100, 100 + 2 * MAX_INPUT)) + [1], [7, 8, 1]]
+    tokens, scores = _serve(signature, _padded_to(long_ids, 2 * MAX_INPUT + 1))
+    trimmed = _padded([long_ids[0][:MAX_INPUT - 1] + [1], long_ids[1]])
+    want, want_scores = model.generate(trimmed, return_scores=True, **DECODING)
+    np.testing.assert_array_equal(tokens[:, :want.shape[1]], want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+
+
+def test_co_batched_requests_do_not_change_each_other(crowded):
+    _, signature = crowded
+    requests = _padded([[5, 6, 7, 8, 9, 1], [900, 31, 402, 77, 1], [12, 13, 14, 1]])
+    tokens, scores = _serve(signature, requests)
+    for row in range(len(requests)):
+        alone_tokens, alone_scores = _serve(signature, requests[row:row + 1])
+        np.testing.assert_array_equal(alone_tokens[0], tokens[row])
+        np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-5)
+
+
+def _padded_to(ids, width):
+    out = np.zeros((len(ids), width), "int32")
+    for row, seq in enumerate(ids):
+        out[row, :len(seq)] = seq
+    return out
