@@ -269,6 +269,21 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
 
         return serving.export_for_serving(self, path, vocabulary=vocabulary, **kwargs)
 
+    def export(self, filepath, format="tf_saved_model", input_signature=None, **kwargs):
+        """Keras' `Model.export` of the forward pass (logits). A model that was never
+        called has no input shapes to export with: then it names the ways out."""
+        if input_signature is None and not getattr(self, "_called", False):
+            raise ValueError(
+                "EncoderDecoder.export writes the forward pass (token ids -> logits) and "
+                "needs the input shapes: call the model once on a batch of the shapes to "
+                "serve, or pass `input_signature` (a dict of int32 specs "
+                "`encoder_input_tokens` and `decoder_input_tokens` [batch, length] with a "
+                "fixed length: MoE layers size their capacity from it). To serve "
+                "decoding (token ids or text in, generated tokens out), use "
+                "`model.export_for_serving(path)`.")
+        return super().export(filepath, format=format, input_signature=input_signature,
+                              **kwargs)
+
     def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
         from keras_moe.models import objective

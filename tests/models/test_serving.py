@@ -159,3 +159,20 @@ def _padded_to(ids, width):
     for row, seq in enumerate(ids):
         out[row, :len(seq)] = seq
     return out
+
+
+def test_export_of_a_never_called_model_names_the_ways_out(tmp_path):
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    model = EncoderDecoder(tiny_switch_config())
+    with pytest.raises(ValueError, match="input_signature.*export_for_serving"):
+        model.export(str(tmp_path / "logits"))
+    spec = {"encoder_input_tokens": tf.TensorSpec([None, 7], tf.int32),
+            "decoder_input_tokens": tf.TensorSpec([None, 5], tf.int32)}
+    model.export(str(tmp_path / "logits"), input_signature=[spec])
+    inputs = {"encoder_input_tokens": np.array([[5, 6, 7, 1, 0, 0, 0]], "int32"),
+              "decoder_input_tokens": np.array([[0, 3, 4, 5, 6]], "int32")}
+    served = tf.saved_model.load(str(tmp_path / "logits"))
+    np.testing.assert_allclose(served.serve(inputs).numpy(), np.asarray(model(inputs)),
+                               rtol=1e-5, atol=1e-5)
