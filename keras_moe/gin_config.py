@@ -213,7 +213,7 @@ def _configured_model():
 
 
 def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_unknown=False,
-              check_required=True):
+              check_required=True, clear=True):
     """Parses gin files, then bindings, with errors that name what is wrong.
 
     Args:
@@ -228,6 +228,8 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
         finalize: lock the gin config afterwards.
         skip_unknown: ignore bindings of configurables that are not registered.
         check_required: raise if a macro is still `%gin.REQUIRED`.
+        clear: start from an empty gin config, so a notebook's second call does
+            not inherit the first one's bindings; False adds to the config.
 
     Returns:
         the `T5Config` bound to `build_model.config` (what `build_model()`
@@ -253,6 +255,8 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
                                      "or a list of them")
     bindings = _as_list(bindings, "bindings", "a gin binding string, or a list of them")
     paths = [resolve(f) for f in files]
+    if clear:
+        gin.clear_config()
     add_search_paths()  # includes name files relative to the gin folders
     with imports_allowed(allowed_imports):
         for path in paths:

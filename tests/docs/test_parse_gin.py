@@ -65,3 +65,12 @@ def test_files_that_bind_no_model_config_return_none(tmp_path):
     own = tmp_path / "macros.gin"
     own.write_text("NUM_EXPERTS = 2\n")
     assert models.parse_gin(own) is None
+
+
+def test_a_second_call_does_not_inherit_the_first_ones_bindings():
+    assert models.parse_gin("switch_tiny.gin", "T5Config.num_experts = 4").num_experts == 4
+    dense = models.parse_gin("tiny.gin")
+    assert (dense.moe_type, dense.num_experts) == (None, 0)
+    # clear=False adds to the config instead.
+    models.parse_gin("switch_tiny.gin")
+    assert models.parse_gin("tiny.gin", clear=False).moe_type == "switch"
