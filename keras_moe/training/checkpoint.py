@@ -7,7 +7,13 @@ A checkpoint `ckpt-<step>` is two entries in one folder:
     the same state written by Orbax, each process its own shards, read back
     into each variable's current sharding (whatever mesh the reading model has);
   * `ckpt-<step>.json`: metadata written last, which commits the checkpoint
-    (step, batches of the training stream consumed, time).
+    (step, batches of the training stream consumed, time), and the states of
+    the model's `keras.random.SeedGenerator`s (dropout, router jitter and
+    random policies: a seed and a counter each, which neither weights format
+    holds), so a resumed run draws the random numbers an uninterrupted one
+    would have drawn. They are keyed by the owning layers' classes (see
+    `seed_states`); a checkpoint written before they were recorded restores
+    without them.
 Both are written to a temporary name in the same folder, flushed with fsync
 and renamed (Orbax does the same for its folder), so a crash at any moment
 leaves the previous checkpoint intact; weights without their json are
@@ -32,6 +38,7 @@ import time
 import warnings
 
 import keras
+import numpy as np
 
 from keras_moe.training import sharded_checkpoint
 from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
@@ -40,6 +47,9 @@ from keras_moe.validation import is_int
 
 _NAME = re.compile(r"^ckpt-(\d+)\.json$")
 _WEIGHTS_SUFFIXES = (".weights.h5", ".orbax")
+_SEED_STATES = "seed_states"  # the metadata field
+_HINT = ("Use a fresh --model_dir, or the gin config the checkpoint was trained with "
+         "(its operative_config.gin).")
 
 
 def _fsync_dir(path):
@@ -79,6 +89,147 @@ def atomic_write_text(path, text):
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(folder)
+
+
+def _sync_jax_state(model):
+    """Writes JAX's training state back into `model`'s variables, stale in the middle of
+    `fit` (`Callback.model` does it too; this covers a model passed in directly)."""
+    sync = getattr(model, "jax_state_sync", None)  # JAX models only
+    if sync is not None:
+        sync()
+
+
+def seed_states(model):
+    """The state variables of `model`'s `keras.random.SeedGenerator`s, by where they sit.
+
+    A state's own `.path` (`seed_generator_17/seed_generator_state`) counts all the
+    generators made in the process, so it differs between two builds of one model. The
+    key names the owning layers by class instead, numbered among their siblings as in
+    `.weights.h5` files, e.g. `encoder_block_1/switch_feed_forward/switch_router/seed_generator`.
+
+    Args:
+        model: a Keras model (or layer).
+
+    Returns:
+        dict key -> state variable, in `model.variables` order.
+
+    Example:
+    >>> import keras
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.1),
+    ...                           keras.layers.Dense(2), keras.layers.Dropout(0.2)])
+    >>> list(seed_states(model))
+    ['dropout/seed_generator', 'dropout_1/seed_generator']
+    """
+    found = {}
+    # Keras lists a layer's generators and sublayers only in private attributes (absent
+    # from objects that merely have `save_weights`: they have no generators).
+    _collect_seed_states(model, "", set(), found)
+    return found
+
+
+def _collect_seed_states(layer, prefix, seen, found):
+    """Adds `layer`'s seed states under `prefix`, then its sublayers' (as `Layer.variables`).
+
+    Args:
+        layer: a Keras layer.
+        prefix: the key of `layer`, "" or ending with "/".
+        seen: ids of the states already found (a shared layer counts once).
+        found: dict key -> state variable, filled in.
+    """
+    for i, generator in enumerate(getattr(layer, "_seed_generators", ())):
+        if id(generator.state) not in seen:
+            seen.add(id(generator.state))
+            found[prefix + _numbered("seed_generator", i)] = generator.state
+    siblings = {}
+    for child in getattr(layer, "_layers", ()):
+        name = _snake_case(type(child).__name__)
+        siblings[name] = siblings.get(name, -1) + 1
+        _collect_seed_states(child, f"{prefix}{_numbered(name, siblings[name])}/", seen, found)
+
+
+def _numbered(name, index):
+    return f"{name}_{index}" if index else name
+
+
+def _snake_case(name):
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def read_seed_states(model):
+    """`{key: [seed, counter]}` of `model`'s seed generators (`seed_states`), as ints.
+
+    Args:
+        model: a Keras model whose variables hold the current state.
+    """
+    return {key: [int(x) for x in _host_value(variable).reshape(-1)]
+            for key, variable in seed_states(model).items()}
+
+
+def _host_value(variable):
+    """`variable`'s value as NumPy. A JAX array spread over several processes is read
+    through the shard this process holds: seed states are replicated."""
+    value = variable.value
+    if not getattr(value, "is_fully_addressable", True):
+        value = value.addressable_shards[0].data
+    return np.asarray(keras.ops.convert_to_numpy(value))
+
+
+def _assign_host(variable, array):
+    """Assigns the NumPy `array` to `variable`; a JAX variable keeps its sharding, which
+    may span several processes (each builds the shards it holds)."""
+    value = variable.value
+    if hasattr(value, "addressable_shards"):
+        import jax
+
+        host = array
+        array = jax.make_array_from_callback(host.shape, value.sharding,
+                                             lambda index: host[index])
+    variable.assign(array)
+
+
+def _restore_seed_states(model, meta):
+    """Assigns the seed-generator states recorded in `meta` to `model`'s generators.
+
+    Args:
+        model: the model being restored.
+        meta: the checkpoint's metadata; one without the field restores nothing.
+
+    Raises:
+        TrainingConfigError: the model's generators are not the checkpoint's.
+        CorruptCheckpointError: a recorded state is malformed.
+    """
+    saved = meta.get(_SEED_STATES)
+    if saved is None:
+        return
+    if not isinstance(saved, dict):
+        raise CorruptCheckpointError(
+            f"checkpoint {meta['path']}: its metadata {_json_path(meta['path'])} holds "
+            f"malformed seed states: {saved!r}.")
+    states = seed_states(model)
+    if set(saved) != set(states):
+        raise TrainingConfigError(
+            f"checkpoint {meta['path']} does not match this model's random seed generators "
+            f"(dropout, router jitter): {_key_difference(states, saved)}. {_HINT}")
+    for key, variable in states.items():
+        try:
+            array = np.asarray(saved[key], dtype=variable.dtype).reshape(variable.shape)
+        except (TypeError, ValueError, OverflowError):
+            raise CorruptCheckpointError(
+                f"checkpoint {meta['path']}: its metadata {_json_path(meta['path'])} holds "
+                f"a malformed seed state {key!r}: {saved[key]!r}.") from None
+        _assign_host(variable, array)
+
+
+def _key_difference(states, saved):
+    """A short account of how the model's seed-state keys differ from the saved ones."""
+    parts = [f"the model has {len(states)}, the checkpoint {len(saved)}"]
+    for what, keys in (("only in the model", set(states) - set(saved)),
+                       ("only in the checkpoint", set(saved) - set(states))):
+        if keys:
+            parts.append(f"{what}: {', '.join(sorted(keys)[:3])}"
+                         + (f" and {len(keys) - 3} more" if len(keys) > 3 else ""))
+    return "; ".join(parts)
 
 
 class CheckpointManager:
@@ -125,8 +276,10 @@ class CheckpointManager:
         return os.path.join(self.directory, f"ckpt-{step:08d}.json")
 
     def save(self, model, step, batches_consumed=None, extra=None):
-        """Writes checkpoint `step` atomically and prunes old ones; returns its metadata."""
+        """Writes checkpoint `step` atomically and prunes old ones; returns its metadata
+        (with the seed-generator states of `read_seed_states`)."""
         os.makedirs(self.directory, exist_ok=True)
+        _sync_jax_state(model)
         step = int(step)
         final = self.weights_path(step)
         if self.sharded:
@@ -138,8 +291,8 @@ class CheckpointManager:
             os.replace(tmp, final)
         meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
                                                       else batches_consumed),
-                "weights": os.path.basename(final), "time": time.time(), **fields,
-                **(extra or {})}
+                "weights": os.path.basename(final), "time": time.time(),
+                _SEED_STATES: read_seed_states(model), **fields, **(extra or {})}
         if self.primary:
             self._commit(meta)
         return meta
@@ -265,10 +418,7 @@ def verify_checkpoint(meta):
     before checksums were recorded are only checked for existence).
     """
     path = meta["path"]
-    json_path = path
-    for suffix in _WEIGHTS_SUFFIXES:
-        if path.endswith(suffix):
-            json_path = path[:-len(suffix)] + ".json"
+    json_path = _json_path(path)
     try:
         size = (sharded_checkpoint.folder_size(path) if os.path.isdir(path)
                 else os.path.getsize(path))
@@ -281,6 +431,14 @@ def verify_checkpoint(meta):
     if "sha256" in meta and file_sha256(path) != meta["sha256"]:
         raise CorruptCheckpointError(
             f"checkpoint {path} is corrupt: its sha256 does not match its metadata {json_path}.")
+
+
+def _json_path(path):
+    """The metadata file of the weights `path`."""
+    for suffix in _WEIGHTS_SUFFIXES:
+        if path.endswith(suffix):
+            return path[:-len(suffix)] + ".json"
+    return path
 
 
 def restore_newest(model, candidates, log=None):
@@ -311,16 +469,18 @@ def _is_unreadable(error):
                             "can't open", "unable to read"))
 
 
-def restore(model, meta):
-    """Loads a checkpoint (model + optimizer variables) into a built, compiled model.
+def restore(model, meta, seed_states=True):
+    """Loads a checkpoint (model + optimizer variables, seed-generator states) into a
+    built, compiled model.
+
+    `seed_states=False` leaves the random streams alone (evaluation draws none,
+    and may run with other dropout settings than the training did).
 
     Raises `TrainingConfigError` naming the checkpoint when it does not fit the model.
     """
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     verify_checkpoint(meta)
-    hint = ("Use a fresh --model_dir, or the gin config the checkpoint was trained with "
-            "(its operative_config.gin).")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -334,14 +494,16 @@ def restore(model, meta):
                 f"checkpoint {meta['path']} is unreadable (truncated or corrupt): {e}"
             ) from None
         raise TrainingConfigError(
-            f"checkpoint {meta['path']} does not match this model/optimizer ({e}). {hint}"
+            f"checkpoint {meta['path']} does not match this model/optimizer ({e}). {_HINT}"
         ) from None
     # Keras only warns when it skips variables (e.g. another optimizer): refuse that.
     skipped = [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
     if skipped:
         raise TrainingConfigError(
             f"checkpoint {meta['path']} does not match this model/optimizer: "
-            f"{skipped[0].strip()} {hint}")
+            f"{skipped[0].strip()} {_HINT}")
+    if seed_states:
+        _restore_seed_states(model, meta)
 
 
 class StepCheckpoint(keras.callbacks.Callback):

@@ -92,7 +92,7 @@ def restore_from_run(model_dir, checkpoint=None):
         meta = {"path": checkpoint, "step": None}
     # The run's optimizer, as gin binds it: the checkpoint holds its variables.
     model = build_compiled_model(optimizer=gin_configurables.make_optimizer)
-    ckpt_lib.restore(model, meta)
+    ckpt_lib.restore(model, meta, seed_states=False)  # evaluation draws no random numbers
     return model, meta, bindings
 
 

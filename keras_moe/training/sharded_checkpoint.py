@@ -3,14 +3,16 @@
 Every process writes the shards it holds and reads back the shards its
 variables hold now, so a checkpoint moves between meshes and process counts.
 `checkpoint.CheckpointManager(sharded=True)` commits these folders with the
-same json metadata as `.weights.h5` files.
+same json metadata as `.weights.h5` files, which also holds the states of the
+model's seed generators (`checkpoint.seed_states`).
 """
 
 import os
 
 
 def saved_variables(model):
-    """What a checkpoint holds, as `model.save_weights` does: weights and optimizer state."""
+    """What a checkpoint holds, as `model.save_weights` does: weights and optimizer state
+    (the seed generators' states go in its json metadata)."""
     return {"model": model.weights,
             "optimizer": model.optimizer.variables if model.optimizer is not None else []}
 
