@@ -30,7 +30,10 @@ def router_metrics(routing, token_mask):
         - load_imbalance: max expert load times E (1.0 is perfectly balanced);
         - router_confidence: mean top-1 router probability;
         - router_entropy: mean entropy of the router distribution (nats);
-        - aux_loss, z_loss: the unscaled losses.
+        - aux_loss, z_loss: the unscaled losses;
+        - num_tokens: how many real tokens the statistics are over.
+        A call without real tokens (an empty batch, as a replica may get under
+        tf.distribute, or only padding) reports 0 for every statistic.
 
     Example:
     >>> import numpy as np
@@ -43,15 +46,17 @@ def router_metrics(routing, token_mask):
     [0.5, 1.5]
     """
     mask = ops.cast(token_mask, "float32")
-    num_tokens = ops.maximum(ops.sum(mask), 1.0)
+    num_tokens = ops.sum(mask)
+    divisor = ops.maximum(num_tokens, 1.0)
     routed = ops.cast(ops.sum(routing.kept, axis=-1) > 0, "float32") * mask
-    dropped = 1.0 - ops.sum(routed) / num_tokens
+    dropped = (num_tokens - ops.sum(routed)) / divisor
     probs = routing.router_probs
     first_choice = ops.one_hot(ops.argmax(probs, axis=-1), routing.num_experts, dtype="float32")
-    load = ops.sum(first_choice * mask[..., None], axis=(0, 1)) / num_tokens
-    confidence = ops.sum(ops.max(probs, axis=-1) * mask) / num_tokens
+    load = ops.sum(first_choice * mask[..., None], axis=(0, 1)) / divisor
+    # `initial`: Keras' TensorFlow `max` raises on an empty tensor in eager mode.
+    confidence = ops.sum(ops.max(probs, axis=-1, initial=0.0) * mask) / divisor
     entropy_per_token = -ops.sum(probs * ops.log(ops.maximum(probs, 1e-9)), axis=-1)
-    entropy = ops.sum(entropy_per_token * mask) / num_tokens
+    entropy = ops.sum(entropy_per_token * mask) / divisor
     return {
         "dropped_fraction": dropped,
         "expert_load": load,
@@ -60,6 +65,7 @@ def router_metrics(routing, token_mask):
         "router_entropy": entropy,
         "aux_loss": ops.cast(routing.aux_loss, "float32"),
         "z_loss": ops.cast(routing.z_loss, "float32"),
+        "num_tokens": num_tokens,
     }
 
 
@@ -67,7 +73,7 @@ def branch_rms_ratio(inputs, outputs, token_mask):
     """RMS of the MoE branch's output over the RMS of its input, on real tokens.
 
     Near 0 the branch adds almost nothing to the residual stream (starved
-    experts); a dense FFN branch of a trained T5 sits near 1.
+    experts); a dense FFN branch of a trained T5 sits near 1. 0 without real tokens.
 
     Args:
         inputs, outputs: [B, L, d] the layer's input and output.
@@ -92,6 +98,7 @@ def router_metric_specs(num_experts):
     """Symbolic shapes of `router_metrics`' outputs (for functional models)."""
     specs = {name: keras.KerasTensor((), dtype="float32") for name in SCALAR_METRICS}
     specs["expert_load"] = keras.KerasTensor((num_experts,), dtype="float32")
+    specs["num_tokens"] = keras.KerasTensor((), dtype="float32")
     return specs
 
 
@@ -105,5 +112,14 @@ def make_metric_trackers(layer_name):
 
 
 def update_metric_trackers(trackers, stats):
+    """Adds one call's `router_metrics` to the trackers' running means.
+
+    Each call with real tokens counts once; a call without any (an empty
+    replica batch under tf.distribute) does not count, so it leaves the means
+    unchanged instead of pulling them toward 0.
+    """
+    weight = None
+    if "num_tokens" in stats:
+        weight = ops.cast(stats["num_tokens"] > 0, "float32")
     for name, tracker in trackers.items():
-        tracker.update_state(stats[name])
+        tracker.update_state(stats[name], sample_weight=weight)

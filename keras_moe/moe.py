@@ -104,7 +104,8 @@ class MoeLayer(keras.layers.Layer):
             at future tokens (expert choice, batch-prioritised routing).
         track_metrics: keep Keras metric trackers of the router statistics
             (TensorFlow backend; on JAX use `return_metrics=True`).
-        return_metrics: return `(outputs, metrics_dict)` instead of `outputs`.
+        return_metrics: return `(outputs, metrics_dict)` instead of `outputs`
+            (`keras_moe.router_metrics`' statistics, its `num_tokens` included).
         metrics_prefix: prefix of the metric names (`<prefix>/dropped_fraction`,
             ...); defaults to the layer name. Give each MoE layer of a model its
             own prefix so their metrics stay apart.
@@ -284,11 +285,12 @@ class MoeLayer(keras.layers.Layer):
         """Inverse of `_to_groups` for the layer's outputs."""
         input_shape = ops.shape(inputs)
         d_model = inputs.shape[-1]
+        # No -1 in these shapes: it cannot be inferred for 0 sequences or 0 positions.
         if grouping == "batch":
-            outputs = ops.reshape(outputs, (inputs.shape[1], -1, d_model))
+            outputs = ops.reshape(outputs, (inputs.shape[1], input_shape[0], d_model))
             return ops.transpose(outputs, (1, 0, 2))
         if isinstance(grouping, tuple):
-            outputs = ops.reshape(outputs, (input_shape[0], -1, d_model))
+            outputs = ops.reshape(outputs, (input_shape[0], inputs.shape[1] + pad, d_model))
             return outputs[:, :inputs.shape[1]]
         if grouping != "sequence":
             outputs = ops.reshape(outputs, (-1, d_model))

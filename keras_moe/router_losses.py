@@ -22,8 +22,9 @@ def load_balancing_loss(router_probs, top1_expert_index, token_mask):
 
     `E * sum_e f_e * P_e`, where `f_e` is the fraction of real tokens whose
     first choice is expert `e` and `P_e` the mean router probability for `e`.
-    It is computed per group and averaged over groups, as in GShard. Its
-    minimum, 1.0, is reached by a perfectly uniform router.
+    It is computed per group and averaged over the groups that hold real
+    tokens, as in GShard (0 when none does: an empty or all-padding batch).
+    Its minimum, 1.0, is reached by a perfectly uniform router.
 
     Args:
         router_probs: float [G, S, E] softmax outputs of the router.
@@ -43,12 +44,14 @@ def load_balancing_loss(router_probs, top1_expert_index, token_mask):
     router_probs = ops.cast(router_probs, "float32")
     num_experts = router_probs.shape[-1]
     mask = ops.cast(token_mask, "float32")[..., None]
-    count = ops.maximum(ops.sum(mask, axis=1), 1.0)  # [G, 1]
+    tokens = ops.sum(mask, axis=1)  # [G, 1]
+    count = ops.maximum(tokens, 1.0)
     assigned = ops.one_hot(top1_expert_index, num_experts, dtype="float32") * mask
     fraction_routed = ops.sum(assigned, axis=1) / count  # [G, E]
     mean_prob = ops.sum(router_probs * mask, axis=1) / count  # [G, E]
-    per_group = num_experts * ops.sum(fraction_routed * mean_prob, axis=-1)
-    return ops.mean(per_group)
+    per_group = num_experts * ops.sum(fraction_routed * mean_prob, axis=-1)  # 0 if no tokens
+    num_groups = ops.sum(ops.cast(tokens > 0, "float32"))
+    return ops.sum(per_group) / ops.maximum(num_groups, 1.0)
 
 
 def router_z_loss(router_logits, token_mask):

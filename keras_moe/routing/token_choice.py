@@ -38,7 +38,8 @@ def _positions_in_expert(expert_index, active, num_experts, token_order=None):
         requests = ops.take_along_axis(requests, token_order[:, :, None, None], axis=1)
     shape = ops.shape(requests)
     choice_major = ops.transpose(requests, (0, 2, 1, 3))  # [G, K, S, E]
-    flat = ops.reshape(choice_major, (shape[0], -1, num_experts))
+    # No -1: JAX cannot infer it when there are no groups (a batch of 0).
+    flat = ops.reshape(choice_major, (shape[0], shape[2] * shape[1], num_experts))
     earlier = ops.cumsum(flat, axis=1) - flat
     position = ops.sum(earlier * flat, axis=-1)
     position = ops.transpose(ops.reshape(position, (shape[0], shape[2], shape[1])), (0, 2, 1))
@@ -62,8 +63,9 @@ def _normalized(gates):
 def _priority_order(probs, token_mask, batch_prioritized):
     if not batch_prioritized:
         return None
-    # Highest router confidence first; padding last.
-    score = ops.max(probs, axis=-1) - 2.0 * (1.0 - ops.cast(token_mask, "float32"))
+    # Highest router confidence first; padding last. `initial`: Keras'
+    # TensorFlow `max` raises on an empty tensor (a batch of 0) in eager mode.
+    score = ops.max(probs, axis=-1, initial=0.0) - 2.0 * (1.0 - ops.cast(token_mask, "float32"))
     return ops.argsort(-score, axis=1)
 
 

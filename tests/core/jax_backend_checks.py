@@ -88,6 +88,23 @@ def check_dropless():
     print("OK dropless")
 
 
+def check_empty_batch():
+    """A batch of 0 sequences (an empty replica; no groups at all): outputs [0, L, d],
+    losses and statistics of 0 for every dispatcher, finite gradients of a jit-compiled step."""
+    x, mask = np.zeros((0, 10, 8), "float32"), np.zeros((0, 10), "float32")
+    for dispatch in ("gather", "einsum", "dropless"):
+        layer = keras_moe.GShardFeedForward(6, 16, dispatch=dispatch, group_size="sequence",
+                                            return_metrics=True)
+        y, stats = layer(x, mask=mask)
+        assert y.shape == (0, 10, 8), y.shape
+        assert all(np.all(np.asarray(v) == 0) for v in stats.values()), stats
+        assert [float(v) for v in layer.losses] == [0.0, 0.0]
+    layer, = _same_weight_layers(dict(group_size=5))
+    y, grads = _outputs_and_gradients(layer, x, mask)
+    assert y.shape == (0, 10, 8) and all(np.all(np.isfinite(g)) for g in grads)
+    print("OK empty_batch")
+
+
 def check_fit_and_save():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     inputs = keras.Input((8, 16))
@@ -138,5 +155,6 @@ def check_compiled_decoding():
 check_reference()
 check_gradients_agree()
 check_dropless()
+check_empty_batch()
 check_fit_and_save()
 check_compiled_decoding()

@@ -33,7 +33,8 @@ def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=Fa
 
     Tokens are served choice-major (all first choices, then all second
     choices), in sequence order, per group. `group_size`: None (each
-    sequence), "batch" (all tokens, position-major) or a token count.
+    sequence), "batch" (all tokens, position-major) or a token count. `aux`
+    is the mean over the groups with real tokens; both losses are 0 without any.
     """
     x = np.asarray(x, np.float64)
     batch, length, d = x.shape
@@ -68,12 +69,14 @@ def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=Fa
                     w = w / probs[s, order[s]].sum()
                 y[g, s] += w * expert_ffn(groups[g, s], weights, e, activation)
         n = real.sum()
-        frac = np.bincount(order[real, 0], minlength=num_experts) / max(n, 1)
-        mean_p = probs[real].mean(0) if n else np.zeros(num_experts)
-        aux_terms.append(num_experts * np.sum(frac * mean_p))
+        if n:  # groups without real tokens are left out of the mean
+            frac = np.bincount(order[real, 0], minlength=num_experts) / n
+            aux_terms.append(num_experts * np.sum(frac * probs[real].mean(0)))
         lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         z_terms.append(lse[real] ** 2)
-    z = np.concatenate(z_terms).mean()
+    z_terms = np.concatenate(z_terms) if z_terms else np.zeros(0)
+    z = z_terms.mean() if z_terms.size else 0.0
+    aux = np.mean(aux_terms) if aux_terms else 0.0
     if group_size == "batch":
         y = y.reshape(length, batch, d).transpose(1, 0, 2)
-    return y.reshape(batch, length, d), counts, float(np.mean(aux_terms)), float(z)
+    return y.reshape(batch, length, d), counts, float(aux), float(z)

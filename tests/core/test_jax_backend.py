@@ -17,5 +17,6 @@ def test_core_layers_on_jax_backend():
     result = subprocess.run([sys.executable, script], env=env, cwd=ROOT, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    for check in ("reference", "gradients", "dropless", "fit_save_bf16", "compiled_decoding"):
+    for check in ("reference", "gradients", "dropless", "empty_batch", "fit_save_bf16",
+                  "compiled_decoding"):
         assert f"OK {check}" in result.stdout
