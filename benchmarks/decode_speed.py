@@ -15,12 +15,18 @@ batch 1 no slower than HF.
     python benchmarks/decode_speed.py                  # batch 1 and 32, 32 and 128 tokens
     python benchmarks/decode_speed.py --batch_sizes 8 --new_tokens 32 --eager
     python benchmarks/decode_speed.py --smoke
+    # a default user call: gin/models/switch_tiny.gin as written (batch groups, eval cf 8.0)
+    python benchmarks/decode_speed.py --model switch_tiny --batch_sizes 8 32 --new_tokens 32 \
+        --inputs 128 --output decode_speed_switch_tiny
+
+`first_call_s` is each function's first call on a new input shape, tracing included.
 """
 
 import argparse
 import os
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +55,11 @@ def parse_args(argv):
     p.add_argument("--eager", action="store_true", help="also time the eager reference loop")
     p.add_argument("--no_xla", action="store_true")
     p.add_argument("--no_saved_model", action="store_true")
+    p.add_argument("--model", choices=("benchmark", "switch_tiny"), default="benchmark",
+                   help="benchmark: model_speed.py's tiny_switch_config, routed as HF routes; "
+                        "switch_tiny: gin/models/switch_tiny.gin with its default routing")
+    p.add_argument("--eval_capacity_factor", type=float, default=8.0,
+                   help="with --model switch_tiny")
     p.add_argument("--output", default="decode_speed")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
@@ -112,8 +123,14 @@ def main(argv=None):
     from transformers import SwitchTransformersForConditionalGeneration
 
     torch.set_num_threads(args.threads)
-    capacity = int(np.ceil(1.25 * args.inputs / args.experts))
-    config = tiny_switch_config(args.vocab_size, args.experts, capacity)
+    if args.model == "switch_tiny":
+        capacity = args.inputs  # HF's experts take a whole sequence: neither side drops
+        config = models.parse_gin("switch_tiny.gin", [
+            f"T5Config.eval_capacity_factor = {args.eval_capacity_factor}",
+            f"T5Config.vocab_size = {args.vocab_size}", f"T5Config.num_experts = {args.experts}"])
+    else:
+        capacity = int(np.ceil(1.25 * args.inputs / args.experts))
+        config = tiny_switch_config(args.vocab_size, args.experts, capacity)
     keras.utils.set_random_seed(0)
     model = models.build_model(config)
     rng = np.random.default_rng(0)
@@ -140,14 +157,22 @@ def main(argv=None):
                 enc[:, -1] = config.eos_id
                 functions = {**hf_functions(hf, enc, new_tokens, args.beams),
                              **keras_functions(model, enc, new_tokens, args.beams, args, saved)}
-                greedy = functions["keras_moe_greedy"]()
+                first_call = {}
+                for name in ("keras_moe_greedy", "keras_moe_beam"):
+                    start = time.perf_counter()
+                    outputs = functions[name]()
+                    first_call[name] = time.perf_counter() - start
+                    if name == "keras_moe_greedy":
+                        greedy = outputs
                 same = np.array_equal(greedy, functions["hf_greedy"]())
                 same_saved = (np.array_equal(functions["saved_model_greedy"](), greedy)
                               if saved else None)
                 timings = common.interleaved_medians(functions, args.repeats, warmup=1)
                 tokens = batch * new_tokens
                 result = {name: {"median_s": t["median"], "spread_s": t["spread"],
-                                 "tokens_per_s": tokens / t["median"]}
+                                 "tokens_per_s": tokens / t["median"],
+                                 **({"first_call_s": first_call[name]}
+                                    if name in first_call else {})}
                           for name, t in timings.items()}
                 ratios = {name: r["tokens_per_s"] / result[
                               "hf_beam" if name.endswith("beam") else "hf_greedy"]["tokens_per_s"]
@@ -172,8 +197,11 @@ def main(argv=None):
                             "beam_not_slower": r["keras_moe_beam"] >= 1.0}
     path = common.write_result(args.output, {
         "benchmark": "decode_speed", "args": vars(args), "environment": common.environment(),
-        "params": models.count_params(config), "model": "benchmarks/model_speed.py "
-        "tiny_switch_config (d_model 128, 2+2 layers, MoE in layer 1 of each stack)",
+        "params": models.count_params(config), "model": (
+            "gin/models/switch_tiny.gin (d_model 64, 2+2 layers, MoE in layer 1 of each "
+            f"stack), eval capacity factor {args.eval_capacity_factor}, default routing"
+            if args.model == "switch_tiny" else "benchmarks/model_speed.py "
+            "tiny_switch_config (d_model 128, 2+2 layers, MoE in layer 1 of each stack)"),
         "cases": cases, "targets_met": targets,
         "command": "python benchmarks/decode_speed.py " + " ".join(argv or sys.argv[1:])})
     print(f"wrote {path}")
