@@ -240,8 +240,9 @@ def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eo
     enc_out, enc_mask = model.encode(enc, training=False)  # once per input
     caches = model.init_cache(enc_out, max_length) if use_cache else None
     if caches is not None:
-        caches = [{part: tuple(ops.repeat(t, beams, axis=0) for t in cache[part])
-                   for part in ("self", "cross")} for cache in caches]
+        from keras_moe.models.search import repeat_caches
+
+        caches = repeat_caches(caches, beams)
     enc_out = ops.repeat(enc_out, beams, axis=0)
     enc_mask = ops.repeat(enc_mask, beams, axis=0)
     state = _ReferenceBeams(len(enc), beams, max_length, length_penalty, eos,

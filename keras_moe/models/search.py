@@ -98,12 +98,17 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
     encoder_outputs, encoder_mask = model.encode(tokens, training=False)
     caches = model.init_cache(encoder_outputs, max_length)
     if num_beams > 1:  # every beam of an input shares its encoding
-        caches = [{part: tuple(ops.repeat(t, num_beams, axis=0) for t in cache[part])
-                   for part in ("self", "cross")} for cache in caches]
+        caches = repeat_caches(caches, num_beams)
         encoder_mask = ops.repeat(encoder_mask, num_beams, axis=0)
     loop = _GreedyLoop if num_beams == 1 else _BeamLoop
     return loop(model, caches, encoder_mask, ops.shape(tokens)[0], max_length, num_beams,
                 length_penalty, eos).run()
+
+
+def repeat_caches(caches, beams):
+    """Decoding caches of B inputs -> of B * beams rows, each input's rows together."""
+    return [{part: tuple(ops.repeat(t, beams, axis=0) for t in cache[part])
+             for part in ("self", "cross")} for cache in caches]
 
 
 class _Loop:
