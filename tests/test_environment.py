@@ -66,10 +66,23 @@ def declared_requirements():
     return [r for r in declared if r.marker is None or r.marker.evaluate()]
 
 
+def _is_vendored(dist):
+    # setuptools >= 71 appends its own setuptools/_vendor folder to sys.path when it is
+    # imported (a test that builds a wheel does), and that folder holds private
+    # *.dist-info copies (packaging, wheel, ...) that no pip install put there.
+    path = getattr(dist, "_path", None)
+    return path is not None and "_vendor" in os.path.normpath(str(path)).split(os.sep)
+
+
 def installed_versions():
-    """{canonical distribution name: [versions]}: several when a name is installed twice."""
+    """{canonical distribution name: [versions]}: several when a name is installed twice.
+
+    Private copies vendored inside another package are not installations and are left out.
+    """
     out = defaultdict(list)
     for dist in md.distributions():
+        if _is_vendored(dist):
+            continue
         name = dist.metadata["Name"]
         if name:
             out[canonicalize_name(name)].append(dist.version)
@@ -116,6 +129,8 @@ def top_level_owners():
     """{top-level package: {distributions with files in it}}, namespace packages left out."""
     owners, regular = defaultdict(set), set()
     for dist in md.distributions():
+        if _is_vendored(dist):
+            continue
         name = canonicalize_name(dist.metadata["Name"] or "")
         for path in dist.files or ():
             parts = path.parts
@@ -224,6 +239,20 @@ def test_one_seqio_and_one_tensorflow_datasets_distribution():
     assert owners.get("tensorflow_datasets") == {"tensorflow-datasets"}
     problems = owner_problems(declared_requirements(), owners)
     assert not problems, "\n".join(problems)
+
+
+def test_setuptools_vendored_copies_are_not_counted_as_installations():
+    # CI failed with "packaging is installed more than once: ['26.3', '26.4']" after a test
+    # in the same worker imported setuptools, which put setuptools/_vendor on sys.path.
+    setuptools = pytest.importorskip("setuptools")
+    vendor = os.path.join(os.path.dirname(setuptools.__file__), "_vendor")
+    vendored = [d for d in md.distributions() if os.path.dirname(str(d._path)) == vendor]
+    if not vendored:
+        pytest.skip("this setuptools vendors no *.dist-info on sys.path")
+    counted = installed_versions()
+    for dist in vendored:
+        name = canonicalize_name(dist.metadata["Name"])
+        assert len(set(counted.get(name, []))) <= 1, (name, counted[name])
 
 
 def test_t5_data_preprocessors_import_without_mesh_tensorflow():
