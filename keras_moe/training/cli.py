@@ -35,18 +35,23 @@ def set_tf_environment():
 def build_parser(prog="keras-moe-train"):
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="gin file (path or name in gin/runs, gin/models); repeatable")
-    parser.add_argument("--gin_bindings", action="append", default=[],
-                        help="gin binding, e.g. 'BATCH_SIZE = 32' or "
-                             "'T5Config.num_experts = 16'; repeatable")
+    add_gin_flags(parser)
     parser.add_argument("--model_dir", required=True, help="output folder (resumes if it holds "
                         "checkpoints)")
-    add_gin_allow_import_flag(parser)
     from keras_moe.training import multihost
 
     multihost.add_flags(parser)
     return parser
+
+
+def add_gin_flags(parser, gin_file_help="gin file (path or name in gin/runs, gin/models); "
+                                        "repeatable"):
+    """--gin_file, --gin_bindings and --gin_allow_import, as every keras_moe CLI takes them."""
+    parser.add_argument("--gin_file", action="append", default=[], help=gin_file_help)
+    parser.add_argument("--gin_bindings", action="append", default=[],
+                        help="gin binding, e.g. 'BATCH_SIZE = 32' or "
+                             "'MESH_SHAPE = {\"data\": 2, \"expert\": 8}'; repeatable")
+    add_gin_allow_import_flag(parser)
 
 
 def add_gin_allow_import_flag(parser):

@@ -13,16 +13,14 @@ import argparse
 import os
 import sys
 
-from keras_moe.training.cli import add_gin_allow_import_flag, set_tf_environment
+from keras_moe.training.cli import add_gin_flags, set_tf_environment
 
 
 def build_parser():
     p = argparse.ArgumentParser(prog="keras-moe-eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", required=True)
-    p.add_argument("--gin_file", action="append", default=[],
-                   help="gin files (default: <model_dir>/operative_config.gin)")
-    p.add_argument("--gin_bindings", action="append", default=[])
+    add_gin_flags(p, gin_file_help="gin files (default: <model_dir>/operative_config.gin)")
     p.add_argument("--checkpoint", default=None, help="a .weights.h5 file (default: newest)")
     p.add_argument("--split", default="validation")
     p.add_argument("--eval_batches", type=int, default=20)
@@ -35,7 +33,6 @@ def build_parser():
     p.add_argument("--export_dir", default=None,
                    help="write the checkpoint as a serving SavedModel here instead of "
                         "evaluating (decoding with --beam_size and --max_decode_length)")
-    add_gin_allow_import_flag(p)
     return p
 
 

@@ -1,0 +1,482 @@
+"""Compile a gin job's train step for a TPU slice (or N emulated CPU devices) without one.
+
+The TPU compiler (libtpu) runs on any Linux host: `jax.experimental.topologies`
+describes a slice ("v5e:4x4") as compile-only devices, and a program lowered
+over arguments sharded on them compiles exactly as it would on the slice. A
+compile-only client cannot hold values, so the model, its optimizer and the
+compiled metrics are built as shapes and layouts only (`keras.StatelessScope`
+and `jax.eval_shape`), and one `model.train_step` is lowered over abstract
+sharded arguments. The compiled program tells what the slice would see: the
+per-chip argument / output / temporary bytes (XLA's buffer assignment), the
+per-chip FLOPs, the collectives GSPMD inserted, and whether it fits HBM (the
+TPU compiler raises RESOURCE_EXHAUSTED when it does not; that is reported as
+`fits=False`, not raised).
+
+    from keras_moe.training.compile_only import compile_train_step
+    report = compile_train_step(["pretrain_c4_mesh.gin"], topology="v5e:4x4",
+                                bindings=['MESH_SHAPE = {"data": 1, "expert": 16, "model": 1}'])
+
+Set the environment before jax is imported (`setup_environment()`; the
+`keras-moe-compile` CLI does it): KERAS_BACKEND=jax, JAX_PLATFORMS=cpu (the
+host computes nothing; libtpu is loaded for its compiler only), and
+TPU_SKIP_MDS_QUERY / TPU_WORKER_HOSTNAMES so libtpu does not look for a TPU VM's
+metadata server.
+"""
+
+import os
+import re
+import time
+
+# HBM per chip (GiB) by TPU generation, and the libtpu chip configuration a
+# slice of that generation runs with: v4 and v5p chips have two TensorCores
+# that JAX drives as one device ("megacore"); v5e and v6e chips have one.
+GENERATIONS = {
+    "v4": {"hbm_gib": 32, "chip_config": "megacore", "device_kind": "TPU v4"},
+    "v5e": {"hbm_gib": 16, "chip_config": "default", "device_kind": "TPU v5 lite"},
+    "v5p": {"hbm_gib": 95, "chip_config": "megacore", "device_kind": "TPU v5"},
+    "v6e": {"hbm_gib": 32, "chip_config": "default", "device_kind": "TPU v6 lite"},
+}
+# Topologies this module is tested with (any "<generation>:<AxB[xC]>" of a known
+# generation is accepted: 2-D for v5e/v6e, 3-D for v4/v5p).
+KNOWN_TOPOLOGIES = ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:8x8", "v6e:2x2", "v6e:4x4",
+                    "v6e:8x8", "v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:4x4x4",
+                    "v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4")
+_TOPOLOGY_RE = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+)+)$")
+# "<shape> all-to-all(...)" is an instruction; "%all-to-all.3" a use of one.
+COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+GIB = 2 ** 30
+
+
+class CompileOnlyError(ValueError):
+    """A setting of the compile-only run is invalid; the message names it and the fix."""
+
+
+def setup_environment(environ=None):
+    """Sets the environment a compile-only run needs; call before jax/keras are imported.
+
+    Existing values are kept, except JAX_PLATFORMS, which must be "cpu" (the
+    host computes nothing; a TPU backend would try to open a TPU).
+    """
+    env = os.environ if environ is None else environ
+    defaults = {"KERAS_BACKEND": "jax", "TPU_SKIP_MDS_QUERY": "1",
+                "TPU_WORKER_HOSTNAMES": "localhost", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for key, value in defaults.items():
+        if not env.get(key):
+            env[key] = value
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def libtpu_missing_message():
+    """None when libtpu is importable; else the error text with the install hint."""
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is not None:
+        return None
+    try:
+        from importlib.metadata import version
+
+        jax_version = version("jax")
+    except Exception:  # noqa: BLE001 - jax itself missing
+        jax_version = "<your jax version>"
+    return ("compiling for a TPU topology needs the TPU compiler (libtpu), which is not "
+            'installed: pip install "keras-moe[tpu]" '
+            f'(or pip install "jax[tpu]=={jax_version}"). '
+            "Without it, compile for emulated CPU devices (--num_cpu_devices).")
+
+
+def parse_topology(name):
+    """`(generation, chips, dims)` of a topology name such as "v5e:4x4" or "v4:2x2x2".
+
+    Raises:
+        CompileOnlyError: an unknown generation or a malformed shape, listing
+            the known topologies.
+    """
+    match = _TOPOLOGY_RE.match(str(name or "").strip())
+    bad = CompileOnlyError(
+        f"unknown TPU topology {name!r}: use <generation>:<chips per axis> with generation "
+        f"one of {sorted(GENERATIONS)}, e.g. one of {list(KNOWN_TOPOLOGIES)}.")
+    if not match:
+        raise bad
+    generation, dims = match.group(1), tuple(int(d) for d in match.group(2).split("x"))
+    if len(dims) != (3 if generation in ("v4", "v5p") else 2) or min(dims) < 1:
+        raise bad
+    chips = 1
+    for d in dims:
+        chips *= d
+    return generation, chips, dims
+
+
+def topology_devices(name):
+    """The compile-only jax devices of the TPU slice `name` (one per chip)."""
+    generation, chips, dims = parse_topology(name)
+    missing = libtpu_missing_message()
+    if missing:
+        raise CompileOnlyError(missing)
+    from jax.experimental import topologies
+
+    info = GENERATIONS[generation]
+    # Hosts hold 2x2 chips (4 per TPU VM worker); smaller slices are one host.
+    host = tuple(min(d, 2) for d in dims[:2]) + (1,)
+    kwargs = {"chip_config_name": info["chip_config"], "chips_per_host_bounds": host}
+    topology = topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs)
+    devices = list(topology.devices)
+    if len(devices) != chips:  # pragma: no cover - a libtpu that ignores chip_config_name
+        raise CompileOnlyError(f"libtpu described {name} with {len(devices)} devices, "
+                               f"expected {chips} (one per chip).")
+    return devices
+
+
+def cpu_devices(num):
+    """`num` CPU devices; sets jax_num_cpu_devices if the CPU backend is not started yet."""
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", int(num))
+    except Exception:  # noqa: BLE001 - backend already initialised; check the count below
+        pass
+    devices = jax.devices("cpu")
+    if len(devices) < num:
+        raise CompileOnlyError(
+            f"{num} CPU devices wanted but jax has {len(devices)}: call compile_train_step "
+            f"before jax starts its CPU backend, or set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={num} before importing jax.")
+    return devices[:num]
+
+
+def _gin_value(name, macro):
+    """The job's value of `name` (e.g. "train.batch_size"), else of the macro."""
+    import gin
+
+    for query in (name, macro):
+        if query is None:
+            continue
+        try:
+            value = gin.query_parameter(query)
+        except (ValueError, KeyError):
+            continue
+        if isinstance(value, gin.config.ConfigurableReference) and str(value).startswith("%"):
+            try:
+                value = gin.query_parameter(str(value))
+            except (ValueError, KeyError):
+                continue
+        return value
+    return None
+
+
+def _bytes(shape, dtype):
+    import numpy as np
+
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _count_collectives(hlo):
+    return {name.replace("-", "_"): hlo.count(f" {name}(") for name in COLLECTIVES}
+
+
+def _cost(compiled):
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend has one
+        return {}
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    return dict(cost or {})
+
+
+def _dispatch_binding(config, target_platform):
+    """The binding that makes the model dispatch as `target_platform` would, or None."""
+    mode = config.dispatch
+    if target_platform != "tpu":
+        return None
+    if mode == "dropless":
+        raise CompileOnlyError(
+            "T5Config.dispatch = 'dropless' does not compile on TPU (its shapes depend on the "
+            "routing); use 'einsum' or 'auto'.")
+    # keras_moe.dispatch.get_dispatcher: "auto" is einsum on TPU. On this host
+    # "auto" would see the CPU and pick gather, so the TPU program is pinned.
+    return 'T5Config.dispatch = "einsum"' if mode == "auto" else None
+
+
+def _resolved_dispatch(mode, platform):
+    if mode == "auto":
+        return "einsum" if platform == "tpu" else "gather"
+    return mode
+
+
+def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=None,
+                       mesh_shape=None, batch_size=None, feature_lengths=None,
+                       allowed_imports=(), target_platform=None):
+    """Compiles one train step of the gin job and reports its per-chip cost.
+
+    Args:
+        gin_files: the job's gin files (names or paths, as `keras-moe-train`).
+        bindings: gin bindings applied after the files.
+        topology: a TPU slice, e.g. "v5e:4x4" (needs libtpu); None: CPU devices.
+        num_cpu_devices: without a topology, the number of emulated CPU devices
+            (default: the mesh's size, else 1).
+        mesh_shape: dict axis -> size; default the job's MESH_SHAPE; or a
+            callable `(num_devices, t5_config) -> dict`.
+        batch_size: global batch; default the job's `train.batch_size`.
+        feature_lengths: {"inputs": n, "targets": m}; default the job's
+            `train.feature_lengths`.
+        allowed_imports: modules gin `import` lines may name (as --gin_allow_import).
+        target_platform: whose `dispatch="auto"` choice to compile: "tpu"
+            (default with a topology: einsum) or "cpu" (the host's own choice).
+
+    Returns:
+        a dict: topology, chips, device_kind, mesh, parameters, batch, dispatch,
+        per-chip bytes (`param_bytes` (trainable), `non_trainable_bytes`,
+        `optimizer_bytes`, `metrics_bytes` from the shard shapes;
+        `argument_bytes`, `output_bytes`, `alias_bytes`, `temp_bytes` from the
+        compiler's memory_analysis), `peak_bytes` (on TPU the compiler's
+        peak_memory_in_bytes, else arguments + temporaries + outputs - aliases,
+        also given as `computed_peak_bytes`; `peak_source` says which), `hbm_bytes` (per chip of
+        the TPU generation, None on CPU), `fits` (None on CPU without a
+        topology), `error` (the compiler's RESOURCE_EXHAUSTED message when it
+        does not fit), `flops_per_chip` (cost_analysis of the partitioned
+        program: one chip's FLOPs per step), `collectives` (instruction counts
+        in the compiled HLO), `compile_seconds`.
+
+    Raises:
+        CompileOnlyError: unknown topology, missing libtpu, MESH_SHAPE whose
+            product is not the chip count, no model in the gin files, ...
+        keras_moe.gin_config.GinConfigError: bad gin files or bindings.
+    """
+    import keras
+    import numpy as np
+
+    from keras_moe import gin_config, layouts, sharding
+
+    if keras.backend.backend() != "jax":
+        raise CompileOnlyError("compile_train_step needs KERAS_BACKEND=jax (set it before "
+                               "keras is imported; see setup_environment()).")
+    if topology is not None:
+        generation = parse_topology(topology)[0]
+        hbm = GENERATIONS[generation]["hbm_gib"] * GIB
+        devices = topology_devices(topology)
+    else:
+        generation, hbm, devices = None, None, None
+    if target_platform is None:
+        target_platform = "tpu" if topology is not None else sharding.accelerator_platform()
+
+    files = [gin_files] if isinstance(gin_files, (str, os.PathLike)) else list(gin_files)
+    bindings = [bindings] if isinstance(bindings, str) else list(bindings or ())
+    config = gin_config.parse_gin(files, bindings, allowed_imports=allowed_imports,
+                                  check_required=False)
+    if config is None:
+        raise CompileOnlyError(f"the gin files {files} bind no model (build_model.config).")
+    extra = _dispatch_binding(config, target_platform)
+    if extra:
+        bindings = bindings + [extra]
+        config = gin_config.parse_gin(files, bindings, allowed_imports=allowed_imports,
+                                      check_required=False)
+    if batch_size is None:
+        batch_size = _gin_value("train.batch_size", "%BATCH_SIZE")
+    if feature_lengths is None:
+        feature_lengths = _gin_value("train.feature_lengths", "%TASK_FEATURE_LENGTHS")
+    if not batch_size or not feature_lengths:
+        raise CompileOnlyError("the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
+                               "bind them or pass batch_size= and feature_lengths=.")
+    rules = _gin_value("train.logical_axis_rules", "%LOGICAL_AXIS_RULES")
+    rules = layouts.DEFAULT_RULES if rules is None else rules
+    from keras_moe.training import gin_configurables
+
+    num_experts = config.num_experts
+    if isinstance(num_experts, (list, tuple)):
+        num_experts = min(num_experts)
+    if devices is None:
+        if num_cpu_devices is None:
+            shape = mesh_shape if isinstance(mesh_shape, dict) else _gin_value(
+                "train.mesh_shape", "%MESH_SHAPE")
+            num_cpu_devices = int(np.prod(list(shape.values()))) if shape else 1
+        devices = cpu_devices(num_cpu_devices)
+    if callable(mesh_shape):
+        mesh_shape = mesh_shape(len(devices), config)
+    if mesh_shape is None:
+        mesh_shape = _gin_value("train.mesh_shape", "%MESH_SHAPE")
+    if mesh_shape is None:
+        mesh_shape = {"data": len(devices)}
+    size = int(np.prod([int(v) for v in dict(mesh_shape).values()]))
+    if size != len(devices):
+        where = f"the topology {topology}" if topology else "the emulated CPU devices"
+        raise CompileOnlyError(
+            f"MESH_SHAPE={dict(mesh_shape)!r} has {size} devices but {where} has "
+            f"{len(devices)}: the product of MESH_SHAPE's sizes must equal the chip count "
+            f"(e.g. --gin_bindings='MESH_SHAPE = {{\"data\": 1, \"expert\": {len(devices)}, "
+            f"\"model\": 1}}').")
+    try:
+        distribution = sharding.configure_mesh(mesh_shape, rules, devices=devices,
+                                               num_experts=num_experts)
+    except ValueError as e:
+        raise CompileOnlyError(f"MESH_SHAPE={dict(mesh_shape)!r}: {e}") from None
+    mesh = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
+    try:
+        report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
+                          on_tpu=topology is not None)
+    finally:
+        sharding.clear_mesh()
+    report.update({
+        "gin_files": files, "bindings": bindings, "topology": topology,
+        "generation": generation, "chips": len(devices),
+        "device_kind": devices[0].device_kind, "mesh": mesh,
+        "batch": {"batch_size": int(batch_size), **{k: int(v) for k, v in
+                                                      dict(feature_lengths).items()}},
+        "dispatch": _resolved_dispatch(config.dispatch, target_platform),
+        "num_experts": config.num_experts, "vocab_size": config.vocab_size,
+        "group_size": config.group_size,
+        "target_platform": target_platform, "hbm_bytes": hbm,
+    })
+    if report["error"] is not None:
+        report["fits"] = False
+    elif hbm is not None:
+        report["fits"] = report["peak_bytes"] <= hbm
+    else:
+        report["fits"] = None
+    return report
+
+
+def _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
+             on_tpu):
+    import jax
+    import keras
+    import numpy as np
+
+    from keras_moe import models
+
+    # Variables created in this scope get a shape and a layout, never a value:
+    # a compile-only client cannot hold one.
+    with keras.StatelessScope(initialize_variables=False):
+        model = models.build_model(config)
+    for variable in model.variables:
+        # What initialising the variable would do; the optimizer's slots take
+        # their reference weight's layout from it (as in training).
+        variable._layout = distribution.get_variable_layout(variable)
+    built = {}
+
+    # The optimizer (its step counter, Adafactor's factored moments) and the
+    # compiled metrics create variables from values: make them under
+    # eval_shape, so those values are traced, never computed or placed.
+    def build():
+        built["optimizer"] = optimizer = gin_configurables.make_optimizer()  # the job's bindings
+        model.compile(**model.compile_defaults(optimizer=optimizer, jit_compile=True))
+        optimizer.build(model.trainable_variables)
+
+    jax.eval_shape(build)
+    optimizer = built["optimizer"]
+
+    def abstract(variables):
+        out, total = [], 0
+        for v in variables:
+            layout = distribution.get_variable_layout(v)
+            named = layout.backend_layout if layout is not None else None
+            if named is None:  # replicated over the mesh
+                named = jax.sharding.NamedSharding(
+                    distribution.device_mesh.backend_mesh, jax.sharding.PartitionSpec())
+            out.append(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=named))
+            total += _bytes(named.shard_shape(tuple(v.shape)), v.dtype)
+        return out, total
+
+    trainable, trainable_bytes = abstract(model.trainable_variables)
+    non_trainable, non_trainable_bytes = abstract(model.non_trainable_variables)
+    optimizer_vars, optimizer_bytes = abstract(optimizer.variables)
+    metrics_vars, metrics_bytes = abstract(model.metrics_variables)
+
+    def data(shape, dtype):
+        layout = distribution.get_data_layout(shape)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.backend_layout)
+
+    enc = (int(batch_size), int(feature_lengths["inputs"]))
+    dec = (int(batch_size), int(feature_lengths["targets"]))
+    inputs = {"encoder_input_tokens": data(enc, "int32"),
+              "decoder_input_tokens": data(dec, "int32"),
+              "encoder_segment_ids": data(enc, "int32"), "encoder_positions": data(enc, "int32"),
+              "decoder_segment_ids": data(dec, "int32"), "decoder_positions": data(dec, "int32")}
+    batch = (inputs, data(dec, "int32"), data(dec, "float32"))
+    state = (trainable, non_trainable, optimizer_vars, metrics_vars)
+    report = {
+        "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
+        "param_dtype": str(model.trainable_variables[0].dtype),
+        "param_bytes": trainable_bytes, "non_trainable_bytes": non_trainable_bytes,
+        "optimizer_bytes": optimizer_bytes, "metrics_bytes": metrics_bytes,
+        "error": None,
+    }
+    t0 = time.time()
+    try:
+        # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
+        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, batch).compile()
+    except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
+        message = str(e)
+        if "RESOURCE_EXHAUSTED" not in message:
+            raise
+        report.update(error=message.strip().splitlines()[0][:2000],
+                      compile_seconds=round(time.time() - t0, 1),
+                      argument_bytes=None, output_bytes=None, alias_bytes=None,
+                      temp_bytes=None, peak_bytes=None, peak_source=None,
+                      computed_peak_bytes=None,
+                      flops_per_chip=None, collectives=None)
+        return report
+    report["compile_seconds"] = round(time.time() - t0, 1)
+    analysis = compiled.memory_analysis()
+    sizes = {key: int(getattr(analysis, f"{key}_size_in_bytes"))
+             for key in ("argument", "output", "alias", "temp", "generated_code")}
+    report.update({f"{k}_bytes": v for k, v in sizes.items()})
+    computed = sizes["argument"] + sizes["temp"] + sizes["output"] - sizes["alias"]
+    report["computed_peak_bytes"] = computed
+    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
+    if peak > 0 and on_tpu:
+        report["peak_bytes"], report["peak_source"] = peak, "memory_analysis.peak_memory_in_bytes"
+    else:
+        # XLA:CPU's peak_memory_in_bytes leaves out the temporaries.
+        report["peak_bytes"] = computed
+        report["peak_source"] = "arguments + temporaries + outputs - aliases"
+    cost = _cost(compiled)
+    report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
+    report["collectives"] = _count_collectives(compiled.as_text())
+    return report
+
+
+def format_report(report):
+    """A readable multi-line summary of `compile_train_step`'s report."""
+    def gib(value):
+        if value is None:
+            return "n/a"
+        if value < 0.1 * GIB:
+            return f"{value / GIB:.3f} GiB ({value / 2 ** 20:.1f} MiB)"
+        return f"{value / GIB:.3f} GiB"
+
+    where = (f"TPU {report['topology']} ({report['chips']} chips, {report['device_kind']})"
+             if report["topology"] else f"{report['chips']} emulated CPU devices")
+    batch = report["batch"]
+    lines = [
+        f"train step of {' + '.join(report['gin_files'])} on {where}",
+        f"  mesh {report['mesh']}, batch {batch['batch_size']} x "
+        f"({batch.get('inputs')} + {batch.get('targets')}) tokens, dispatch "
+        f"{report['dispatch']}, {report['parameters'] / 1e6:.1f}M parameters "
+        f"({report['param_dtype']})",
+        "  per chip:",
+        f"    parameters    {gib(report['param_bytes'])}   (shard shapes)",
+        f"    optimizer     {gib(report['optimizer_bytes'])}   (shard shapes)",
+        f"    arguments     {gib(report['argument_bytes'])}   (compiler)",
+        f"    outputs       {gib(report['output_bytes'])}   (aliased to donated arguments: "
+        f"{gib(report['alias_bytes'])})",
+        f"    temporaries   {gib(report['temp_bytes'])}",
+        f"    peak          {gib(report['peak_bytes'])}   ({report['peak_source']})",
+    ]
+    if report["hbm_bytes"] is not None:
+        lines.append(f"    HBM           {gib(report['hbm_bytes'])}   ({report['generation']})")
+    if report["fits"] is None:
+        lines.append("  fits: unknown (no TPU topology)")
+    elif report["fits"]:
+        lines.append("  fits: yes")
+    else:
+        lines.append(f"  fits: NO - {report['error'] or 'peak exceeds HBM'}")
+    if report["flops_per_chip"] is not None:
+        lines.append(f"  FLOPs per step per chip: {report['flops_per_chip']:.4g} "
+                     f"(x {report['chips']} chips = "
+                     f"{report['flops_per_chip'] * report['chips']:.4g})")
+    if report["collectives"] is not None:
+        lines.append("  collectives: " + ", ".join(
+            f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items()))
+    lines.append(f"  compiled in {report['compile_seconds']} s")
+    return "\n".join(lines)

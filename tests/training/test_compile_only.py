@@ -1,0 +1,132 @@
+"""`keras-moe-compile`: the TPU compiler (libtpu) compiles a train step for a v5e slice on CPU.
+
+The tiny Switch model (4 of its 8 experts per chip) is compiled for v5e:2x2
+through the CLI in a subprocess; its report is checked against a count of the
+model's weights made here by hand from the config. libtpu is part of the test
+install (`jax[tpu]`), so a missing libtpu fails these tests with the install
+hint rather than skipping them.
+"""
+
+import configparser
+import json
+import os
+
+import pytest
+
+from tests.training.helpers import REPO, run_cli
+
+MODULE = "keras_moe.training.compile_cli"
+FILES = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin"]
+BINDINGS = ['T5Config.group_size = "sequence"', "BATCH_SIZE = 8",
+            'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
+            'MESH_SHAPE = {"data": 1, "expert": 4, "model": 1}']
+# What the CLI would set itself (it re-executes without them); set here so the
+# main run starts once.
+ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1",
+       "TPU_WORKER_HOSTNAMES": "localhost"}
+
+
+def _args(bindings=BINDINGS, topology="v5e:2x2"):
+    return [*FILES, *[f"--gin_bindings={b}" for b in bindings], f"--topology={topology}"]
+
+
+@pytest.fixture(scope="module")
+def libtpu():
+    from keras_moe.training import compile_only
+
+    missing = compile_only.libtpu_missing_message()
+    if missing:
+        pytest.fail(missing + " (scripts/install.sh test installs it)")
+
+
+@pytest.fixture(scope="module")
+def report(libtpu):
+    done = run_cli([*_args(), "--json"], timeout=300, env=ENV, module=MODULE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def hand_count_param_bytes(expert_shards):
+    """Per-chip bytes of the tiny Switch model's weights (float32), from its config alone.
+
+    models/tiny.gin + switch_tiny.gin: vocab 8100, d_model 64, 4 heads of 16, d_ff 128,
+    2 + 2 layers, relu (one input matrix), untied embeddings, 32 relative-position
+    buckets; 8 experts in layer 1 of encoder and decoder. The experts' stacked weights
+    are split over the "expert" axis, everything else is replicated.
+    """
+    vocab, d, heads, d_kv, d_ff, experts, buckets = 8100, 64, 4, 16, 128, 8, 32
+    inner = heads * d_kv
+    attention = 4 * d * inner
+    dense_ffn = 2 * d * d_ff
+    router = d * experts
+    expert_weights = 2 * experts * d * d_ff // expert_shards
+    encoder = [2 * d + attention + dense_ffn,                   # layer 0: dense
+               2 * d + attention + router + expert_weights]     # layer 1: sparse
+    decoder = [3 * d + 2 * attention + dense_ffn,
+               3 * d + 2 * attention + router + expert_weights]
+    total = (2 * vocab * d              # token embedding + lm head (untied)
+             + 2 * buckets * heads       # encoder and decoder relative position bias
+             + sum(encoder) + sum(decoder)
+             + 2 * d)                    # final layer norms
+    return 4 * total
+
+
+def test_v5e_2x2_report(report):
+    assert report["topology"] == "v5e:2x2"
+    assert report["chips"] == 4
+    assert report["device_kind"].startswith("TPU v5")
+    assert report["mesh"] == {"data": 1, "expert": 4, "model": 1}
+    assert report["dispatch"] == "einsum"  # what "auto" is on TPU (this host would pick gather)
+    assert report["fits"] is True and report["error"] is None
+    assert report["hbm_bytes"] == 16 * 2 ** 30
+    assert report["flops_per_chip"] > 0
+    assert report["collectives"]["all_to_all"] >= 1
+    assert 0 < report["peak_bytes"] < report["hbm_bytes"]
+
+
+def test_param_bytes_match_a_hand_count(report):
+    hand = hand_count_param_bytes(expert_shards=4)
+    assert report["parameters"] * 4 == hand_count_param_bytes(expert_shards=1)
+    assert report["param_bytes"] == hand
+    # Adam (tiny_local.gin): two moments per weight, laid out like it.
+    assert report["optimizer_bytes"] >= 2 * hand
+    # The compiler's arguments hold the weights, the moments and the batch (TPU
+    # tiling may pad them, never shrink them).
+    state = report["param_bytes"] + report["optimizer_bytes"]
+    assert state <= report["argument_bytes"] <= 1.25 * state + 2 ** 20
+
+
+def test_unknown_topology_is_refused(libtpu):
+    done = run_cli(_args(topology="v9z:2x2"), timeout=120, env=ENV, module=MODULE)
+    assert done.returncode == 2
+    assert "unknown TPU topology 'v9z:2x2'" in done.stderr
+    assert "v5e:4x4" in done.stderr  # the known ones are listed
+
+
+def test_mesh_product_must_equal_chip_count(libtpu):
+    # Without the environment: the CLI sets KERAS_BACKEND=jax etc. itself (re-runs).
+    env = {k: "" for k in ENV}
+    env["KERAS_BACKEND"] = "tensorflow"
+    bindings = BINDINGS[:-1] + ['MESH_SHAPE = {"data": 1, "expert": 8, "model": 1}']
+    done = run_cli(_args(bindings), timeout=180, env=env, module=MODULE)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "MESH_SHAPE" in done.stderr and "has 8 devices" in done.stderr
+    assert "4" in done.stderr
+
+
+def test_topology_names():
+    from keras_moe.training import compile_only
+
+    assert compile_only.parse_topology("v5e:4x4") == ("v5e", 16, (4, 4))
+    assert compile_only.parse_topology("v4:2x2x2") == ("v4", 8, (2, 2, 2))
+    for bad in ("v5e:4x4x4", "v4:2x2", "tpu:4", "", None):
+        with pytest.raises(compile_only.CompileOnlyError, match="unknown TPU topology"):
+            compile_only.parse_topology(bad)
+
+
+def test_console_script_and_tpu_extra_are_declared():
+    config = configparser.ConfigParser()
+    config.read(os.path.join(REPO, "setup.cfg"))
+    scripts = config["options.entry_points"]["console_scripts"]
+    assert "keras-moe-compile = keras_moe.training.compile_cli:main" in scripts
+    assert "jax[tpu]==" in config["options.extras_require"]["tpu"]
