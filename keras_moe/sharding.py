@@ -44,6 +44,10 @@ _TF_SPMD = None  # (numpy device mesh, mesh axis names) set by `configure_tpu_sp
 def accelerator_platform():
     """Returns "tpu", "gpu" or "cpu": the platform the backend computes on.
 
+    On JAX with a mesh configured (`configure_mesh`), the platform of the mesh's
+    devices: compile-only TPU devices (`keras_moe.training.compile_only`) make
+    the layers pick their TPU paths on a CPU host.
+
     Example:
     >>> accelerator_platform() in ("tpu", "gpu", "cpu")
     True
@@ -52,6 +56,9 @@ def accelerator_platform():
     if backend == "jax":
         import jax
 
+        mesh = getattr(keras.distribution.distribution(), "device_mesh", None)
+        if mesh is not None:
+            return mesh.backend_mesh.devices.flat[0].platform
         return jax.devices()[0].platform
     if backend == "tensorflow":
         import tensorflow as tf
