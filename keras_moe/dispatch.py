@@ -4,9 +4,10 @@ Both dispatchers consume the same `RoutingInstructions` and give the same
 numbers; they differ only in how they move data:
 
 - `EinsumDispatcher` builds one-hot dispatch/combine tensors `[G, S, E, C]`
-  and contracts them with einsums (GShard's formulation). Shapes are static
-  and the compiler can turn the group->expert resharding into an all-to-all,
-  which is what TPUs and GSPMD want. Cost grows with `S * E * C`.
+  and contracts them with einsums (GShard's formulation). Shapes are static,
+  which is what TPUs want, and under a JAX mesh the buffers move between
+  the token and expert layouts by two all-to-alls (`keras_moe.token_exchange`).
+  Cost grows with `S * E * C`.
 - `GatherDispatcher` computes, for every expert slot, which token fills it,
   then gathers tokens into slots and scatter-adds slot outputs back into
   tokens. Memory and time are O(tokens * d), which is what CPUs and GPUs want.
@@ -24,7 +25,7 @@ from typing import NamedTuple
 
 from keras import ops
 
-from keras_moe import sharding
+from keras_moe import sharding, token_exchange
 
 DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
 
@@ -128,11 +129,10 @@ class EinsumDispatcher(Dispatcher):
     def dispatch(self, x, plan):
         dispatch_tensor = ops.cast(plan.dispatch_tensor, x.dtype)
         expert_inputs = ops.einsum("gsec,gsd->egcd", dispatch_tensor, x)
-        return sharding.with_logical_constraint(
-            expert_inputs, ("expert", "batch", None, "embed")
-        )
+        return token_exchange.to_experts(expert_inputs)
 
     def combine(self, expert_outputs, plan):
+        expert_outputs = token_exchange.from_experts(expert_outputs)
         combine_tensor = ops.cast(plan.combine_tensor, expert_outputs.dtype)
         y = ops.einsum("gsec,egcd->gsd", combine_tensor, expert_outputs)
         return sharding.with_logical_constraint(y, ("batch", "length", "embed"))

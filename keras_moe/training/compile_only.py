@@ -58,8 +58,11 @@ def setup_environment(environ=None):
     host computes nothing; a TPU backend would try to open a TPU).
     """
     env = os.environ if environ is None else environ
+    # ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise takes /tmp/libtpu_lockfile and a
+    # second compiling process (two test workers, two CLIs) aborts; no TPU is opened.
     defaults = {"KERAS_BACKEND": "jax", "TPU_SKIP_MDS_QUERY": "1",
-                "TPU_WORKER_HOSTNAMES": "localhost", "TF_CPP_MIN_LOG_LEVEL": "3"}
+                "TPU_WORKER_HOSTNAMES": "localhost", "TF_CPP_MIN_LOG_LEVEL": "3",
+                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     for key, value in defaults.items():
         if not env.get(key):
             env[key] = value

@@ -25,6 +25,9 @@ SCRIPTS = {
                                            "--xla_cpu_collective_call_terminate_timeout_seconds=400",
                               "JAX_PLATFORMS": "cpu"}),
     "tf": ("tf_checks.py", {"KERAS_BACKEND": "tensorflow"}),
+    "exchange": ("exchange_checks.py", {"KERAS_BACKEND": "jax", "PJRT_NPROC": "16",
+                                        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+                                        "JAX_PLATFORMS": "cpu"}),
 }
 TIMEOUT_S = 420
 
@@ -75,3 +78,8 @@ def jax_result(_sharding_runs):
 @pytest.fixture(scope="session")
 def tf_result(_sharding_runs):
     return _result(_sharding_runs, "tf")
+
+
+@pytest.fixture(scope="session")
+def exchange_result(_sharding_runs):
+    return _result(_sharding_runs, "exchange")

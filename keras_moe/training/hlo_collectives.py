@@ -1,0 +1,102 @@
+"""The collectives of a compiled (partitioned) XLA program and the bytes they move per device.
+
+A compiled SPMD program is one device's program, so the shapes of its
+collectives are per-device shapes. The bytes a device receives, for a
+replica group of `n` devices (ring/bucket algorithms, the usual accounting):
+
+- all-to-all: its result minus the block it keeps, `result * (n - 1) / n`;
+- all-gather: the same, `result * (n - 1) / n`;
+- reduce-scatter: `operand * (n - 1) / n`, i.e. `result * (n - 1)`;
+- all-reduce: `2 * operand * (n - 1) / n` (a reduce-scatter then an all-gather);
+- collective-permute: its result.
+
+Example:
+>>> hlo = ('%a = f32[8,1,3,16]{3,2,1,0} all-to-all(%p), channel_id=1, '
+...        'replica_groups={{0,1,2,3}}, dimensions={0}, metadata={op_name="jit(f)/x"}')
+>>> [(c.kind, c.result_bytes, c.group_size, c.received_bytes) for c in collectives(hlo)]
+[('all-to-all', 1536, 4, 1152.0)]
+"""
+
+import re
+from typing import NamedTuple
+
+KINDS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.+?)\s+"
+    r"(?P<kind>" + "|".join(KINDS) + r")(?:-start)?\((?P<rest>.*)$")
+_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
+
+
+class Collective(NamedTuple):
+    kind: str
+    result_bytes: int
+    group_size: int
+    received_bytes: float
+    op_name: str
+
+
+def shape_bytes(shape_text):
+    """Bytes of an HLO shape ("f32[2,3]{1,0}" or a tuple of them)."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape_text):
+        count = 1
+        for d in filter(None, dims.split(",")):
+            count *= int(d)
+        total += count * _BYTES[dtype]
+    return total
+
+
+def _group_size(rest):
+    groups = re.search(r"replica_groups=\{\{([\d,]*)\}", rest)
+    if groups:
+        return len(groups.group(1).split(","))
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", rest)  # [groups, size]<=[...]
+    if iota:
+        return int(iota.group(2))
+    # replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: a group spans the listed axes.
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", rest)
+    if named:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", named.group(1)))
+        size = 1
+        for axis in re.findall(r"'([^']+)'", named.group(2)):
+            size *= int(sizes.get(axis, 1))
+        return size
+    return 1
+
+
+def collectives(hlo_text):
+    """The collective instructions of `hlo_text` (a compiled program's `as_text()`).
+
+    Asynchronous pairs (`all-gather-start` / `-done`) count once, at the start.
+    """
+    out = []
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        kind, rest = match.group("kind"), match.group("rest")
+        result = shape_bytes(match.group("shape"))
+        if kind in ("all-gather", "all-reduce", "collective-permute") and \
+                match.group(0).find(f"{kind}-start(") >= 0:
+            # The start's result is a tuple (operand, result): count the result only.
+            arrays = _ARRAY.findall(match.group("shape"))
+            if len(arrays) >= 2:
+                result = shape_bytes("{}[{}]".format(*arrays[-1]))
+        n = _group_size(rest)
+        share = (n - 1) / n if n > 1 else 0.0
+        received = {"all-reduce": 2 * result * share, "collective-permute": float(result),
+                    "reduce-scatter": float(result * (n - 1))}.get(kind, result * share)
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        out.append(Collective(kind, result, n, received, op_name.group(1) if op_name else ""))
+    return out
+
+
+def summarize(hlo_text):
+    """{kind: {"count": n, "received_bytes": per-device bytes}} over `hlo_text`."""
+    summary = {kind: {"count": 0, "received_bytes": 0.0} for kind in KINDS}
+    for c in collectives(hlo_text):
+        summary[c.kind]["count"] += 1
+        summary[c.kind]["received_bytes"] += c.received_bytes
+    return summary

@@ -1,0 +1,124 @@
+"""Checks of keras_moe.token_exchange, run in a fresh process by conftest.py.
+
+8 emulated CPU devices (mesh data=2, expert=4): a Switch MoE layer's outputs
+and gradients (tokens and weights) with the all-to-all exchange and with GSPMD's,
+against the same layer without a mesh. Then the layer compiled for a v5e:2x2
+TPU slice with libtpu's compiler: the collectives of its forward and backward.
+Prints one line "RESULT <json>".
+"""
+
+import json
+import os
+
+os.environ.update(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_SKIP_MDS_QUERY="1",
+                  TPU_WORKER_HOSTNAMES="localhost")
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_moe  # noqa: E402
+from keras_moe import sharding, token_exchange  # noqa: E402
+from keras_moe.training import hlo_collectives  # noqa: E402
+
+E, D, F = 8, 16, 32
+
+
+def make_layer(group_size="sequence"):
+    return keras_moe.MoeLayer(
+        keras_moe.SwitchRouter(num_experts=E), keras_moe.FeedForwardExperts(num_experts=E, d_ff=F),
+        group_size=group_size, dispatch="einsum", train_capacity_factor=1.0,
+        track_metrics=False)
+
+
+def loss_and_grads(layer, x):
+    state = [v.value for v in layer.non_trainable_variables]
+
+    def loss(weights, x):
+        y, _ = layer.stateless_call(weights, state, x, training=True)
+        return jax.numpy.sum(y * y), y
+
+    (value, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+        [v.value for v in layer.trainable_variables], x)
+    return np.asarray(y, "float64"), [np.asarray(g, "float64") for g in (*grads[0], grads[1])]
+
+
+def numerics():
+    x = np.random.default_rng(0).normal(size=(16, 12, D)).astype("float32")
+    keras.utils.set_random_seed(1)
+    reference = make_layer()
+    reference.build(x.shape)
+    weights = reference.get_weights()
+    y_ref, g_ref = loss_and_grads(reference, x)
+    out = {"dropped_any": bool(np.any(np.all(y_ref == 0, axis=-1)))}
+    for mode in ("all_to_all", "gspmd"):
+        token_exchange.set_expert_exchange(mode)
+        sharding.configure_mesh({"data": 2, "expert": 4})
+        try:
+            layer = make_layer()
+            layer.build(x.shape)
+            layer.set_weights(weights)
+            y, grads = loss_and_grads(layer, x)
+            scale = max(float(np.abs(g).max()) for g in g_ref)
+            out[mode] = {"max_y_diff": float(np.abs(y - y_ref).max()),
+                         "max_grad_diff": max(float(np.abs(a - b).max())
+                                              for a, b in zip(grads, g_ref)),
+                         "grad_scale": scale}
+            if mode == "all_to_all":
+                try:
+                    make_layer(group_size="batch")(x)
+                    out["batch_group_error"] = None
+                except ValueError as e:
+                    out["batch_group_error"] = str(e)
+        finally:
+            sharding.clear_mesh()
+            token_exchange.set_expert_exchange("auto")
+    return out
+
+
+def tpu_collectives():
+    from keras_moe.training.compile_only import topology_devices
+
+    devices = topology_devices("v5e:2x2")
+    out = {}
+    for mode in ("all_to_all", "gspmd"):
+        token_exchange.set_expert_exchange(mode)
+        distribution = sharding.configure_mesh({"data": 1, "expert": 4}, devices=devices)
+        try:
+            with keras.StatelessScope(initialize_variables=False):
+                layer = make_layer()
+                layer.build((8, 32, D))
+            mesh = distribution.device_mesh.backend_mesh
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+            def spec(v):
+                layout = distribution.get_variable_layout(v)
+                return layout.backend_layout if layout is not None else replicated
+
+            weights = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=spec(v))
+                       for v in layer.trainable_variables]
+            state = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated)
+                     for v in layer.non_trainable_variables]
+            tokens = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("expert"))
+            x = jax.ShapeDtypeStruct((8, 32, D), "float32", sharding=tokens)
+
+            def forward(weights, state, x):
+                return layer.stateless_call(weights, state, x, training=True)[0]
+
+            def backward(weights, state, x):
+                return jax.grad(lambda w, x: jax.numpy.sum(forward(w, state, x) ** 2),
+                                argnums=(0, 1))(weights, x)
+
+            out[mode] = {}
+            for name, fn in (("forward", forward), ("forward_backward", backward)):
+                hlo = jax.jit(fn).lower(weights, state, x).compile().as_text()
+                out[mode][name] = [c._asdict() for c in hlo_collectives.collectives(hlo)]
+        finally:
+            sharding.clear_mesh()
+            token_exchange.set_expert_exchange("auto")
+    return out
+
+
+if __name__ == "__main__":
+    assert keras.backend.backend() == "jax" and len(jax.devices()) == 8, jax.devices()
+    print("RESULT " + json.dumps({"numerics": numerics(), "tpu": tpu_collectives()}))
