@@ -8,6 +8,8 @@ FLOPs per step and the collectives GSPMD inserted (all-to-all for experts).
 Example:
   keras-moe-compile --gin_file=pretrain_c4_mesh.gin --topology=v5e:4x4 \\
       --gin_bindings='MESH_SHAPE = {"data": 1, "expert": 16, "model": 1}'
+  keras-moe-compile --gin_file=pretrain_c4_mesh.gin --topology=v5p:2x2x2 \\
+      --dtype_policy=mixed_bfloat16 --batch_size=64
   keras-moe-compile --gin_file=tiny_local.gin --num_cpu_devices=4 \\
       --gin_bindings='MESH_SHAPE = {"data": 1, "expert": 4, "model": 1}' --json
 
@@ -42,6 +44,12 @@ def build_parser(prog="keras-moe-compile"):
                                                           "TASK_FEATURE_LENGTHS['inputs']")
     parser.add_argument("--targets_length", type=int, help="default: the job's "
                                                            "TASK_FEATURE_LENGTHS['targets']")
+    from keras_moe.training.trainer import DTYPE_POLICIES
+
+    parser.add_argument("--dtype_policy", choices=DTYPE_POLICIES,
+                        help="Keras dtype policy of the model (default: the job's DTYPE_POLICY, "
+                             "float32 when unbound); mixed_bfloat16: float32 weights, bfloat16 "
+                             "compute")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -136,7 +144,8 @@ def main(argv=None):
         report = compile_only.compile_train_step(
             args.gin_file, args.gin_bindings, topology=args.topology,
             num_cpu_devices=cpu_devices, batch_size=args.batch_size,
-            feature_lengths=feature_lengths, allowed_imports=args.gin_allow_import)
+            feature_lengths=feature_lengths, allowed_imports=args.gin_allow_import,
+            dtype_policy=args.dtype_policy)
     except (compile_only.CompileOnlyError, GinConfigError, TrainingConfigError) as e:
         return _fail(str(e))
     if args.json:

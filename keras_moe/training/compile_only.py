@@ -177,6 +177,39 @@ def _count_collectives(hlo):
     return {name.replace("-", "_"): hlo.count(f" {name}(") for name in COLLECTIVES}
 
 
+# "%dot.3 = bf16[8,64]{1,0:T(8,128)(2,1)} dot(...)": a matmul and its result type.
+_MATMUL_RE = re.compile(r"= (\w+)\[[\d,]*\](?:\{[^}]*\})? (?:dot|convolution)\(")
+
+
+def matmul_dtypes(hlo):
+    """{element type: count} of the matmuls (dot, convolution) in an HLO text.
+
+    Args:
+        hlo: the text of an HLO module (`lowered.as_text(dialect="hlo")`).
+
+    Example:
+    >>> matmul_dtypes("%d = bf16[8,64]{1,0} dot(%a, %b)\\n%e = f32[8,4]{1,0} dot(%c, %k)")
+    {'bf16': 1, 'f32': 1}
+    """
+    counts = {}
+    for dtype in _MATMUL_RE.findall(hlo):
+        counts[dtype] = counts.get(dtype, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _job_dtype_policy(dtype_policy):
+    """`dtype_policy`, else the job's `train.dtype_policy` (float32 when unbound), checked."""
+    from keras_moe.training import trainer
+    from keras_moe.training.errors import TrainingConfigError
+
+    if dtype_policy is None:
+        dtype_policy = _gin_value("train.dtype_policy", "%DTYPE_POLICY") or "float32"
+    try:
+        return trainer.check_dtype_policy(dtype_policy)
+    except TrainingConfigError as e:
+        raise CompileOnlyError(str(e)) from None
+
+
 def _cost(compiled):
     try:
         cost = compiled.cost_analysis()
@@ -209,7 +242,7 @@ def _resolved_dispatch(mode, platform):
 
 def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=None,
                        mesh_shape=None, batch_size=None, feature_lengths=None,
-                       allowed_imports=(), target_platform=None):
+                       allowed_imports=(), target_platform=None, dtype_policy=None):
     """Compiles one train step of the gin job and reports its per-chip cost.
 
     Args:
@@ -226,9 +259,15 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         allowed_imports: modules gin `import` lines may name (as --gin_allow_import).
         target_platform: whose `dispatch="auto"` choice to compile: "tpu"
             (default with a topology: einsum) or "cpu" (the host's own choice).
+        dtype_policy: Keras dtype policy the model is built under, as
+            `train(dtype_policy=...)`; default the job's `train.dtype_policy`
+            (`DTYPE_POLICY`), float32 when unbound.
 
     Returns:
         a dict: topology, chips, device_kind, mesh, parameters, batch, dispatch,
+        dtype_policy, `compute_dtype` (the model's), `matmul_dtypes` (result
+        types of the train step's matmuls as lowered, before the compiler's
+        precision choices; `matmul_dtypes()`),
         per-chip bytes (`param_bytes` (trainable), `non_trainable_bytes`,
         `optimizer_bytes`, `metrics_bytes` from the shard shapes;
         `argument_bytes`, `output_bytes`, `alias_bytes`, `temp_bytes` from the
@@ -278,6 +317,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         batch_size = _gin_value("train.batch_size", "%BATCH_SIZE")
     if feature_lengths is None:
         feature_lengths = _gin_value("train.feature_lengths", "%TASK_FEATURE_LENGTHS")
+    dtype_policy = _job_dtype_policy(dtype_policy)
     if not batch_size or not feature_lengths:
         raise CompileOnlyError("the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
                                "bind them or pass batch_size= and feature_lengths=.")
@@ -316,7 +356,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     mesh = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
     try:
         report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-                          on_tpu=topology is not None)
+                          on_tpu=topology is not None, dtype_policy=dtype_policy)
     finally:
         sharding.clear_mesh()
     report.update({
@@ -340,16 +380,17 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
 
 
 def _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-             on_tpu):
+             on_tpu, dtype_policy="float32"):
     import jax
     import keras
     import numpy as np
 
     from keras_moe import models
+    from keras_moe.training.trainer import dtype_policy_scope
 
     # Variables created in this scope get a shape and a layout, never a value:
     # a compile-only client cannot hold one.
-    with keras.StatelessScope(initialize_variables=False):
+    with dtype_policy_scope(dtype_policy), keras.StatelessScope(initialize_variables=False):
         model = models.build_model(config)
     for variable in model.variables:
         # What initialising the variable would do; the optimizer's slots take
@@ -399,7 +440,8 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     state = (trainable, non_trainable, optimizer_vars, metrics_vars)
     report = {
         "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
-        "param_dtype": str(model.trainable_variables[0].dtype),
+        "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
+        "compute_dtype": model.compute_dtype, "matmul_dtypes": None,
         "param_bytes": trainable_bytes, "non_trainable_bytes": non_trainable_bytes,
         "optimizer_bytes": optimizer_bytes, "metrics_bytes": metrics_bytes,
         "error": None,
@@ -407,7 +449,11 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     t0 = time.time()
     try:
         # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
-        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, batch).compile()
+        lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
+        # As written, before the compiler's own precision choices (the TPU's
+        # default precision runs float32 matmuls as bfloat16 passes either way).
+        report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
+        compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
         message = str(e)
         if "RESOURCE_EXHAUSTED" not in message:
@@ -456,7 +502,8 @@ def format_report(report):
         f"  mesh {report['mesh']}, batch {batch['batch_size']} x "
         f"({batch.get('inputs')} + {batch.get('targets')}) tokens, dispatch "
         f"{report['dispatch']}, {report['parameters'] / 1e6:.1f}M parameters "
-        f"({report['param_dtype']})",
+        f"({report['param_dtype']}), dtype policy {report['dtype_policy']} (compute "
+        f"{report['compute_dtype']})",
         "  per chip:",
         f"    parameters    {gib(report['param_bytes'])}   (shard shapes)",
         f"    optimizer     {gib(report['optimizer_bytes'])}   (shard shapes)",
@@ -481,5 +528,8 @@ def format_report(report):
     if report["collectives"] is not None:
         lines.append("  collectives: " + ", ".join(
             f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items()))
+    if report["matmul_dtypes"]:
+        lines.append("  matmuls by result type, as lowered: " + ", ".join(
+            f"{k} {v}" for k, v in report["matmul_dtypes"].items()))
     lines.append(f"  compiled in {report['compile_seconds']} s")
     return "\n".join(lines)

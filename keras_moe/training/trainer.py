@@ -4,6 +4,7 @@
 argument can be bound in a run file, e.g. `train.batch_size = %BATCH_SIZE`.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -19,6 +20,68 @@ from keras_moe.validation import check_int
 
 def _check_int(name, value, minimum):
     check_int(f"train.{name}", value, minimum, TrainingConfigError)
+
+
+# Keras dtype policies a run may train under (`DTYPE_POLICY`): float32
+# everywhere; float32 variables with bfloat16 compute (the routers stay float32,
+# see `keras_moe.routing.base.Router`); bfloat16 variables and compute.
+DTYPE_POLICIES = ("float32", "mixed_bfloat16", "bfloat16")
+
+
+def check_dtype_policy(dtype_policy, name="train.dtype_policy"):
+    """Returns `dtype_policy` if it is one of `DTYPE_POLICIES`, else raises.
+
+    Args:
+        dtype_policy: the policy's name, e.g. "mixed_bfloat16".
+        name: the setting named in the error message.
+
+    Raises:
+        TrainingConfigError: naming the setting and the allowed values.
+
+    Example:
+    >>> check_dtype_policy("mixed_bfloat16")
+    'mixed_bfloat16'
+    >>> check_dtype_policy("fp16")
+    Traceback (most recent call last):
+    ...
+    keras_moe.training.errors.TrainingConfigError: train.dtype_policy (DTYPE_POLICY) must be one of 'float32', 'mixed_bfloat16', 'bfloat16'; got 'fp16'.
+    """
+    if not isinstance(dtype_policy, str) or dtype_policy not in DTYPE_POLICIES:
+        allowed = ", ".join(repr(p) for p in DTYPE_POLICIES)
+        raise TrainingConfigError(
+            f"{name} (DTYPE_POLICY) must be one of {allowed}; got {dtype_policy!r}.")
+    return dtype_policy
+
+
+@contextlib.contextmanager
+def dtype_policy_scope(dtype_policy):
+    """Keras' global dtype policy is `dtype_policy` inside the block, the previous one after.
+
+    Layers keep the policy they were built with, so building the model inside
+    the block is enough; restoring it leaves a notebook's later layers as they were.
+
+    Args:
+        dtype_policy: one of `DTYPE_POLICIES`.
+
+    Example:
+    >>> import keras
+    >>> before = keras.config.dtype_policy().name
+    >>> with dtype_policy_scope("mixed_bfloat16"):
+    ...     layer = keras.layers.Dense(2)
+    >>> layer.compute_dtype, layer.variable_dtype
+    ('bfloat16', 'float32')
+    >>> keras.config.dtype_policy().name == before
+    True
+    """
+    import keras
+
+    check_dtype_policy(dtype_policy)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype_policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 def prepare_model_dir(model_dir):
@@ -81,7 +144,7 @@ def train(model_dir, task="embedded_span_corruption",
           init_checkpoint=None, eval_split="validation", summary_batches=4,
           expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
           collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None,
-          mesh_shape=None, logical_axis_rules=None, input_shards=None):
+          mesh_shape=None, logical_axis_rules=None, input_shards=None, dtype_policy="float32"):
     """Trains a model on a seqio task; returns a summary dict.
 
     Args:
@@ -138,6 +201,11 @@ def train(model_dir, task="embedded_span_corruption",
             processes (`INPUT_SHARDS`; see `multihost.input_plan`); None: one
             per process (one process: the task read unsharded). Fixing it keeps
             the data stream the same for any number of processes.
+        dtype_policy: Keras dtype policy the model is built under
+            (`DTYPE_POLICY`, one of `DTYPE_POLICIES`): "float32", or
+            "mixed_bfloat16" (float32 weights and optimizer state, bfloat16
+            activations and matmuls, float32 routers), or "bfloat16" (weights
+            too). The global policy is restored once the model is built.
 
     Returns:
         dict with steps, losses, paths.
@@ -154,6 +222,7 @@ def train(model_dir, task="embedded_span_corruption",
     if feature_lengths is None:
         feature_lengths = {"inputs": 128, "targets": 32}
     data_lib.check_feature_lengths(feature_lengths)
+    check_dtype_policy(dtype_policy)
     _check_int("batch_size", batch_size, 1)
     _check_int("train_steps", train_steps, 1)
     _check_int("checkpoint_every", checkpoint_every, 1)
@@ -190,7 +259,8 @@ def train(model_dir, task="embedded_span_corruption",
             f"BATCH_SIZE={batch_size} is not divisible by the {replicas} replicas of "
             f"STRATEGY={strategy!r}.")
     log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
-        f"global batch {batch_size} = {batch_size // replicas} per replica")
+        f"global batch {batch_size} = {batch_size // replicas} per replica; "
+        f"dtype policy {dtype_policy}")
     shard_ids, num_shards, rows = input_plan
     if process_count > 1 or num_shards > 1:
         log(f"process {process_index} of {process_count}: input shards {shard_ids} of "
@@ -206,15 +276,16 @@ def train(model_dir, task="embedded_span_corruption",
         mesh = mesh_lib.apply_mesh(mesh_shape, logical_axis_rules)
         log(f"device mesh {mesh}: the model is sharded by keras_moe.layouts")
     factory = model
-    with strat.scope():
-        model = build_compiled_model(optimizer, jit_compile, steps_per_execution, factory)
-        model.optimizer.build(model.trainable_variables)
-    shards = mesh_lib.shard_report(model) if mesh else None
-    for name, full, local in shards or ():
-        log(f"  {name}: {full} -> {local} on one device")
-    manager, backup_dir, resumed, start_step = stages.resume(
-        model, model_dir, keep_checkpoints, init_checkpoint, factory,
-        sharded=process_count > 1, primary=chief)
+    with dtype_policy_scope(dtype_policy):  # init_checkpoint's model too (resume)
+        with strat.scope():
+            model = build_compiled_model(optimizer, jit_compile, steps_per_execution, factory)
+            model.optimizer.build(model.trainable_variables)
+        shards = mesh_lib.shard_report(model) if mesh else None
+        for name, full, local in shards or ():
+            log(f"  {name}: {full} -> {local} on one device")
+        manager, backup_dir, resumed, start_step = stages.resume(
+            model, model_dir, keep_checkpoints, init_checkpoint, factory,
+            sharded=process_count > 1, primary=chief)
     skip = resumed["batches_consumed"] if resumed else 0
 
     def dataset(skip_batches):
@@ -265,7 +336,7 @@ def train(model_dir, task="embedded_span_corruption",
     history = logger.history
     latest = manager.latest()
     summary = {
-        "task": task, "strategy": strategy, "replicas": replicas,
+        "task": task, "strategy": strategy, "replicas": replicas, "dtype_policy": dtype_policy,
         "start_step": start_step, "end_step": end_step,
         "resumed_from": resumed["path"] if resumed else None,
         "first_step_loss": history[0][1] if history and start_step == 0 else None,

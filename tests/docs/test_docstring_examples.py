@@ -14,6 +14,7 @@ import pytest
 MODULES = [
     "benchmarks.batch_files",
     "benchmarks.distill",
+    "benchmarks.memory_plan",
     "benchmarks.quality",
     "keras_moe.convert.hf",
     "keras_moe.dispatch",
@@ -50,6 +51,7 @@ MODULES = [
     "keras_moe.startup",
     "keras_moe.token_exchange",
     "keras_moe.training.checkpoint",
+    "keras_moe.training.compile_only",
     "keras_moe.training.console",
     "keras_moe.training.hlo_collectives",
     "keras_moe.training.data",
@@ -59,6 +61,7 @@ MODULES = [
     "keras_moe.training.schedules",
     "keras_moe.training.sharded_checkpoint",
     "keras_moe.training.stages",
+    "keras_moe.training.trainer",
     "keras_moe.validation",
 ]
 

@@ -96,6 +96,43 @@ def test_param_bytes_match_a_hand_count(report):
     assert state <= report["argument_bytes"] <= 1.25 * state + 2 ** 20
 
 
+@pytest.fixture(scope="module")
+def mixed_report(libtpu):
+    done = run_cli([*_args(), "--dtype_policy=mixed_bfloat16", "--json"], timeout=300, env=ENV,
+                   module=MODULE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def test_mixed_bfloat16_computes_in_bfloat16_with_float32_weights(report, mixed_report):
+    assert report["dtype_policy"] == "float32"  # tiny_local.gin: defaults.gin's DTYPE_POLICY
+    assert report["compute_dtype"] == "float32"
+    assert "bf16" not in report["matmul_dtypes"] and report["matmul_dtypes"]["f32"] > 0
+    assert mixed_report["dtype_policy"] == "mixed_bfloat16"
+    assert mixed_report["compute_dtype"] == "bfloat16"
+    assert mixed_report["param_dtype"] == "float32"
+    # The weights and Adam's moments stay float32: the same bytes as the float32
+    # compile, i.e. the hand count.
+    assert mixed_report["param_bytes"] == hand_count_param_bytes(expert_shards=4)
+    assert mixed_report["optimizer_bytes"] == report["optimizer_bytes"]
+    # The layers' matmuls are bfloat16; what stays float32 is the routers' logits
+    # (and their gradients) and the routing's one-hot dispatch/combine plan.
+    matmuls = mixed_report["matmul_dtypes"]
+    assert matmuls["bf16"] > matmuls.get("f32", 0) > 0, matmuls
+
+
+def test_bad_dtype_policy_is_refused(libtpu):
+    done = run_cli([*_args(), "--dtype_policy=float16"], timeout=120, env=ENV, module=MODULE)
+    assert done.returncode == 2
+    assert "--dtype_policy" in done.stderr and "mixed_bfloat16" in done.stderr
+    # Without the flag the job's own DTYPE_POLICY is read (and checked).
+    done = run_cli(_args(BINDINGS + ['DTYPE_POLICY = "float16"']), timeout=180, env=ENV,
+                   module=MODULE)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "train.dtype_policy (DTYPE_POLICY) must be one of" in done.stderr
+    assert "'float16'" in done.stderr
+
+
 def test_unknown_topology_is_refused(libtpu):
     done = run_cli(_args(topology="v9z:2x2"), timeout=120, env=ENV, module=MODULE)
     assert done.returncode == 2
