@@ -43,11 +43,12 @@ def mesh_for(devices, num_experts):
 
 
 def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
-             targets_length=None, bindings=(), topology=None):
+             targets_length=None, bindings=(), topology=None, dtype_policy=None):
     """The per-device sizes (bytes) of one compile: `devices` emulated CPU devices
     (set before jax starts) or the chips of a TPU `topology`; all of them on the
     "expert" axis up to the expert count (`mesh_for`); the program a TPU would run
-    (dispatch "auto" is einsum) on CPU devices too."""
+    (dispatch "auto" is einsum) on CPU devices too; the model under `dtype_policy`
+    (default the job's DTYPE_POLICY)."""
     from keras_moe.training import compile_only
 
     feature_lengths = None
@@ -58,7 +59,8 @@ def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
         num_cpu_devices=None if topology else devices,
         mesh_shape=lambda n, config: mesh_for(n, config.num_experts),
         batch_size=batch_size, feature_lengths=feature_lengths,
-        target_platform="tpu")  # dispatch "auto" as on TPU (einsum), on CPU devices too
+        target_platform="tpu",  # dispatch "auto" as on TPU (einsum), on CPU devices too
+        dtype_policy=dtype_policy)
     batch = report["batch"]
     collectives = report["collectives"] or {}
     return {
@@ -68,6 +70,8 @@ def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
         "batch": [batch["batch_size"], batch["inputs"], batch["targets"]],
         "vocab_size": report["vocab_size"], "group_size": report["group_size"],
         "dispatch": report["dispatch"], "param_dtype": report["param_dtype"],
+        "dtype_policy": report["dtype_policy"], "compute_dtype": report["compute_dtype"],
+        "matmul_dtypes": report["matmul_dtypes"],
         "param_bytes": report["param_bytes"] + report["non_trainable_bytes"],
         "optimizer_bytes": report["optimizer_bytes"],
         "temp_bytes": report["temp_bytes"], "argument_bytes": report["argument_bytes"],
@@ -141,11 +145,12 @@ def tpu_markdown_table(rows):
 def _child(args):
     row = plan_one(args.gin_file, args.devices[0] if args.devices else None, args.batch_size,
                    args.inputs_length, args.targets_length, args.bindings or (),
-                   topology=args.topology[0] if args.topology else None)
+                   topology=args.topology[0] if args.topology else None,
+                   dtype_policy=args.dtype_policy)
     print("PLAN " + json.dumps(row), flush=True)
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["switch_base_128", "switch_large_128"])
     parser.add_argument("--devices", nargs="+", type=int, default=None,
@@ -158,19 +163,145 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=None)
     parser.add_argument("--inputs_length", type=int, default=None)
     parser.add_argument("--targets_length", type=int, default=None)
+    parser.add_argument("--dtype_policy", default=None,
+                        help="float32, mixed_bfloat16 or bfloat16 (default: the job's "
+                             "DTYPE_POLICY, float32)")
     parser.add_argument("--run_file", default=RUN_FILE)
     parser.add_argument("--bindings", action="append", help="gin bindings after the files")
-    parser.add_argument("--timeout", type=int, default=3600)
+    parser.add_argument("--timeout", type=int, default=3600,
+                        help="seconds per compile; one that runs longer is recorded as "
+                             "not finished")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny Switch model on 2 and 4 devices (seconds)")
     parser.add_argument("--output", default=None,
                         help="results/<output>.json (default memory_plan, memory_plan_tpu "
                              "with --topology)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the output file's rows of other settings (model, chips, "
+                             "topology, batch, dtype policy) and replace those of the same")
+    parser.add_argument("--compare", nargs=2, metavar=("TPU_RESULT", "PLAN_RESULT"),
+                        help="print each TPU row's peak against the plan row (same model, "
+                             "chip count, batch and dtype policy) of two results/<name>.json "
+                             "files, then exit")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gin_file", action="append", help=argparse.SUPPRESS)
+    return parser
+
+
+def _run_child(args, name, kind, target):
+    """One compile in a child process: its row, or a row saying it did not finish."""
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+               TF_CPP_MIN_LOG_LEVEL="3", TPU_SKIP_MDS_QUERY="1",
+               TPU_WORKER_HOSTNAMES="localhost")
+    if kind == "devices":  # before jax starts its CPU backend in the child
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target}"
+    gin_files = [args.run_file, f"models/{name}.gin"]
+    command = [sys.executable, os.path.abspath(__file__), "--child", f"--{kind}={target}",
+               *[f"--gin_file={f}" for f in gin_files],
+               *[f"--{k}={getattr(args, k)}" for k in
+                 ("batch_size", "inputs_length", "targets_length", "dtype_policy")
+                 if getattr(args, k) is not None],
+               *[f"--bindings={b}" for b in args.bindings or ()]]
+    where = f"{target} devices" if kind == "devices" else f"TPU {target}"
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True,
+                              timeout=args.timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        print(f"{name:18s} {where}: the compile did not finish in {args.timeout} s", flush=True)
+        return {"model": name, "topology": target if kind == "topology" else None,
+                "devices": target if kind == "devices" else None, "batch": [args.batch_size],
+                "dtype_policy": args.dtype_policy, "unfinished_after_seconds": args.timeout,
+                "command": " ".join(sys.argv)}
+    lines = [l for l in done.stdout.splitlines() if l.startswith("PLAN ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{name} on {where} failed:\n{done.stderr[-3000:]}")
+    row = json.loads(lines[-1][len("PLAN "):])
+    row["model"], row["command"] = name, " ".join(["python benchmarks/memory_plan.py",
+                                                   *sys.argv[1:]])
+    if kind == "devices":
+        row["fits"] = fits(row)
+    _print_row(row, where)
+    return row
+
+
+def _print_row(row, where):
+    gib = 2 ** 30
+    head = (f"{row['model']:18s} {where} {row['mesh']} {row['dtype_policy']} batch "
+            f"{row['batch'][0]}: params {row['param_bytes'] / gib:.2f} GiB, optimizer "
+            f"{row['optimizer_bytes'] / gib:.2f}")
+    if row["error"]:
+        print(f"{head}; does NOT fit: {row['error']}; compiled in {row['compile_seconds']} s",
+              flush=True)
+        return
+    print(f"{head}, temporaries {row['temp_bytes'] / gib:.2f}, peak "
+          f"{row['peak_bytes'] / gib:.2f} GiB/device"
+          + (f" of {row['hbm_bytes'] / gib:.0f}" if row["hbm_bytes"] else "")
+          + f"; {row['all_to_all']} all-to-all; compiled in {row['compile_seconds']} s",
+          flush=True)
+
+
+def _setting(row):
+    return (row["model"], row.get("topology"), row["devices"], row["batch"][0],
+            row.get("dtype_policy") or "float32")
+
+
+def compare_table(tpu_rows, plan_rows, tolerance=0.15):
+    """Markdown: each TPU row's peak beside the plan's total (`per_device_total`) of the
+    CPU-device row with the same model, chip count, batch and dtype policy.
+
+    Example:
+    >>> tpu = [{"model": "m", "topology": "v4:2x2x2", "devices": 8, "batch": [16, 512, 114],
+    ...         "dtype_policy": "mixed_bfloat16", "peak_bytes": 11 * 2 ** 30, "error": None}]
+    >>> plan = [{"model": "m", "topology": None, "devices": 8, "batch": [16, 512, 114],
+    ...          "dtype_policy": "mixed_bfloat16", "param_bytes": 4 * 2 ** 30,
+    ...          "optimizer_bytes": 4 * 2 ** 30, "temp_bytes": 2 * 2 ** 30}]
+    >>> print(compare_table(tpu, plan).splitlines()[-1])
+    | m | v4:2x2x2 (8) | 16 | mixed_bfloat16 | 11.00 GiB | 10.00 GiB | +10.0 % | yes |
+    """
+    gib = 2 ** 30
+    plans = {(r["model"], r["devices"], r["batch"][0], r.get("dtype_policy") or "float32"): r
+             for r in plan_rows}
+    lines = ["| model | topology (chips) | batch | dtype policy | TPU peak | plan total "
+             "(XLA:CPU) | TPU vs plan | within 15 % |", "|---|---|---|---|---|---|---|---|"]
+    for row in tpu_rows:
+        model, topology, chips, batch, policy = _setting(row)
+        plan = plans.get((model, chips, batch, policy))
+        planned = per_device_total(plan) if plan else None
+        peak = row.get("peak_bytes")
+        if peak is None or planned is None:
+            why = ("no plan row" if planned is None else
+                   "did not fit" if row.get("error") else "compile did not finish")
+            lines.append(f"| {model} | {topology} ({chips}) | {batch} | {policy} | — | "
+                         + ("—" if planned is None else f"{planned / gib:.2f} GiB")
+                         + f" | — | no ({why}) |")
+            continue
+        ratio = peak / planned - 1
+        lines.append(f"| {model} | {topology} ({chips}) | {batch} | {policy} | "
+                     f"{peak / gib:.2f} GiB | {planned / gib:.2f} GiB | {100 * ratio:+.1f} % | "
+                     f"{'yes' if abs(ratio) <= tolerance else 'no'} |")
+    return "\n".join(lines)
+
+
+def _merge(output, rows):
+    """The rows of results/<output>.json whose setting is not among `rows`, then `rows`."""
+    from benchmarks import common
+
+    old = (common.read_result(output) or {}).get("rows", [])
+    new = {_setting(r) for r in rows}
+    return [r for r in old if _setting(r) not in new] + rows
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.child:
         return _child(args)
+    from benchmarks import common
+
+    if args.compare:
+        tpu, plan = (common.read_result(name) or {"rows": []} for name in args.compare)
+        print(compare_table(tpu["rows"], plan["rows"]))
+        return None
     if args.topology and args.devices:
         parser.error("give --devices (CPU devices) or --topology (TPU slices), not both")
     if args.smoke:
@@ -191,54 +322,16 @@ def main(argv=None):
         missing = compile_only.libtpu_missing_message()
         if missing:
             parser.error(missing)
-
-    from benchmarks import common
-
-    rows = []
-    for name in args.models:
-        for kind, target in targets:
-            env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
-                       TF_CPP_MIN_LOG_LEVEL="3", TPU_SKIP_MDS_QUERY="1",
-                       TPU_WORKER_HOSTNAMES="localhost")
-            if kind == "devices":  # before jax starts its CPU backend in the child
-                env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target}"
-            gin_files = [args.run_file, f"models/{name}.gin"]
-            command = [sys.executable, os.path.abspath(__file__), "--child", f"--{kind}={target}",
-                       *[f"--gin_file={f}" for f in gin_files],
-                       *[f"--{k}={getattr(args, k)}" for k in
-                         ("batch_size", "inputs_length", "targets_length")
-                         if getattr(args, k) is not None],
-                       *[f"--bindings={b}" for b in args.bindings or ()]]
-            done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=args.timeout, cwd=ROOT)
-            lines = [l for l in done.stdout.splitlines() if l.startswith("PLAN ")]
-            where = f"{target} devices" if kind == "devices" else f"TPU {target}"
-            if done.returncode or not lines:
-                raise RuntimeError(f"{name} on {where} failed:\n{done.stderr[-3000:]}")
-            row = json.loads(lines[-1][len("PLAN "):])
-            row["model"] = name
-            if kind == "devices":
-                row["fits"] = fits(row)
-            rows.append(row)
-            gib = 2 ** 30
-            if row["error"]:
-                print(f"{name:18s} {where} {row['mesh']}: params "
-                      f"{row['param_bytes'] / gib:.2f} GiB, optimizer "
-                      f"{row['optimizer_bytes'] / gib:.2f} GiB; does NOT fit: {row['error']}; "
-                      f"compiled in {row['compile_seconds']} s", flush=True)
-                continue
-            print(f"{name:18s} {where} {row['mesh']}: params "
-                  f"{row['param_bytes'] / gib:.2f} GiB, optimizer "
-                  f"{row['optimizer_bytes'] / gib:.2f}, temporaries "
-                  f"{row['temp_bytes'] / gib:.2f}, peak {row['peak_bytes'] / gib:.2f} GiB/device"
-                  + (f" of {row['hbm_bytes'] / gib:.0f}" if row["hbm_bytes"] else "")
-                  + f"; {row['all_to_all']} all-to-all; compiled in {row['compile_seconds']} s",
-                  flush=True)
+    rows = [_run_child(args, name, kind, target)
+            for name in args.models for kind, target in targets]
+    if args.append:
+        rows = _merge(args.output, rows)
     payload = {"rows": rows, "environment": common.environment()}
     if not args.topology:
         payload["chips_gib"] = CHIPS
     common.write_result(args.output, payload)
-    print(tpu_markdown_table(rows) if args.topology else markdown_table(rows))
+    done = [r for r in rows if "unfinished_after_seconds" not in r]
+    print(tpu_markdown_table(done) if args.topology else markdown_table(done))
 
 
 if __name__ == "__main__":
