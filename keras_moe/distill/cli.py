@@ -15,9 +15,8 @@ Give the teacher's run file first, then `distill.gin`:
 
 import json
 import os
-import sys
 
-from keras_moe.training.cli import build_parser, set_tf_environment
+from keras_moe.training.cli import run_cli
 
 
 def save_student(distiller, model_dir):
@@ -33,40 +32,24 @@ def save_student(distiller, model_dir):
     return path
 
 
-def main(argv=None):
-    set_tf_environment()
-    parser = build_parser(prog="python -m keras_moe.distill")
-    args = parser.parse_args(argv)
-    from keras_moe.training import console
-
-    console.quiet_startup()
-    from keras_moe.gin_config import GinConfigError
-    from keras_moe.training.errors import TrainingConfigError
-
-    files = args.gin_file or ["tiny_local.gin"]
+def _with_distill_gin(files):
     if not any(os.path.basename(f).startswith("distill") for f in files):
         files = files + ["distill.gin"]
-    try:
-        from keras_moe.gin_config import parse_gin
-        from keras_moe.training import gin_configurables
-        from keras_moe.training import trainer
-        from keras_moe.distill.gin_configurables import build_distiller
+    return files
 
-        parse_gin(files, args.gin_bindings, args.gin_allow_import)
-        trainer.prepare_model_dir(args.model_dir)
-        built = []
 
-        def distiller():  # the gin-configured `build_distiller`, kept to save its student
-            built.append(build_distiller())
-            return built[-1]
+def _distill(args):
+    from keras_moe.distill.gin_configurables import build_distiller
+    from keras_moe.training import gin_configurables, trainer
 
-        summary = gin_configurables.train(
-            args.model_dir, model=distiller,
-            write_config=gin_configurables.write_operative_config)
-    except (TrainingConfigError, GinConfigError) as e:
-        print(f"keras_moe.distill: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    student_path = save_student(built[-1], os.path.abspath(args.model_dir))
-    print(trainer.format_summary(summary), flush=True)
-    print(f"student         {student_path}", flush=True)
-    return 0
+    summary = gin_configurables.train(
+        args.model_dir, model=build_distiller,
+        write_config=gin_configurables.write_operative_config)
+    # The model that trained, not another one built from the same factory (an
+    # INIT_CHECKPOINT's source is built by it too).
+    student_path = save_student(summary.model, os.path.abspath(args.model_dir))
+    return f"{trainer.format_summary(summary)}\nstudent         {student_path}"
+
+
+def main(argv=None):
+    return run_cli("python -m keras_moe.distill", argv, _distill, gin_files=_with_distill_gin)

@@ -60,9 +60,31 @@ def add_gin_allow_import_flag(parser):
                              "keras_moe, seqio, t5.data, t5.evaluation; repeatable")
 
 
-def main(argv=None):
+def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=None):
+    """What every training CLI does around its `body`, with one set of exit codes.
+
+    Parses the flags of `build_parser`, filters start-up noise, starts
+    `jax.distributed` when asked (before anything touches a device), parses the
+    gin files and bindings, checks the model dir, then calls `body(args)` and
+    prints the text it returns.
+
+    Args:
+        prog: the program name in usage and error lines.
+        argv: the arguments (None: `sys.argv[1:]`).
+        body: `body(args) -> str`, run once gin is parsed.
+        default_gin_files: the gin files when no --gin_file is given.
+        gin_files: optional `gin_files(files) -> files`, e.g. to append a file.
+
+    Returns:
+        The exit status: 0 done; 2 bad settings (flags, gin, data, model dir);
+        3 the loss became NaN or infinite; 4 a worker failed or went silent.
+
+    Example:
+    >>> run_cli("demo", ["--model_dir=/tmp/demo", "--process_count=2"], lambda args: "never")
+    2
+    """
     set_tf_environment()
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog=prog).parse_args(argv)
     from keras_moe.training import console
 
     console.quiet_startup()
@@ -73,32 +95,37 @@ def main(argv=None):
         WorkerFailureError,
     )
 
-    if not args.gin_file:
-        args.gin_file = ["tiny_local.gin"]
+    files = list(args.gin_file or default_gin_files)
+    if gin_files is not None:
+        files = gin_files(files)
+    codes = ((TrainingConfigError, 2), (GinConfigError, 2), (NonFiniteLossError, 3),
+             (WorkerFailureError, 4))
     try:
-        from keras_moe.training import multihost
+        from keras_moe.gin_config import parse_gin
+        from keras_moe.training import multihost, trainer
 
         # Before anything touches a device: afterwards JAX sees every process's devices.
         multihost.initialize(args.coordinator_address, args.process_count, args.process_index)
-        from keras_moe.gin_config import parse_gin
-        from keras_moe.training import gin_configurables
-        from keras_moe.training import trainer
-
-        parse_gin(args.gin_file, args.gin_bindings, args.gin_allow_import)
+        parse_gin(files, args.gin_bindings, args.gin_allow_import)
         trainer.prepare_model_dir(args.model_dir)
-        summary = gin_configurables.train(
-            args.model_dir, write_config=gin_configurables.write_operative_config)
-    except (TrainingConfigError, GinConfigError) as e:
-        print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except NonFiniteLossError as e:
-        print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
-        return 3
-    except WorkerFailureError as e:
-        print(f"keras-moe-train: error: {e}", file=sys.stderr, flush=True)
-        return 4
-    print(trainer.format_summary(summary), flush=True)
+        text = body(args)
+    except tuple(error for error, _ in codes) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return next(code for error, code in codes if isinstance(e, error))
+    print(text, flush=True)
     return 0
+
+
+def _train(args):
+    from keras_moe.training import gin_configurables, trainer
+
+    summary = gin_configurables.train(
+        args.model_dir, write_config=gin_configurables.write_operative_config)
+    return trainer.format_summary(summary)
+
+
+def main(argv=None):
+    return run_cli("keras-moe-train", argv, _train)
 
 
 if __name__ == "__main__":

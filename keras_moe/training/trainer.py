@@ -136,6 +136,12 @@ def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution
     return built
 
 
+class TrainSummary(dict):
+    """`train`'s summary (a dict, as written to summary.json) with the trained model as `.model`."""
+
+    model = None
+
+
 def train(model_dir, task="embedded_span_corruption",
           feature_lengths=None, batch_size=16, train_steps=100, steps_per_epoch=None,
           checkpoint_every=50, keep_checkpoints=3, backup_every=None, log_every=10,
@@ -145,7 +151,7 @@ def train(model_dir, task="embedded_span_corruption",
           expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
           collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None,
           mesh_shape=None, logical_axis_rules=None, input_shards=None, dtype_policy="float32"):
-    """Trains a model on a seqio task; returns a summary dict.
+    """Trains a model on a seqio task; returns its summary and the trained model.
 
     Args:
         model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
@@ -208,7 +214,8 @@ def train(model_dir, task="embedded_span_corruption",
             too). The global policy is restored once the model is built.
 
     Returns:
-        dict with steps, losses, paths.
+        a `TrainSummary`: the dict written to summary.json (steps, losses,
+        paths), with the trained model as its `.model`.
     """
     from keras_moe.training import callbacks as cb_lib
     from keras_moe.training import data as data_lib
@@ -354,6 +361,8 @@ def train(model_dir, task="embedded_span_corruption",
     if chief:
         ckpt_lib.atomic_write_text(os.path.join(model_dir, "summary.json"),
                                    json.dumps(summary, indent=1))
+    summary = TrainSummary(summary)
+    summary.model = model
     return summary
 
 

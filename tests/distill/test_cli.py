@@ -84,3 +84,87 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, cap
 def test_missing_teacher_checkpoint_is_a_config_error(tmp_path, capsys):
     assert _distill(str(tmp_path / "d"), str(tmp_path / "nowhere"), 2) == 2
     assert "teacher_checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir):
+    """An INIT_CHECKPOINT's weights are read into a second model built by the same
+    factory; the student file once came from that second model (the start, not the
+    trained student)."""
+    import keras
+
+    from keras_moe.distill import resolve_checkpoint
+    from keras_moe.models import T5Config, build_model
+
+    first = str(tmp_path / "first")
+    assert _distill(first, teacher_dir, 2) == 0
+    second = str(tmp_path / "second")
+    from keras_moe.distill import cli
+
+    gin.clear_config()
+    args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={second}"]
+    for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', "TRAIN_STEPS = 2",
+                     "CHECKPOINT_EVERY = 2", "SUMMARY_BATCHES = 0",
+                     f'INIT_CHECKPOINT = "{first}"']:
+        args.append(f"--gin_bindings={b}")
+    try:
+        assert cli.main(args) == 0
+    finally:
+        gin.clear_config()
+
+    config = T5Config.from_dict(json.load(open(os.path.join(second, "student_config.json"))))
+
+    def student_weights(path):
+        student = build_model(config)
+        student.load_weights(path)
+        return [w.numpy() for w in student.weights]
+
+    def distiller_student_weights(model_dir):
+        from keras_moe.distill import build_distiller
+
+        teacher_config = config.replace(moe_type="switch", num_experts=4, encoder_sparse_step=2,
+                                        decoder_sparse_step=2, jitter_noise=0.0)
+        distiller = build_distiller(teacher_dir, teacher_config)
+        distiller.compile(**distiller.compile_defaults())
+        distiller.optimizer.build(distiller.trainable_variables)
+        distiller.load_weights(resolve_checkpoint(model_dir))
+        return [w.numpy() for w in distiller.student.weights]
+
+    saved = student_weights(os.path.join(second, "student.weights.h5"))
+    trained = distiller_student_weights(second)
+    start = student_weights(os.path.join(first, "student.weights.h5"))
+    for a, b in zip(saved, trained):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(saved, start)), \
+        "the saved student equals the INIT_CHECKPOINT's: the trained one was not saved"
+    keras.backend.clear_session()
+
+
+@pytest.mark.slow
+def test_a_nan_loss_exits_3_like_the_training_cli(tmp_path, teacher_dir, capsys):
+    from keras_moe.distill import cli
+
+    gin.clear_config()
+    args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin",
+            f"--model_dir={tmp_path / 'nan'}"]
+    for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', "TRAIN_STEPS = 20",
+                     "CHECKPOINT_EVERY = 1", "SUMMARY_BATCHES = 0", "LEARNING_RATE = 1e30"]:
+        args.append(f"--gin_bindings={b}")
+    try:
+        assert cli.main(args) == 3
+    finally:
+        gin.clear_config()
+    assert "loss became nan" in capsys.readouterr().err
+
+
+def test_the_multi_process_flags_are_used_not_ignored(tmp_path, capsys):
+    from keras_moe.distill import cli
+
+    gin.clear_config()
+    # --process_count without a coordinator is refused by jax.distributed's set-up,
+    # which the distillation CLI once skipped (the flags were parsed and dropped).
+    code = cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
+                     "--process_count=2", "--process_index=0"])
+    gin.clear_config()
+    assert code == 2
+    assert "--coordinator_address" in capsys.readouterr().err

@@ -51,6 +51,7 @@ MODULES = [
     "keras_moe.startup",
     "keras_moe.token_exchange",
     "keras_moe.training.checkpoint",
+    "keras_moe.training.cli",
     "keras_moe.training.compile_only",
     "keras_moe.training.console",
     "keras_moe.training.hlo_collectives",
