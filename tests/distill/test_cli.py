@@ -97,7 +97,7 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     from keras_moe.models import T5Config, build_model
 
     first = str(tmp_path / "first")
-    assert _distill(first, teacher_dir, 2) == 0
+    assert _distill(first, teacher_dir, 2) == 0  # the INIT_CHECKPOINT
     second = str(tmp_path / "second")
     from keras_moe.distill import cli
 
@@ -140,21 +140,29 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     keras.backend.clear_session()
 
 
-@pytest.mark.slow
-def test_a_nan_loss_exits_3_like_the_training_cli(tmp_path, teacher_dir, capsys):
+@pytest.mark.parametrize("error,code", [("NonFiniteLossError", 3), ("WorkerFailureError", 4),
+                                        ("TrainingConfigError", 2)])
+def test_training_failures_exit_with_the_training_cli_codes(tmp_path, capsys, error, code,
+                                                            monkeypatch):
+    """The distillation CLI once mapped only configuration errors (exit 2); a NaN loss
+    or a dead worker escaped as a traceback (exit 1)."""
     from keras_moe.distill import cli
+    from keras_moe.training import errors, gin_configurables
 
+    def failing_train(*args, **kwargs):
+        if error == "NonFiniteLossError":
+            raise errors.NonFiniteLossError(5, float("nan"))
+        raise getattr(errors, error)("stopped on purpose")
+
+    monkeypatch.setattr(gin_configurables, "train", failing_train)
     gin.clear_config()
-    args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin",
-            f"--model_dir={tmp_path / 'nan'}"]
-    for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', "TRAIN_STEPS = 20",
-                     "CHECKPOINT_EVERY = 1", "SUMMARY_BATCHES = 0", "LEARNING_RATE = 1e30"]:
-        args.append(f"--gin_bindings={b}")
     try:
-        assert cli.main(args) == 3
+        assert cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
+                         '--gin_bindings=TEACHER_CHECKPOINT = "unused"']) == code
     finally:
         gin.clear_config()
-    assert "loss became nan" in capsys.readouterr().err
+    expected = "training loss became nan at step 5" if code == 3 else "stopped on purpose"
+    assert f"python -m keras_moe.distill: error: {expected}" in capsys.readouterr().err
 
 
 def test_the_multi_process_flags_are_used_not_ignored(tmp_path, capsys):
