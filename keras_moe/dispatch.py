@@ -13,8 +13,10 @@ numbers; they differ only in how they move data:
   tokens. Memory and time are O(tokens * d), which is what CPUs and GPUs want.
 - `DroplessDispatcher` has no capacity and drops nothing: the token-expert
   assignments are sorted by expert and each expert multiplies exactly its
-  tokens (`grouped_matmul`), as MegaBlocks does on GPUs. Shapes depend on the
-  routing, so it runs where shapes may be dynamic (CPU/GPU, not XLA or TPU).
+  tokens (`grouped_matmul`), as MegaBlocks does on GPUs. Group sizes depend
+  on the routing: TensorFlow runs it with dynamic shapes (CPU/GPU, not XLA or
+  TPU); JAX with static shapes and a grouped-matmul kernel (`ragged_dot` on
+  CPU/GPU, the Pallas megablox kernel on TPU; docs/dropless.md).
 
 Expert buffers are laid out `[E, G, C, d]` (experts first), so the experts'
 batched matmul needs no transpose and the expert axis can be sharded.
@@ -23,6 +25,7 @@ batched matmul needs no transpose and the expert axis can be sharded.
 
 from typing import NamedTuple
 
+import keras
 from keras import ops
 
 from keras_moe import sharding, token_exchange
@@ -367,7 +370,8 @@ def get_dispatcher(mode):
     """Returns the dispatcher for `mode` ("einsum", "gather", "dropless" or "auto").
 
     "auto" picks einsum on TPU and gather everywhere else; "dropless" is
-    refused on TPU (it needs shapes that depend on the routing).
+    refused on TPU with the TensorFlow backend (its grouped matmul needs
+    dynamic shapes there); on JAX it runs on TPU with the megablox kernel.
 
     Example:
     >>> get_dispatcher("gather").name
@@ -379,9 +383,11 @@ def get_dispatcher(mode):
     if mode == "auto":
         mode = "einsum" if platform == "tpu" else "gather"
     if mode == "dropless":
-        if platform == "tpu":
+        if platform == "tpu" and keras.backend.backend() != "jax":
             raise ValueError(
-                "dispatch='dropless' needs shapes that depend on the routing, which TPUs do "
-                "not compile; use dispatch='einsum' (or 'auto') with a capacity factor.")
+                "dispatch='dropless' on TPU needs the JAX backend (its grouped matmul there "
+                "is the megablox kernel; TensorFlow's needs shapes that depend on the "
+                "routing, which TPUs do not compile): set KERAS_BACKEND=jax, or use "
+                "dispatch='einsum' (or 'auto') with a capacity factor.")
         return DroplessDispatcher()
     return EinsumDispatcher() if mode == "einsum" else GatherDispatcher()

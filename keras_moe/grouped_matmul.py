@@ -6,29 +6,54 @@ times `w[0]`, the next `group_sizes[1]` rows times `w[1]`, and so on; rows
 past `sum(group_sizes)` give 0. It is the dropless dispatcher's expert
 computation: every expert multiplies exactly the tokens routed to it.
 
-No `keras.ops` function does this, so it is written per backend:
+No `keras.ops` function does this, so it is written per backend (see
+docs/dropless.md):
 
 - TensorFlow: the rows are split at the group sizes (known at run time) and
   each group meets its matrix in one matmul. The expert axis of `w` is
   unstacked in one op, so its gradient is one stack (slicing `w[e]` E times
   would give E full-size gradients). Shapes are dynamic: graph and eager
   mode, not XLA (`jit_compile=True` raises, naming the alternative).
-- JAX: `jax.lax.ragged_dot`, XLA's grouped matmul. On CPU XLA computes it as
-  one dense matmul per group over all rows (7-100x one dense matmul at
-  E = 8-128, measured); it pays off where XLA has a grouped kernel.
+- JAX on CPU/GPU (`kernel="ragged_dot"`): `jax.lax.ragged_dot`, XLA's grouped
+  matmul. On CPU XLA computes it as one dense matmul per group over all rows
+  (7-100x one dense matmul at E = 8-128, measured).
+- JAX on TPU (`kernel="megablox"`): the Pallas grouped matmul of
+  `jax.experimental.pallas.ops.tpu.megablox` (`gmm`, with its own gradient:
+  `gmm` for x, `tgmm` for w). Not `ragged_dot`: the TPU compiler expands the
+  weight gradient of `ragged_dot` densely over the groups. For x `[4096, 768]`,
+  w `[128, 768, 3072]` (bf16, one v5e chip) `ragged_dot` costs 1.93e10 FLOPs
+  forward (2Nkn) but 2.5e12 forward + backward (~130x the 3 x 2Nkn = 5.8e10
+  of a dense layer); megablox costs 5.8e10. Its price: an m-tile (<= 128 rows)
+  that straddles a group boundary is computed once per group in it, so at most
+  `N / tm + E - 1` tiles are computed instead of `N / tm`. Rows are padded to
+  a multiple of the tile; under a device mesh the rows are split evenly over
+  all devices (each computes its rows, group sizes cut to its slice) and the
+  weights are replicated inside the kernel: experts sharded over an "expert"
+  axis are gathered for the step (see docs/dropless.md).
 """
 
 import keras
 from keras import ops
 
+from keras_moe import sharding
 
-def grouped_matmul(x, w, group_sizes):
+KERNELS = ("auto", "ragged_dot", "megablox")
+# The m tile (rows per kernel step) at most: the TPU's MXU is 128 wide.
+MAX_ROW_TILE = 128
+
+
+def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False):
     """Rows of `x`, sorted by group, times their group's matrix in `w`.
 
     Args:
         x: `[N, k]` rows, group 0's first.
         w: `[E, k, n]` one matrix per group.
         group_sizes: int `[E]`, rows per group, summing to at most N.
+        kernel: JAX only: "auto" (megablox on TPU, ragged_dot elsewhere; the
+            platform is `sharding.accelerator_platform()`), "ragged_dot" or
+            "megablox". The TensorFlow backend accepts "auto" only.
+        interpret: with the megablox kernel, run the Pallas kernel in the
+            interpreter (any platform, slow: for tests on CPU).
 
     Returns:
         `[N, n]`, 0 for rows past `sum(group_sizes)`.
@@ -41,11 +66,20 @@ def grouped_matmul(x, w, group_sizes):
     [[0.0, 1.0], [4.0, 6.0], [8.0, 10.0], [0.0, 0.0]]
     """
     backend = keras.backend.backend()
+    if kernel not in KERNELS:
+        raise ValueError(f"`kernel` must be one of {KERNELS}, got {kernel!r}.")
+    if backend == "tensorflow" and kernel != "auto":
+        raise ValueError(f"`kernel`={kernel!r} is a JAX kernel; the tensorflow backend "
+                         "takes kernel='auto' (tf.split + matmul).")
     x = ops.convert_to_tensor(x)
     w = ops.cast(w, x.dtype)  # a variable's (autocast) value, in the rows' dtype
     if backend == "tensorflow":
         return _tensorflow_grouped_matmul(x, w, group_sizes)
     if backend == "jax":
+        if kernel == "auto":
+            kernel = "megablox" if sharding.accelerator_platform() == "tpu" else "ragged_dot"
+        if kernel == "megablox":
+            return _megablox_grouped_matmul(x, w, group_sizes, interpret=interpret)
         return _jax_grouped_matmul(x, w, group_sizes)
     raise NotImplementedError(
         f"dispatch='dropless' runs on the tensorflow and jax backends, not {backend!r}; "
@@ -86,3 +120,83 @@ def _jax_grouped_matmul(x, w, group_sizes):
     # Rows past the groups: zero them here rather than rely on the primitive.
     inside = ops.arange(ops.shape(x)[0]) < ops.sum(sizes)
     return ops.where(inside[:, None], y, ops.zeros_like(y))
+
+
+def _round_up(value, multiple):
+    return -(-value // multiple) * multiple
+
+
+def megablox_tiling(rows, k, n):
+    """The (tm, tk, tn) tiles of the megablox kernel for `rows` rows (per device).
+
+    tm: 128 rows, or all rows (rounded up to 16, bf16's sublane tile) when
+    fewer: a smaller tile wastes less where a tile straddles a group boundary
+    but leaves the 128-wide MXU partly idle. tk = tn: the largest of
+    512/256/128 that divides both k and n (the backward pass swaps their roles,
+    so one size serves both), else 128 (the kernel masks the ragged edge).
+
+    Example:
+    >>> megablox_tiling(4096, 768, 3072)
+    (128, 256, 256)
+    >>> megablox_tiling(40, 64, 128)
+    (48, 128, 128)
+    """
+    tm = min(MAX_ROW_TILE, _round_up(max(int(rows), 1), 16))
+    tile = next((t for t in (512, 256, 128) if k % t == 0 and n % t == 0), 128)
+    return tm, tile, tile
+
+
+def _megablox_grouped_matmul(x, w, group_sizes, interpret=False):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+    from jax.sharding import PartitionSpec
+
+    if x.dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"the megablox kernel takes float32 or bfloat16 rows `x`, "
+                         f"got {x.dtype}; cast them (or use kernel='ragged_dot').")
+    num_rows, k = x.shape
+    n = w.shape[-1]
+    sizes = jnp.asarray(group_sizes).astype(jnp.int32)
+    mesh = _jax_mesh()
+    shards = 1 if mesh is None else mesh.devices.size
+    tm = megablox_tiling(-(-num_rows // shards), k, n)[0]
+    local_rows = _round_up(-(-num_rows // shards), tm)
+    padded = local_rows * shards
+    tiling = megablox_tiling(local_rows, k, n)
+    # Rows past sum(group_sizes) (and the padding) belong to no group: the
+    # kernel leaves them unwritten, in its output and in the x gradient, so
+    # both are masked (a select: garbage there never reaches a gradient).
+    inside = jnp.arange(padded) < jnp.sum(sizes)
+    rows = jnp.pad(x, ((0, padded - num_rows), (0, 0)))
+    rows = jnp.where(inside[:, None], rows, jnp.zeros_like(rows))
+
+    def local(rows, sizes, w):
+        return gmm(rows, w, sizes, rows.dtype, tiling, None, None, False, interpret)
+
+    if mesh is None:
+        y = local(rows, sizes, w)
+    else:
+        # A Pallas call is not partitioned by GSPMD: each device multiplies a
+        # slice of the rows with every expert's weights (gathered if sharded).
+        # Sorted rows cut into equal contiguous slices stay sorted: slice s
+        # holds, of group g, the rows of [start_g, end_g) within [s*L, (s+1)*L).
+        ends = jnp.cumsum(sizes)
+        lo = jnp.arange(shards, dtype=jnp.int32)[:, None] * local_rows
+        local_sizes = (jnp.clip(ends[None] - lo, 0, local_rows)
+                       - jnp.clip((ends - sizes)[None] - lo, 0, local_rows))
+        every = PartitionSpec(tuple(mesh.axis_names))
+        y = jax.shard_map(
+            lambda r, s, m: local(r, s[0], m), mesh=mesh,
+            in_specs=(every, every, PartitionSpec()), out_specs=every,
+            check_vma=False)(rows, local_sizes.astype(jnp.int32), w)
+    y = jnp.where(inside[:, None], y, jnp.zeros_like(y))
+    return y[:num_rows]
+
+
+def _jax_mesh():
+    """The jax Mesh of the configured keras distribution, or None (one device)."""
+    mesh = getattr(keras.distribution.distribution(), "device_mesh", None)
+    if mesh is None or mesh.backend_mesh.devices.size == 1:
+        return None
+    return mesh.backend_mesh

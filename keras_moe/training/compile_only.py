@@ -225,10 +225,8 @@ def _dispatch_binding(config, target_platform):
     mode = config.dispatch
     if target_platform != "tpu":
         return None
-    if mode == "dropless":
-        raise CompileOnlyError(
-            "T5Config.dispatch = 'dropless' does not compile on TPU (its shapes depend on the "
-            "routing); use 'einsum' or 'auto'.")
+    # "dropless" compiles as written: under the TPU mesh grouped_matmul runs
+    # the megablox kernel (keras_moe.grouped_matmul).
     # keras_moe.dispatch.get_dispatcher: "auto" is einsum on TPU. On this host
     # "auto" would see the CPU and pick gather, so the TPU program is pinned.
     return 'T5Config.dispatch = "einsum"' if mode == "auto" else None
