@@ -22,8 +22,8 @@ docs/dropless.md):
   `gmm` for x, `tgmm` for w). Not `ragged_dot`: the TPU compiler expands the
   weight gradient of `ragged_dot` densely over the groups. For x `[4096, 768]`,
   w `[128, 768, 3072]` (bf16, one v5e chip) `ragged_dot` costs 1.93e10 FLOPs
-  forward (2Nkn) but 2.5e12 forward + backward (~130x the 3 x 2Nkn = 5.8e10
-  of a dense layer); megablox costs 5.8e10. Its price: an m-tile (<= 128 rows)
+  forward (2Nkn) but 2.5e12 forward + backward (130x the forward, 43x the
+  3 x 2Nkn = 5.8e10 of a dense layer); megablox costs 5.8e10. Its price: an m-tile (<= 128 rows)
   that straddles a group boundary is computed once per group in it, so at most
   `N / tm + E - 1` tiles are computed instead of `N / tm`. Rows are padded to
   a multiple of the tile; under a device mesh the rows are split evenly over
