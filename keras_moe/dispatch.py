@@ -66,7 +66,13 @@ class Dispatcher:
     """
 
     name = None
-    uses_capacity = True  # False: routing keeps every assignment (no capacity)
+
+    def check(self, router, experts):
+        """Raises ValueError, naming `dispatch`, when `router` or `experts` cannot be used."""
+
+    def expert_capacity(self, router, group_size, capacity_factor, min_expert_capacity):
+        """Slots per expert per group: the router's `expert_capacity` (see it)."""
+        return router.expert_capacity(group_size, capacity_factor, min_expert_capacity)
 
     def apply(self, x, routing, experts, training=None):
         """Outputs `[G, S, d]` of the `experts` layer for group tokens `x` routed by `routing`."""
@@ -231,10 +237,12 @@ class GatherDispatcher(Dispatcher):
 class DroplessDispatcher(Dispatcher):
     """Sorts the token-expert assignments by expert; each expert computes exactly its tokens.
 
-    Needs routing without capacity (`capacity=None`: every assignment of a
-    real token kept) and an experts layer that takes sorted rows
-    (`experts(rows, group_sizes=...)`, as `FeedForwardExperts` does). Padding
-    and unused choices sort last and are not computed.
+    Needs a router whose tokens pick their experts (`picks_experts_per_token`)
+    and an experts layer that takes sorted rows (`takes_sorted_rows`:
+    `experts(rows, group_sizes=...)`, as `FeedForwardExperts`); `check` says
+    so. Its `expert_capacity` is the group size, room for every assignment, so
+    the router keeps each choice that asks for a slot. Padding and unused
+    choices sort last and are not computed.
 
     Example:
     >>> import numpy as np
@@ -242,15 +250,33 @@ class DroplessDispatcher(Dispatcher):
     >>> from keras_moe.routing import SwitchRouter
     >>> x = np.random.default_rng(0).normal(size=(2, 16, 8)).astype("float32")  # [G, S, d]
     >>> router, experts = SwitchRouter(num_experts=4), FeedForwardExperts(4, d_ff=16)
-    >>> routing = router.route(router(x), np.ones((2, 16)), capacity=None)
-    >>> y = DroplessDispatcher().apply(x, routing, experts)
-    >>> routing = router.route(router(x), np.ones((2, 16)), capacity=16)  # room for all
+    >>> dropless = DroplessDispatcher()
+    >>> dropless.check(router, experts)  # fine: no error
+    >>> capacity = dropless.expert_capacity(router, 16, 1.0, 4)
+    >>> capacity
+    16
+    >>> routing = router.route(router(x), np.ones((2, 16)), capacity=capacity)
+    >>> y = dropless.apply(x, routing, experts)
     >>> bool(np.allclose(y, GatherDispatcher().apply(x, routing, experts), atol=1e-5))
     True
     """
 
     name = "dropless"
-    uses_capacity = False
+
+    def check(self, router, experts):
+        if not router.picks_experts_per_token:
+            raise ValueError(
+                "dispatch='dropless' has no capacity, so it needs a token-choice router "
+                f"(Switch, top-2, top-k); got {type(router).__name__}.")
+        if not experts.takes_sorted_rows:
+            raise ValueError(
+                f"dispatch='dropless' runs the experts on tokens sorted by expert, which "
+                f"{type(experts).__name__} does not take (expert-parallel experts exchange "
+                "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
+
+    def expert_capacity(self, router, group_size, capacity_factor, min_expert_capacity):
+        # A token takes at most one slot of an expert: a group's size is room for all.
+        return group_size
 
     def apply(self, x, routing, experts, training=None):
         d_model = x.shape[-1]

@@ -95,6 +95,8 @@ class ExpertParallelExperts(FeedForwardExperts):
     ((8, 2, 4, 16), 8)
     """
 
+    takes_sorted_rows = False  # exchanges fixed-capacity buffers between replicas
+
     def __init__(self, num_experts, d_ff, exchange="auto", **kwargs):
         super().__init__(num_experts, d_ff, **kwargs)
         if exchange not in EXCHANGES:

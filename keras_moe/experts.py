@@ -77,6 +77,8 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
     (4, 1, 2, 8)
     """
 
+    takes_sorted_rows = True  # call(rows, group_sizes=...): dropless dispatch
+
     def __init__(self, num_experts, d_ff, activation="relu", dropout_rate=0.0,
                  init_scale=1.0, seed=None, **kwargs):
         super().__init__(**kwargs)

@@ -1,7 +1,6 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
 import contextlib
-import inspect
 import threading
 
 import keras
@@ -170,16 +169,7 @@ class MoeLayer(keras.layers.Layer):
                 "cannot be used in a causal layer (causal=True)."
             )
         self.dispatcher = dispatch_lib.get_dispatcher(dispatch)
-        if not self.dispatcher.uses_capacity:
-            if not isinstance(router, routing_lib.TokenChoiceRouter):
-                raise ValueError(
-                    f"dispatch={dispatch!r} has no capacity, so it needs a token-choice router "
-                    f"(Switch, top-2, top-k); got {type(router).__name__}.")
-            if "group_sizes" not in inspect.signature(experts.call).parameters:
-                raise ValueError(
-                    f"dispatch={dispatch!r} runs the experts on tokens sorted by expert, which "
-                    f"{type(experts).__name__} does not take (expert-parallel experts exchange "
-                    "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
+        self.dispatcher.check(router, experts)
         self.router = router
         self.experts = experts
         self.num_experts = router.num_experts
@@ -226,7 +216,8 @@ class MoeLayer(keras.layers.Layer):
     def capacity(self, group_size, training):
         """Slots per expert per group for a group of `group_size` tokens."""
         factor = self.train_capacity_factor if training else self.eval_capacity_factor
-        return self.router.expert_capacity(group_size, factor, self.min_expert_capacity)
+        return self.dispatcher.expert_capacity(self.router, group_size, factor,
+                                               self.min_expert_capacity)
 
     def _grouping(self, x):
         """The grouping used for input `x`: "batch", "sequence", an int N, or
@@ -309,7 +300,7 @@ class MoeLayer(keras.layers.Layer):
         group_size = groups.shape[1]
         if group_size is None:  # "batch" groups of a batch of unknown size
             group_size = ops.shape(groups)[1]
-        capacity = self.capacity(group_size, training) if self.dispatcher.uses_capacity else None
+        capacity = self.capacity(group_size, training)
 
         logits = self.router(groups, training=training)
         routing = self.router.route(logits, group_mask, capacity, training=bool(training))

@@ -30,8 +30,7 @@ class RoutingInstructions(NamedTuple):
         z_loss: float32 scalar, unscaled router z-loss.
         capacity: slots per expert per group: a Python int, or an int32
             scalar tensor when the group size is known only at run time
-            (TensorFlow, `group_size="batch"` with an unknown batch size);
-            None without capacity (dropless; `position` is then 0).
+            (TensorFlow, `group_size="batch"` with an unknown batch size).
         num_experts: Python int.
     """
 
@@ -94,6 +93,7 @@ class Router(keras.layers.Layer):
 
     is_causal_safe = True  # False when a token's routing depends on later tokens
     batch_prioritized_routing = False  # True: capacity filled by confidence, not order
+    picks_experts_per_token = False  # True: each token picks experts (dropless can run it)
 
     def __init__(
         self,
@@ -188,8 +188,8 @@ class Router(keras.layers.Layer):
     def route(self, logits, token_mask, capacity, training=False):
         """Turns logits [G, S, E] into `RoutingInstructions`.
 
-        `capacity`: slots per expert per group, or None (token-choice routers
-        only): no capacity, every assignment kept (dropless dispatch).
+        `capacity`: slots per expert per group (the dispatcher's choice; the
+        dropless dispatcher gives the group size, room for every assignment).
         """
         logits = ops.cast(logits, "float32")
         probs = ops.softmax(logits, axis=-1)

@@ -39,9 +39,6 @@ class ExpertChoiceRouter(Router):
         return 1  # capacity ceil(cf * S / E): on average one expert per token
 
     def assign(self, probs, token_mask, capacity, training):
-        if capacity is None:
-            raise ValueError("expert-choice routing needs a capacity (each expert picks "
-                             "that many tokens); it cannot be used with dispatch='dropless'.")
         mask = token_mask
         shape = ops.shape(probs)
         num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts

@@ -96,13 +96,12 @@ class TokenChoiceRouter(Router):
     [[[1.0, 0.0], [1.0, 1.0]]]
     """
 
+    picks_experts_per_token = True
+
     def assign(self, probs, token_mask, capacity, training):
         gates, expert_index = ops.top_k(probs, self.num_choices())
         active = self.choices_asking(gates, token_mask, training)
         aux = router_losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
-        if capacity is None:  # dropless: every choice that asks for a slot gets one
-            return expert_index, ops.zeros_like(active), active, self.combine_weights(
-                gates, active), aux
         order = _priority_order(probs, token_mask, self.batch_prioritized_routing)
         position, kept = _keep_within_capacity(
             expert_index, active, self.num_experts, capacity, order
