@@ -148,7 +148,9 @@ class ExpertParallelExperts(FeedForwardExperts):
             out = tf.slice(out, [0, offset, 0, 0], [-1, groups, -1, -1])
             out.set_shape(inputs.shape)
             return out
-        from tensorflow.python.tpu.ops import tpu_ops
+        from keras_moe import compat
+
+        tpu_ops = compat.tf_tpu_ops()
 
         assignment = [list(range(n))]
         mine = tpu_ops.all_to_all(inputs, concat_dimension=1, split_dimension=0,

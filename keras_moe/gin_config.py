@@ -119,12 +119,11 @@ def imports_allowed(extra=()):
     ['json.decoder']
     >>> shutil.rmtree(folder)
     """
-    import gin.config
+    from keras_moe import compat
 
     allowed = tuple(DEFAULT_GIN_IMPORTS) + tuple(m.strip() for m in extra if m.strip())
-    original = gin.config.ParseContext.process_import
 
-    def checked(self, statement):
+    def check(statement):
         module = statement.module  # "a.b" for both `import a.b` and `from a import b`
         if not any(module == a or module.startswith(a + ".") for a in allowed):
             where = f"{statement.location.filename}:{statement.location.line_num}"
@@ -132,13 +131,9 @@ def imports_allowed(extra=()):
                 f"gin import {statement.format()!r} ({where}) is not allowed: gin files may "
                 f"import only {list(allowed)} and their sub-modules. If you trust it, allow "
                 f"it with --gin_allow_import {module.split('.')[0]}.")
-        return original(self, statement)
 
-    gin.config.ParseContext.process_import = checked
-    try:
+    with compat.gin_import_hook(check):
         yield
-    finally:
-        gin.config.ParseContext.process_import = original
 
 
 def _as_list(value, what, allowed):
@@ -156,9 +151,9 @@ def _as_list(value, what, allowed):
 
 
 def _macros():
-    import gin.config
+    from keras_moe import compat
 
-    return {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}
+    return compat.gin_macro_names()
 
 
 def _binding_lines(bindings):
@@ -193,8 +188,9 @@ def unbound_required_macros():
                 and value.selector == "gin.constant"
                 and value.scoped_configurable_fn() is gin.REQUIRED)
 
-    return sorted(name for name in _macros()
-                  if is_required(gin.config._CONFIG[(name, "gin.macro")].get("value")))
+    from keras_moe import compat
+
+    return sorted(name for name in _macros() if is_required(compat.gin_macro_value(name)))
 
 
 def _configured_model():

@@ -88,10 +88,9 @@ def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False):
 
 def in_xla_compilation():
     """True while TensorFlow traces a function for XLA (`jit_compile=True`)."""
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
+    from keras_moe import compat
 
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    return compat.tf_in_xla_context()
 
 
 def _tensorflow_grouped_matmul(x, w, group_sizes):

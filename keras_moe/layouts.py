@@ -335,8 +335,10 @@ class LogicalModelParallel(_keras.distribution.ModelParallel):
         return tensor_layout(axes, self.device_mesh, self._layout_map.rules, data_shape)
 
     def get_variable_layout(self, variable):
-        if getattr(variable, "_layout", None) is not None:
-            return variable._layout
+        from keras_moe import compat
+
+        if compat.variable_layout(variable) is not None:
+            return compat.variable_layout(variable)
         layout = self._layout_map.layout_for(variable.path, variable.shape)
         if layout is not None:
             return layout

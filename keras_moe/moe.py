@@ -1,11 +1,11 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
 import contextlib
-import threading
 
 import keras
 from keras import ops
 
+from keras_moe import compat
 from keras_moe import dispatch as dispatch_lib
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
@@ -61,7 +61,7 @@ def _check_capacity_factor(name, value):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class MoeLayer(keras.layers.Layer):
+class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
     """A sparsely-activated feed-forward layer (the MoE branch only, no residual).
 
     Tokens `[batch, length, d_model]` are split into groups (GShard), routed,
@@ -189,21 +189,6 @@ class MoeLayer(keras.layers.Layer):
         self._trackers = None
         if self.track_metrics and keras.backend.backend() == "tensorflow":
             self._trackers = metrics_lib.make_metric_trackers(metrics_prefix or self.name)
-
-    # Keras keeps a layer's `add_loss` results in one list per layer. Under
-    # MirroredStrategy every replica runs `call` in its own thread, and
-    # expert-parallel experts make replicas wait for each other in the middle
-    # of `call`, so one shared list would mix the replicas' losses. Each
-    # thread gets its own list instead (one thread: the usual behaviour).
-    @property
-    def _losses(self):
-        per_thread = self.__dict__.setdefault("_per_thread_losses", {})
-        return per_thread.setdefault(threading.get_ident(), [])
-
-    @_losses.setter
-    def _losses(self, value):
-        per_thread = self.__dict__.setdefault("_per_thread_losses", {})
-        per_thread[threading.get_ident()] = list(value)
 
     def build(self, input_shape):
         d_model = input_shape[-1]

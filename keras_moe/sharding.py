@@ -247,7 +247,9 @@ def configure_tpu_spmd(mesh_shape, rules=DEFAULT_RULES, device_ids=None):
 
 def _tf_mesh_split(x, logical_axes):
     import numpy as np
-    from tensorflow.python.compiler.xla.experimental import xla_sharding
+    from keras_moe import compat
+
+    xla_sharding = compat.tf_xla_sharding()
 
     device_mesh, names = _TF_SPMD
     mesh_shape = dict(zip(names, device_mesh.shape))

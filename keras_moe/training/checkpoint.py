@@ -40,6 +40,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_moe import compat
+
 from keras_moe.training import sharded_checkpoint
 from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
 from keras_moe.training.log import log as default_log
@@ -136,12 +138,12 @@ def _collect_seed_states(layer, prefix, seen, found):
         seen: ids of the states already found (a shared layer counts once).
         found: dict key -> state variable, filled in.
     """
-    for i, generator in enumerate(getattr(layer, "_seed_generators", ())):
+    for i, generator in enumerate(compat.seed_generators(layer)):
         if id(generator.state) not in seen:
             seen.add(id(generator.state))
             found[prefix + _numbered("seed_generator", i)] = generator.state
     siblings = {}
-    for child in getattr(layer, "_layers", ()):
+    for child in compat.direct_sublayers(layer):
         name = _snake_case(type(child).__name__)
         siblings[name] = siblings.get(name, -1) + 1
         _collect_seed_states(child, f"{prefix}{_numbered(name, siblings[name])}/", seen, found)

@@ -383,7 +383,7 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     import keras
     import numpy as np
 
-    from keras_moe import models
+    from keras_moe import compat, models
     from keras_moe.training.trainer import dtype_policy_scope
 
     # Variables created in this scope get a shape and a layout, never a value:
@@ -393,7 +393,7 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     for variable in model.variables:
         # What initialising the variable would do; the optimizer's slots take
         # their reference weight's layout from it (as in training).
-        variable._layout = distribution.get_variable_layout(variable)
+        compat.set_variable_layout(variable, distribution.get_variable_layout(variable))
     built = {}
 
     # The optimizer (its step counter, Adafactor's factored moments) and the

@@ -5,10 +5,11 @@ import numpy as np
 
 def moe_layers(model):
     """`{path: MoeLayer}` of every MoE layer of `model`, in model order."""
+    from keras_moe import compat
     from keras_moe.moe import MoeLayer
 
     out = {}
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in compat.sublayers(model):
         if isinstance(layer, MoeLayer):
             out[layer.path or layer.name] = layer
     return out

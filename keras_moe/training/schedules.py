@@ -131,7 +131,9 @@ def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup
 
 def learning_rate_at(optimizer, step):
     """The optimizer's learning rate at `step` as a float (schedules evaluated)."""
-    lr = optimizer._learning_rate if hasattr(optimizer, "_learning_rate") else optimizer.learning_rate
+    from keras_moe import compat
+
+    lr = compat.learning_rate_schedule(optimizer)
     if isinstance(lr, InverseSqrtSchedule):
         return lr.value(step)
     if callable(lr):

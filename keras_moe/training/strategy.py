@@ -65,21 +65,15 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
                     f"got {value!r}.")
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=collective_timeout)
-        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+        from keras_moe import compat
 
-        # Read by the strategy's constructor (its start-up barrier); a TF class
-        # attribute, so set it only for the construction.
-        extended = cars.CollectiveAllReduceExtended
-        saved = extended._check_health_initial_timeout  # noqa: SLF001
-        extended._check_health_initial_timeout = int(cluster_wait_timeout or 0)  # noqa: SLF001
         try:
-            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+            with compat.tf_collective_health_timeout(cluster_wait_timeout):
+                return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         except RuntimeError as e:
             raise TrainingConfigError(
                 f"multi_worker: not all workers of TF_CONFIG joined within "
                 f"{cluster_wait_timeout} s ({e}).") from None
-        finally:
-            extended._check_health_initial_timeout = saved  # noqa: SLF001
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_name)
     if tpu_name not in ("local",):
         tf.config.experimental_connect_to_cluster(resolver)

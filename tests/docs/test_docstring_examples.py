@@ -14,10 +14,13 @@ import pytest
 MODULES = [
     "benchmarks.batch_files",
     "benchmarks.distill",
+    "benchmarks.dropless_tpu",
     "benchmarks.memory_plan",
     "benchmarks.quality",
+    "keras_moe.compat",
     "keras_moe.convert.hf",
     "keras_moe.dispatch",
+    "keras_moe.grouped_matmul",
     "keras_moe.distill.builder",
     "keras_moe.distill.distiller",
     "keras_moe.distill.init_from_teacher",

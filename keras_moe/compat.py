@@ -1,0 +1,191 @@
+"""Every use of another library's private internals, in one place.
+
+keras_moe needs a few things that Keras, gin and TensorFlow do not expose
+publicly. Each is reached through one function here, written for the versions
+in `TESTED_VERSIONS` and checked by `tests/test_compat.py`, so an upgrade that
+moves one fails there, by name, instead of somewhere deep in a training run.
+`untested_versions()` lists the installed versions outside those series;
+`keras_moe.training` warns about them once.
+
+- Keras: `sublayers` (`Layer._flatten_layers`), `direct_sublayers`
+  (`Layer._layers`), `seed_generators` (`Layer._seed_generators`),
+  `PerThreadLosses` (overrides `Layer._losses`, where `add_loss` stores),
+  `variable_layout` / `set_variable_layout` (`Variable._layout`),
+  `learning_rate_schedule` (`Optimizer._learning_rate`).
+- gin: `gin_macro_names` / `gin_macro_value` (`gin.config._CONFIG`),
+  `gin_import_hook` (wraps `ParseContext.process_import`).
+- TensorFlow: `tf_xla_sharding`, `tf_tpu_ops`, `tf_in_xla_context`,
+  `tf_collective_health_timeout` (`tensorflow.python.*`).
+
+Example:
+>>> import keras
+>>> outer = keras.Sequential([keras.layers.Dense(2), keras.Sequential([keras.layers.Dense(1)])])
+>>> sorted(type(layer).__name__ for layer in sublayers(outer))
+['Dense', 'Dense', 'Sequential']
+"""
+
+import contextlib
+import importlib.metadata
+import threading
+
+# Distribution -> the release series ("major.minor") these helpers were written for.
+TESTED_VERSIONS = {"keras": "3.15", "gin-config": "0.5", "tensorflow": "2.21"}
+
+
+def untested_versions(installed=None):
+    """`["name X.Y.Z (tested: A.B)", ...]` for installed versions outside `TESTED_VERSIONS`.
+
+    Args:
+        installed: optional `{name: version}` (default: the environment's).
+
+    Example:
+    >>> untested_versions({"keras": "3.15.2", "gin-config": "0.6.0", "tensorflow": "2.21.0"})
+    ['gin-config 0.6.0 (tested: 0.5)']
+    """
+    out = []
+    for name, series in TESTED_VERSIONS.items():
+        if installed is not None:
+            version = installed.get(name)
+        else:
+            try:
+                version = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                version = None
+        if version is not None and ".".join(version.split(".")[:2]) != series:
+            out.append(f"{name} {version} (tested: {series})")
+    return out
+
+
+# --- Keras ------------------------------------------------------------------------------
+
+
+def sublayers(layer):
+    """Every layer inside `layer`, depth first, `layer` itself left out."""
+    return list(layer._flatten_layers(include_self=False, recursive=True))
+
+
+def direct_sublayers(layer):
+    """The layers `layer` tracks directly, in creation order."""
+    return list(getattr(layer, "_layers", ()))
+
+
+def seed_generators(layer):
+    """The `keras.random.SeedGenerator`s `layer` itself owns, in creation order."""
+    return list(getattr(layer, "_seed_generators", ()))
+
+
+def variable_layout(variable):
+    """The layout a variable was given when it was created under a distribution, or None."""
+    return getattr(variable, "_layout", None)
+
+
+def set_variable_layout(variable, layout):
+    """Gives an uninitialised variable the layout initialising it would (compile-only runs)."""
+    variable._layout = layout
+
+
+def learning_rate_schedule(optimizer):
+    """The optimizer's learning rate as given (a schedule stays a schedule)."""
+    return getattr(optimizer, "_learning_rate", optimizer.learning_rate)
+
+
+class PerThreadLosses:
+    """Mixin for a Keras layer: each thread gets its own `add_loss` list.
+
+    Keras keeps a layer's `add_loss` results in one list (`Layer._losses`).
+    Under MirroredStrategy every replica runs `call` in its own thread, and
+    replicas that wait for each other in the middle of `call` (expert-parallel
+    experts) would mix their losses in one shared list.
+    """
+
+    @property
+    def _losses(self):
+        per_thread = self.__dict__.setdefault("_per_thread_losses", {})
+        return per_thread.setdefault(threading.get_ident(), [])
+
+    @_losses.setter
+    def _losses(self, value):
+        per_thread = self.__dict__.setdefault("_per_thread_losses", {})
+        per_thread[threading.get_ident()] = list(value)
+
+
+# --- gin --------------------------------------------------------------------------------
+
+
+def gin_macro_names():
+    """The names of the macros gin has parsed so far."""
+    import gin.config
+
+    return {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}
+
+
+def gin_macro_value(name):
+    """The parsed value of macro `name` (a `ConfigurableReference` for `%gin.REQUIRED`)."""
+    import gin.config
+
+    return gin.config._CONFIG[(name, "gin.macro")].get("value")
+
+
+@contextlib.contextmanager
+def gin_import_hook(check):
+    """Calls `check(statement)` before gin processes each `import` of a parsed file.
+
+    Args:
+        check: `check(statement)`; raise to refuse the import. `statement.module`
+            is the module ("a.b"), `statement.location` where it was written.
+    """
+    import gin.config
+
+    original = gin.config.ParseContext.process_import
+
+    def checked(self, statement):
+        check(statement)
+        return original(self, statement)
+
+    gin.config.ParseContext.process_import = checked
+    try:
+        yield
+    finally:
+        gin.config.ParseContext.process_import = original
+
+
+# --- TensorFlow -------------------------------------------------------------------------
+
+
+def tf_xla_sharding():
+    """TensorFlow's `xla_sharding` module (`mesh_split` annotations for TPU SPMD)."""
+    from tensorflow.python.compiler.xla.experimental import xla_sharding
+
+    return xla_sharding
+
+
+def tf_tpu_ops():
+    """TensorFlow's `tpu_ops` module (`all_to_all` with a registered gradient)."""
+    from tensorflow.python.tpu.ops import tpu_ops
+
+    return tpu_ops
+
+
+def tf_in_xla_context():
+    """True while TensorFlow traces a function for XLA (`jit_compile=True`)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+@contextlib.contextmanager
+def tf_collective_health_timeout(seconds):
+    """MultiWorkerMirroredStrategy's start-up wait for its peers is `seconds` in the block.
+
+    A class attribute read by the strategy's constructor, set only for the construction.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    extended = cars.CollectiveAllReduceExtended
+    saved = extended._check_health_initial_timeout
+    extended._check_health_initial_timeout = int(seconds or 0)
+    try:
+        yield
+    finally:
+        extended._check_health_initial_timeout = saved

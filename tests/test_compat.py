@@ -1,0 +1,120 @@
+"""Each private internal keras_moe reaches through keras_moe.compat still behaves as assumed."""
+
+import threading
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_moe import compat
+
+
+def test_the_environment_runs_the_tested_versions():
+    assert compat.untested_versions() == []
+
+
+def test_untested_versions_are_named():
+    assert compat.untested_versions({"keras": "3.16.0", "tensorflow": "2.21.1"}) == [
+        "keras 3.16.0 (tested: 3.15)"]
+
+
+class _Pair(keras.layers.Layer):
+    def __init__(self):
+        super().__init__()
+        self.first = keras.layers.Dense(2)
+        self.inner = keras.Sequential([keras.layers.Dropout(0.1, seed=3), keras.layers.Dense(1)])
+
+
+def test_sublayers_direct_sublayers_and_seed_generators():
+    pair = _Pair()
+    found = compat.sublayers(pair)
+    assert sorted(type(x).__name__ for x in found) == ["Dense", "Dense", "Dropout", "Sequential"]
+    assert pair.inner.layers[1] in found and pair not in found  # nested, self left out
+    assert compat.direct_sublayers(pair) == [pair.first, pair.inner]
+    dropout = pair.inner.layers[0]
+    generators = compat.seed_generators(dropout)
+    assert len(generators) == 1 and isinstance(generators[0], keras.random.SeedGenerator)
+    assert compat.seed_generators(pair.first) == []
+
+
+class _LossLayer(compat.PerThreadLosses, keras.layers.Layer):
+    def call(self, x):
+        self.add_loss(ops_sum(x))
+        return x
+
+
+def ops_sum(x):
+    return keras.ops.sum(x)
+
+
+def test_per_thread_losses_keep_each_thread_apart():
+    layer = _LossLayer()
+    layer(np.ones((2,), "float32"))
+    assert [float(v) for v in layer.losses] == [2.0]  # Keras reads what add_loss stored
+    seen = {}
+    barrier = threading.Barrier(2)
+
+    def run(value):
+        layer(np.full((3,), value, "float32"))
+        barrier.wait()  # both threads have added their loss before either reads
+        seen[value] = [float(v) for v in layer.losses]
+
+    threads = [threading.Thread(target=run, args=(v,)) for v in (1.0, 10.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {1.0: [3.0], 10.0: [30.0]}
+
+
+def test_variable_layout_round_trip():
+    variable = keras.Variable(np.zeros((2, 2), "float32"))
+    assert compat.variable_layout(variable) is None
+    marker = object()
+    compat.set_variable_layout(variable, marker)
+    assert compat.variable_layout(variable) is marker
+
+
+def test_learning_rate_schedule_is_the_schedule_not_its_value():
+    schedule = keras.optimizers.schedules.ExponentialDecay(1.0, 10, 0.5)
+    optimizer = keras.optimizers.SGD(learning_rate=schedule)
+    assert compat.learning_rate_schedule(optimizer) is schedule
+    assert float(compat.learning_rate_schedule(keras.optimizers.SGD(0.25))) == 0.25
+
+
+def test_gin_macros_and_the_import_hook():
+    gin.clear_config()
+    try:
+        gin.parse_config("COMPAT_TEST_MACRO = 7")
+        assert "COMPAT_TEST_MACRO" in compat.gin_macro_names()
+        assert compat.gin_macro_value("COMPAT_TEST_MACRO") == 7
+        modules = []
+        with compat.gin_import_hook(lambda statement: modules.append(statement.module)):
+            gin.parse_config("import json.decoder")
+        assert modules == ["json.decoder"]
+        gin.parse_config("import json")  # the hook is gone
+        assert modules == ["json.decoder"]
+    finally:
+        gin.clear_config()
+
+
+def test_tensorflow_internals():
+    assert callable(compat.tf_xla_sharding().mesh_split)
+    assert callable(compat.tf_tpu_ops().all_to_all)
+    assert compat.tf_in_xla_context() is False
+    inside = []
+
+    @tf.function(jit_compile=True)
+    def traced(x):
+        inside.append(compat.tf_in_xla_context())
+        return x + 1
+
+    traced(tf.constant(1.0))
+    assert inside == [True]
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    before = cars.CollectiveAllReduceExtended._check_health_initial_timeout
+    with compat.tf_collective_health_timeout(17):
+        assert cars.CollectiveAllReduceExtended._check_health_initial_timeout == 17
+    assert cars.CollectiveAllReduceExtended._check_health_initial_timeout == before
