@@ -1,25 +1,20 @@
 """The training job: strategy, data, model, optimizer, `model.fit`, checkpoints, plot.
 
 `train(model_dir, ...)` is gin-configurable (see `gin_configurables`); every
-argument can be bound in a run file, e.g. `train.batch_size = %BATCH_SIZE`.
+setting (a field of `keras_moe.training.run.TrainConfig`) can be bound in a run
+file, e.g. `train.batch_size = %BATCH_SIZE`. The run itself is a
+`keras_moe.training.run.Run`; this module keeps the pieces it shares with the
+other tools (model dir checks, the compiled model, dtype policies, the summary text).
 """
 
 import contextlib
-import json
+import dataclasses
+import inspect
 import math
 import os
-import sys
 import tempfile
-import time
 
-from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
-from keras_moe.training.log import log
-from keras_moe.validation import check_int
-
-
-def _check_int(name, value, minimum):
-    check_int(f"train.{name}", value, minimum, TrainingConfigError)
 
 
 # Keras dtype policies a run may train under (`DTYPE_POLICY`): float32
@@ -142,228 +137,37 @@ class TrainSummary(dict):
     model = None
 
 
-def train(model_dir, task="embedded_span_corruption",
-          feature_lengths=None, batch_size=16, train_steps=100, steps_per_epoch=None,
-          checkpoint_every=50, keep_checkpoints=3, backup_every=None, log_every=10,
-          pack=True, shuffle=True, seed=0, strategy="default", tpu_name=None,
-          mirrored_devices=None, optimizer=None, jit_compile="auto", steps_per_execution=1,
-          init_checkpoint=None, eval_split="validation", summary_batches=4,
-          expert_load_every=0, tensorboard=True, verbose="auto", write_config=None,
-          collective_timeout=600, cluster_wait_timeout=600, record_batches=None, model=None,
-          mesh_shape=None, logical_axis_rules=None, input_shards=None, dtype_policy="float32"):
+def train(model_dir, **settings):
     """Trains a model on a seqio task; returns its summary and the trained model.
+
+    `Run(model_dir, TrainConfig(**settings)).train()` (`keras_moe.training.run`).
 
     Args:
         model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
             expert_load.png, summary.json).
-        task: seqio task or mixture name (`MIXTURE_OR_TASK_NAME`).
-        feature_lengths: {"inputs": int, "targets": int} (`TASK_FEATURE_LENGTHS`).
-        batch_size: global batch size (`BATCH_SIZE`), split across replicas.
-        train_steps: total optimizer steps (`TRAIN_STEPS`).
-        steps_per_epoch: steps per Keras epoch (console/TensorBoard epoch
-            summaries); default `checkpoint_every`.
-        checkpoint_every: steps between checkpoints.
-        keep_checkpoints: newest checkpoints kept.
-        backup_every: steps between preemption backups (BackupAndRestore);
-            None: at every epoch end.
-        log_every: steps between log lines / TensorBoard scalars.
-        pack, shuffle, seed: seqio input options.
-        strategy: "default", "mirrored", "multi_worker" or "tpu" (`STRATEGY`).
-        tpu_name: TPU for "tpu" (`TPU_NAME`): "local" on a TPU VM, or a name.
-        mirrored_devices: devices for "mirrored" (default: all local GPUs/CPU).
-        optimizer: a Keras optimizer or a factory called under the strategy scope
-            (gin: `@make_optimizer`); default: `make_optimizer()` with its defaults.
-        jit_compile: XLA for the train step; "auto": on for JAX, off for
-            TensorFlow (slow to compile on CPU; Keras turns it off under
-            tf.distribute strategies anyway).
-        steps_per_execution: train steps per tf.function call (TPU: e.g. 100).
-        init_checkpoint: weights to start from when model_dir has no checkpoint
-            (see `stages.load_init_checkpoint`).
-        eval_split: split for the start/end loss in the summary and the plot
-            (falls back to the training split if missing).
-        summary_batches: batches of that split for the summary loss and the
-            expert-load plot (0 = skip both).
-        expert_load_every: steps between expert-load TensorBoard scalars (0 = never).
-        tensorboard: add `keras.callbacks.TensorBoard`.
-        verbose: `fit` verbosity ("auto": progress bar on a terminal).
-        write_config: callable(model_dir) writing the operative gin config (the CLI's).
-        collective_timeout: "multi_worker": seconds after which a stuck collective
-            (e.g. a dead peer) fails the step instead of hanging (None: no limit).
-        cluster_wait_timeout: "multi_worker": seconds to wait for all workers
-            to come up at start (None: forever).
-        record_batches: optional file; a short hash of every training batch
-            the optimizer consumes is appended to it (audits that a resumed run
-            sees the same data as an uninterrupted one).
-        model: factory of the model to train, called under the strategy scope
-            (gin: `train.model = @build_distiller`, as T5X run files inject
-            `MODEL`); default: `keras_moe.models.build_model` as bound in gin.
-        mesh_shape: JAX backend: shard the model over a device mesh of this
-            shape (`MESH_SHAPE`, e.g. {"data": 2, "expert": 4}; see
-            `keras_moe.sharding.configure_mesh`), applied before it is built.
-        logical_axis_rules: the mesh's `(logical axis, mesh axes)` rules
-            (`LOGICAL_AXIS_RULES`); None: `keras_moe.layouts.DEFAULT_RULES`.
-        input_shards: the global batch is this many equal slices, each read
-            from its own `seqio.ShardInfo` shard, the shards split over the JAX
-            processes (`INPUT_SHARDS`; see `multihost.input_plan`); None: one
-            per process (one process: the task read unsharded). Fixing it keeps
-            the data stream the same for any number of processes.
-        dtype_policy: Keras dtype policy the model is built under
-            (`DTYPE_POLICY`, one of `DTYPE_POLICIES`): "float32", or
-            "mixed_bfloat16" (float32 weights and optimizer state, bfloat16
-            activations and matmuls, float32 routers), or "bfloat16" (weights
-            too). The global policy is restored once the model is built.
+        **settings: the fields of `TrainConfig` (its docstring says what each does).
 
     Returns:
         a `TrainSummary`: the dict written to summary.json (steps, losses,
         paths), with the trained model as its `.model`.
     """
-    from keras_moe.training import callbacks as cb_lib
-    from keras_moe.training import data as data_lib
-    from keras_moe.training import mesh as mesh_lib
-    from keras_moe.training import multihost
-    from keras_moe.training import stages
-    from keras_moe.training import strategy as strategy_lib
+    from keras_moe.training.run import Run, TrainConfig
 
-    t_start = time.time()
-    # Validate cheap arguments before anything touches TF or the model dir.
-    if feature_lengths is None:
-        feature_lengths = {"inputs": 128, "targets": 32}
-    data_lib.check_feature_lengths(feature_lengths)
-    check_dtype_policy(dtype_policy)
-    _check_int("batch_size", batch_size, 1)
-    _check_int("train_steps", train_steps, 1)
-    _check_int("checkpoint_every", checkpoint_every, 1)
-    _check_int("keep_checkpoints", keep_checkpoints, 1)
-    _check_int("log_every", log_every, 1)
-    _check_int("summary_batches", summary_batches, 0)
-    _check_int("steps_per_execution", steps_per_execution, 1)
-    steps_per_epoch = checkpoint_every if steps_per_epoch is None else steps_per_epoch
-    _check_int("steps_per_epoch", steps_per_epoch, 1)
-    if backup_every is not None:
-        _check_int("backup_every", backup_every, 1)
-    mesh_lib.check_mesh(mesh_shape, logical_axis_rules, strategy)
-    process_index, process_count = multihost.process_info()
-    if process_count > 1 and mesh_shape is None:
-        raise TrainingConfigError(
-            f"{process_count} JAX processes train one model over a device mesh: bind "
-            "MESH_SHAPE (its product = the devices of all processes).")
-    input_plan = multihost.input_plan(batch_size, input_shards, process_index, process_count)
-    model_dir = prepare_model_dir(model_dir)
-    # One seed for everything: model init, and tf.data (whose op seeds combine
-    # with the global one, so a resumed run must set the same global seed to
-    # see the same stream after `skip`).
-    import keras
+    return Run(model_dir, TrainConfig(**settings)).train()
 
-    keras.utils.set_random_seed(seed)
 
-    strat = strategy_lib.make_strategy(strategy, tpu_name=tpu_name, devices=mirrored_devices,
-                                       collective_timeout=collective_timeout,
-                                       cluster_wait_timeout=cluster_wait_timeout)
-    chief = strategy_lib.is_chief(strat) and process_index == 0
-    replicas = strat.num_replicas_in_sync
-    if batch_size % replicas:
-        raise TrainingConfigError(
-            f"BATCH_SIZE={batch_size} is not divisible by the {replicas} replicas of "
-            f"STRATEGY={strategy!r}.")
-    log(f"strategy {strategy} ({type(strat).__name__}, {replicas} replica(s)); "
-        f"global batch {batch_size} = {batch_size // replicas} per replica; "
-        f"dtype policy {dtype_policy}")
-    shard_ids, num_shards, rows = input_plan
-    if process_count > 1 or num_shards > 1:
-        log(f"process {process_index} of {process_count}: input shards {shard_ids} of "
-            f"{num_shards}, {rows} rows each, of the global batch {batch_size}")
-    if process_count > 1 and expert_load_every:
-        # The probe runs on process 0 alone; the sharded model needs all of them.
-        log("several processes: no expert-load scalars (measure them with keras-moe-eval)")
-        expert_load_every = 0
-    data_lib.get_task(task)  # Unknown task names fail here, before the model is built.
+def _train_signature():
+    # gin reads a function's parameters to check and bind `train.<name>`; the
+    # settings are TrainConfig's fields, so the signature is made from them.
+    from keras_moe.training.run import TrainConfig
 
-    mesh = None
-    if mesh_shape is not None:
-        mesh = mesh_lib.apply_mesh(mesh_shape, logical_axis_rules)
-        log(f"device mesh {mesh}: the model is sharded by keras_moe.layouts")
-    factory = model
-    with dtype_policy_scope(dtype_policy):  # init_checkpoint's model too (resume)
-        with strat.scope():
-            model = build_compiled_model(optimizer, jit_compile, steps_per_execution, factory)
-            model.optimizer.build(model.trainable_variables)
-        shards = mesh_lib.shard_report(model) if mesh else None
-        for name, full, local in shards or ():
-            log(f"  {name}: {full} -> {local} on one device")
-        manager, backup_dir, resumed, start_step = stages.resume(
-            model, model_dir, keep_checkpoints, init_checkpoint, factory,
-            sharded=process_count > 1, primary=chief)
-    skip = resumed["batches_consumed"] if resumed else 0
+    params = [inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+               for f in dataclasses.fields(TrainConfig)]
+    return inspect.Signature(params)
 
-    def dataset(skip_batches):
-        return data_lib.make_process_dataset(task, feature_lengths, "train", input_plan,
-                                             pack=pack, shuffle=shuffle, seed=seed, repeat=True,
-                                             skip_batches=skip_batches)
 
-    def train_dataset(skip_batches):
-        ds = dataset(skip_batches)
-        return data_lib.record_batches(ds, record_batches) if record_batches else ds
-
-    first_batch = data_lib.check_not_empty(dataset(0), task, "train")
-    summary_data, summary_split = stages.summary_dataset(
-        lambda split: data_lib.make_process_dataset(task, feature_lengths, split, input_plan,
-                                                    pack=pack, shuffle=False, seed=seed,
-                                                    repeat=False),
-        eval_split, summary_batches, dataset(0))
-
-    # Everything validated: now the model dir gets written.
-    if chief and write_config is not None:
-        write_config(model_dir)
-    log_root = os.path.join(model_dir, "logs") if chief else tempfile.mkdtemp(prefix="kmoe-logs-")
-    probe = next(iter(summary_data)) if summary_data is not None and expert_load_every else None
-    logger = cb_lib.TrainingLogger(
-        os.path.join(log_root, "train"),
-        batch_size * (feature_lengths["inputs"] + feature_lengths["targets"]), log_every,
-        total_steps=train_steps, probe_batch=probe, expert_load_every=expert_load_every,
-        enabled=chief)
-    callbacks = stages.make_callbacks(manager, backup_dir, log_root, chief, logger,
-                                      checkpoint_every, backup_every, tensorboard, log_every)
-
-    eval_start = stages.evaluate(model, summary_data) if start_step == 0 else None
-    if verbose == "auto":
-        verbose = 1 if sys.stdout.isatty() else 2
-    if eval_start is None:  # resumed, or no summary data: nothing built the metrics yet
-        stages.build_metrics(model, first_batch)
-    train_seconds = stages.fit(model, train_dataset, start_step, skip, train_steps,
-                               steps_per_epoch, callbacks, verbose, strategy, collective_timeout)
-    end_step = int(model.optimizer.iterations.numpy())
-    eval_end = stages.evaluate(model, summary_data)
-    plot_path = None
-    if chief and summary_data is not None:
-        shared_with = (f"{process_count} processes" if process_count > 1
-                       else "multi_worker" if strategy == "multi_worker" else None)
-        plot_path = stages.plot_expert_load(model, summary_data, summary_split, model_dir,
-                                            end_step, shared_with)
-
-    history = logger.history
-    latest = manager.latest()
-    summary = {
-        "task": task, "strategy": strategy, "replicas": replicas, "dtype_policy": dtype_policy,
-        "start_step": start_step, "end_step": end_step,
-        "resumed_from": resumed["path"] if resumed else None,
-        "first_step_loss": history[0][1] if history and start_step == 0 else None,
-        "last_epoch_loss": history[-1][1] if history else None,
-        "eval_split": summary_split,
-        "eval_start": eval_start, "eval_end": eval_end,
-        "train_seconds": train_seconds, "wall_seconds": time.time() - t_start,
-        "checkpoint": latest["path"] if latest else None,
-        "tensorboard": log_root, "expert_load_plot": plot_path,
-        "operative_config": os.path.join(model_dir, "operative_config.gin"),
-        "history": history, "mesh": mesh, "processes": process_count,
-        "input_shards": num_shards,
-        "shards": [[n, list(f), list(l)] for n, f, l in shards] if shards else None,
-    }
-    if chief:
-        ckpt_lib.atomic_write_text(os.path.join(model_dir, "summary.json"),
-                                   json.dumps(summary, indent=1))
-    summary = TrainSummary(summary)
-    summary.model = model
-    return summary
+train.__signature__ = _train_signature()
 
 
 def format_summary(summary):
