@@ -93,21 +93,10 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
     config = model.config
     eos_id = config.eos_id if eos_id is None else eos_id
 
-    def fixed_length(tokens):
-        """Padded to `max_input_length`; longer inputs cut, keeping a closing EOS."""
-        tokens = tf.pad(tokens, [[0, 0], [0, tf.maximum(max_input_length - tf.shape(tokens)[1],
-                                                        0)]])
-        positions = tf.range(tf.shape(tokens)[1])[None, :]
-        last = tf.reduce_max(tf.where(tf.not_equal(tokens, config.pad_id), positions, -1), 1)
-        ends_with_eos = tf.equal(tf.gather(tokens, tf.maximum(last, 0), batch_dims=1), eos_id)
-        cut_eos = tf.logical_and(last >= max_input_length, ends_with_eos)
-        tokens = tf.reshape(tokens[:, :max_input_length], [-1, max_input_length])
-        closing = tf.where(cut_eos, eos_id, tokens[:, -1])
-        return tf.concat([tokens[:, :-1], closing[:, None]], axis=1)
-
     def generate_ids(encoder_input_tokens):
-        tokens, scores, _ = stateless_search(model, fixed_length(encoder_input_tokens),
-                                             max_length, beams, length_penalty, eos_id)
+        inputs = _fit_to_length(encoder_input_tokens, max_input_length, config.pad_id, eos_id)
+        tokens, scores, _ = stateless_search(model, inputs, max_length, beams, length_penalty,
+                                             eos_id)
         return {"output_tokens": tokens, "scores": scores}
 
     archive = keras.export.ExportArchive()
@@ -115,27 +104,47 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
     archive.add_endpoint("generate_ids", generate_ids, input_signature=[
         tf.TensorSpec([None, None], tf.int32, name="encoder_input_tokens")])
     if vocabulary is not None:
-        import tensorflow_text
-
-        tokenizer = tensorflow_text.SentencepieceTokenizer(
-            model=_sentencepiece_model(vocabulary), out_type=tf.int32)
-        pieces = int(tokenizer.vocab_size())
-        archive.track(tokenizer)
-
-        def generate_text(inputs):
-            ids = tokenizer.tokenize(inputs)[:, :max_input_length - 1]
-            eos = tf.fill([ids.nrows(), 1], tf.constant(eos_id, tf.int32))
-            ids = tf.concat([ids, eos], axis=1).to_tensor(default_value=config.pad_id)
-            out = generate_ids(ids)["output_tokens"]
-            before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(out, eos_id), tf.int32), axis=1),
-                                  0)
-            keep = before_eos & tf.not_equal(out, config.pad_id) & tf.less(out, pieces)
-            return {"outputs": tokenizer.detokenize(tf.ragged.boolean_mask(out, keep))}
-
-        archive.add_endpoint("generate_text", generate_text, input_signature=[
-            tf.TensorSpec([None], tf.string, name="inputs")])
+        _add_text_endpoint(archive, vocabulary, generate_ids, max_input_length, config.pad_id,
+                           eos_id)
     archive.write_out(path, verbose=False)
     return path
+
+
+def _fit_to_length(tokens, length, pad_id, eos_id):
+    """`tokens` padded to `length`; longer inputs cut, keeping a closing EOS."""
+    import tensorflow as tf
+
+    tokens = tf.pad(tokens, [[0, 0], [0, tf.maximum(length - tf.shape(tokens)[1], 0)]])
+    positions = tf.range(tf.shape(tokens)[1])[None, :]
+    last = tf.reduce_max(tf.where(tf.not_equal(tokens, pad_id), positions, -1), 1)
+    ends_with_eos = tf.equal(tf.gather(tokens, tf.maximum(last, 0), batch_dims=1), eos_id)
+    cut_eos = tf.logical_and(last >= length, ends_with_eos)
+    tokens = tf.reshape(tokens[:, :length], [-1, length])
+    closing = tf.where(cut_eos, eos_id, tokens[:, -1])
+    return tf.concat([tokens[:, :-1], closing[:, None]], axis=1)
+
+
+def _add_text_endpoint(archive, vocabulary, generate_ids, max_input_length, pad_id, eos_id):
+    """The `generate_text` signature: SentencePiece in, `generate_ids`, text out."""
+    import tensorflow as tf
+    import tensorflow_text
+
+    tokenizer = tensorflow_text.SentencepieceTokenizer(
+        model=_sentencepiece_model(vocabulary), out_type=tf.int32)
+    pieces = int(tokenizer.vocab_size())
+    archive.track(tokenizer)
+
+    def generate_text(inputs):
+        ids = tokenizer.tokenize(inputs)[:, :max_input_length - 1]
+        eos = tf.fill([ids.nrows(), 1], tf.constant(eos_id, tf.int32))
+        ids = tf.concat([ids, eos], axis=1).to_tensor(default_value=pad_id)
+        out = generate_ids(ids)["output_tokens"]
+        before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(out, eos_id), tf.int32), axis=1), 0)
+        keep = before_eos & tf.not_equal(out, pad_id) & tf.less(out, pieces)
+        return {"outputs": tokenizer.detokenize(tf.ragged.boolean_mask(out, keep))}
+
+    archive.add_endpoint("generate_text", generate_text, input_signature=[
+        tf.TensorSpec([None], tf.string, name="inputs")])
 
 
 def decode_with_vocabulary(model, texts, vocabulary, max_input_length=64, **generate_kwargs):
