@@ -35,6 +35,20 @@ def _distill(model_dir, teacher_dir, steps):
         gin.clear_config()
 
 
+def _load_distiller(model_dir, teacher_dir, student_config):
+    """The distiller of `model_dir`'s newest checkpoint, and its teacher's config."""
+    from keras_moe.distill import build_distiller, resolve_checkpoint
+
+    teacher_config = student_config.replace(moe_type="switch", num_experts=4,
+                                            encoder_sparse_step=2, decoder_sparse_step=2,
+                                            jitter_noise=0.0)
+    distiller = build_distiller(teacher_dir, teacher_config)
+    distiller.compile(**distiller.compile_defaults())
+    distiller.optimizer.build(distiller.trainable_variables)
+    distiller.load_weights(resolve_checkpoint(model_dir))
+    return distiller, teacher_config
+
+
 @pytest.mark.slow
 def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, capsys):
     import keras
@@ -64,14 +78,9 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, cap
     assert config.moe_type is None
     student = build_model(config)
     student.load_weights(os.path.join(model_dir, "student.weights.h5"))
-    from keras_moe.distill import build_distiller, resolve_checkpoint
+    from keras_moe.distill import resolve_checkpoint
 
-    teacher_config = config.replace(moe_type="switch", num_experts=4, encoder_sparse_step=2,
-                                    decoder_sparse_step=2, jitter_noise=0.0)
-    distiller = build_distiller(teacher_dir, teacher_config)
-    distiller.compile(**distiller.compile_defaults())
-    distiller.optimizer.build(distiller.trainable_variables)
-    distiller.load_weights(resolve_checkpoint(model_dir))
+    distiller, teacher_config = _load_distiller(model_dir, teacher_dir, config)
     reference = build_model(teacher_config)
     reference.load_weights(resolve_checkpoint(teacher_dir))
     for a, b in zip(reference.weights, distiller.teacher.weights):
@@ -93,7 +102,6 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     trained student)."""
     import keras
 
-    from keras_moe.distill import resolve_checkpoint
     from keras_moe.models import T5Config, build_model
 
     first = str(tmp_path / "first")
@@ -119,19 +127,8 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
         student.load_weights(path)
         return [w.numpy() for w in student.weights]
 
-    def distiller_student_weights(model_dir):
-        from keras_moe.distill import build_distiller
-
-        teacher_config = config.replace(moe_type="switch", num_experts=4, encoder_sparse_step=2,
-                                        decoder_sparse_step=2, jitter_noise=0.0)
-        distiller = build_distiller(teacher_dir, teacher_config)
-        distiller.compile(**distiller.compile_defaults())
-        distiller.optimizer.build(distiller.trainable_variables)
-        distiller.load_weights(resolve_checkpoint(model_dir))
-        return [w.numpy() for w in distiller.student.weights]
-
     saved = student_weights(os.path.join(second, "student.weights.h5"))
-    trained = distiller_student_weights(second)
+    trained = [w.numpy() for w in _load_distiller(second, teacher_dir, config)[0].student.weights]
     start = student_weights(os.path.join(first, "student.weights.h5"))
     for a, b in zip(saved, trained):
         np.testing.assert_array_equal(a, b)
