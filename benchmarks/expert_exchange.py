@@ -75,23 +75,16 @@ def compile_layer(args, devices, mode):
         x = jax.ShapeDtypeStruct((args.batch, args.length, args.d_model), args.dtype,
                                  sharding=tokens_layout.backend_layout)
 
-        def forward(weights, x):
-            y, _ = layer.stateless_call(weights, state_values, x, training=True)
-            return y
+        def forward(weights, state, x):
+            return layer.stateless_call(weights, state, x, training=True)[0]
 
-        def loss(weights, x):
-            return jax.numpy.sum(forward(weights, x).astype("float32") ** 2)
+        def forward_backward(weights, state, x):
+            return jax.grad(lambda w, x: jax.numpy.sum(
+                forward(w, state, x).astype("float32") ** 2), argnums=(0, 1))(weights, x)
 
-        state_values = None
         out = {}
-        for name, fn in (("forward", forward),
-                         ("forward_backward", jax.grad(loss, argnums=(0, 1)))):
-            def bound(weights, state, x, fn=fn):
-                nonlocal state_values
-                state_values = state
-                return fn(weights, x)
-
-            compiled = jax.jit(bound).lower(weights, state, x).compile()
+        for name, fn in (("forward", forward), ("forward_backward", forward_backward)):
+            compiled = jax.jit(fn).lower(weights, state, x).compile()
             found = hlo_collectives.collectives(compiled.as_text())
             memory = compiled.memory_analysis()
             out[name] = {
