@@ -27,6 +27,8 @@ import os
 import re
 import time
 
+from keras_moe.training import abstract_arrays
+
 # HBM per chip (GiB) by TPU generation, and the libtpu chip configuration a
 # slice of that generation runs with: v4 and v5p chips have two TensorCores
 # that JAX drives as one device ("megacore"); v5e and v6e chips have one.
@@ -283,22 +285,53 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
             product is not the chip count, no model in the gin files, ...
         keras_moe.gin_config.GinConfigError: bad gin files or bindings.
     """
-    import keras
-    import numpy as np
+    from keras_moe import sharding
 
-    from keras_moe import gin_config, layouts, sharding
+    _check_jax_backend()
+    generation, hbm, devices = _topology_target(topology)
+    if target_platform is None:
+        target_platform = "tpu" if topology is not None else sharding.accelerator_platform()
+    files, bindings, config = _parse_job(gin_files, bindings, allowed_imports, target_platform)
+    dtype_policy = _job_dtype_policy(dtype_policy)
+    batch_size, feature_lengths = _job_batch(batch_size, feature_lengths)
+    from keras_moe.training import gin_configurables
+
+    if devices is None:
+        devices = cpu_devices(_num_cpu_devices(num_cpu_devices, mesh_shape))
+    mesh_shape = _checked_mesh_shape(mesh_shape, devices, config, topology)
+    distribution = _configure_mesh(config, devices, mesh_shape)
+    try:
+        report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
+                          on_tpu=topology is not None, dtype_policy=dtype_policy)
+    finally:
+        sharding.clear_mesh()
+    report.update(gin_files=files, bindings=bindings, topology=topology, generation=generation)
+    report.update(_job_summary(config, devices, distribution, batch_size, feature_lengths,
+                               target_platform))
+    report.update(target_platform=target_platform, hbm_bytes=hbm, fits=_fits(report, hbm))
+    return report
+
+
+def _check_jax_backend():
+    """Raises CompileOnlyError unless Keras runs the JAX backend."""
+    import keras
 
     if keras.backend.backend() != "jax":
         raise CompileOnlyError("compile_train_step needs KERAS_BACKEND=jax (set it before "
                                "keras is imported; see setup_environment()).")
-    if topology is not None:
-        generation = parse_topology(topology)[0]
-        hbm = GENERATIONS[generation]["hbm_gib"] * GIB
-        devices = topology_devices(topology)
-    else:
-        generation, hbm, devices = None, None, None
-    if target_platform is None:
-        target_platform = "tpu" if topology is not None else sharding.accelerator_platform()
+
+
+def _topology_target(topology):
+    """`(generation, HBM bytes per chip, compile-only devices)` of a TPU topology, or Nones."""
+    if topology is None:
+        return None, None, None
+    generation = parse_topology(topology)[0]
+    return generation, GENERATIONS[generation]["hbm_gib"] * GIB, topology_devices(topology)
+
+
+def _parse_job(gin_files, bindings, allowed_imports, target_platform):
+    """`(files, bindings, T5Config)` of the gin job, its dispatch as `target_platform` picks it."""
+    from keras_moe import gin_config
 
     files = [gin_files] if isinstance(gin_files, (str, os.PathLike)) else list(gin_files)
     bindings = [bindings] if isinstance(bindings, str) else list(bindings or ())
@@ -311,27 +344,36 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         bindings = bindings + [extra]
         config = gin_config.parse_gin(files, bindings, allowed_imports=allowed_imports,
                                       check_required=False)
+    return files, bindings, config
+
+
+def _job_batch(batch_size, feature_lengths):
+    """`batch_size` and `feature_lengths`, else the job's; raises when neither gives them."""
     if batch_size is None:
         batch_size = _gin_value("train.batch_size", "%BATCH_SIZE")
     if feature_lengths is None:
         feature_lengths = _gin_value("train.feature_lengths", "%TASK_FEATURE_LENGTHS")
-    dtype_policy = _job_dtype_policy(dtype_policy)
     if not batch_size or not feature_lengths:
         raise CompileOnlyError("the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
                                "bind them or pass batch_size= and feature_lengths=.")
-    rules = _gin_value("train.logical_axis_rules", "%LOGICAL_AXIS_RULES")
-    rules = layouts.DEFAULT_RULES if rules is None else rules
-    from keras_moe.training import gin_configurables
+    return batch_size, feature_lengths
 
-    num_experts = config.num_experts
-    if isinstance(num_experts, (list, tuple)):
-        num_experts = min(num_experts)
-    if devices is None:
-        if num_cpu_devices is None:
-            shape = mesh_shape if isinstance(mesh_shape, dict) else _gin_value(
-                "train.mesh_shape", "%MESH_SHAPE")
-            num_cpu_devices = int(np.prod(list(shape.values()))) if shape else 1
-        devices = cpu_devices(num_cpu_devices)
+
+def _num_cpu_devices(num_cpu_devices, mesh_shape):
+    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of MESH_SHAPE, else 1."""
+    import numpy as np
+
+    if num_cpu_devices is not None:
+        return num_cpu_devices
+    shape = mesh_shape if isinstance(mesh_shape, dict) else _gin_value(
+        "train.mesh_shape", "%MESH_SHAPE")
+    return int(np.prod(list(shape.values()))) if shape else 1
+
+
+def _checked_mesh_shape(mesh_shape, devices, config, topology):
+    """The mesh shape to compile over (argument, job's, else all "data"), checked on `devices`."""
+    import numpy as np
+
     if callable(mesh_shape):
         mesh_shape = mesh_shape(len(devices), config)
     if mesh_shape is None:
@@ -346,42 +388,85 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
             f"{len(devices)}: the product of MESH_SHAPE's sizes must equal the chip count "
             f"(e.g. --gin_bindings='MESH_SHAPE = {{\"data\": 1, \"expert\": {len(devices)}, "
             f"\"model\": 1}}').")
+    return mesh_shape
+
+
+def _configure_mesh(config, devices, mesh_shape):
+    """Sets the mesh over `devices` with the job's logical axis rules; the distribution."""
+    from keras_moe import layouts, sharding
+
+    rules = _gin_value("train.logical_axis_rules", "%LOGICAL_AXIS_RULES")
+    rules = layouts.DEFAULT_RULES if rules is None else rules
+    num_experts = config.num_experts
+    if isinstance(num_experts, (list, tuple)):
+        num_experts = min(num_experts)
     try:
-        distribution = sharding.configure_mesh(mesh_shape, rules, devices=devices,
-                                               num_experts=num_experts)
+        return sharding.configure_mesh(mesh_shape, rules, devices=devices,
+                                       num_experts=num_experts)
     except ValueError as e:
         raise CompileOnlyError(f"MESH_SHAPE={dict(mesh_shape)!r}: {e}") from None
+
+
+def _job_summary(config, devices, distribution, batch_size, feature_lengths, target_platform):
+    """The report's entries on the devices, the mesh, the batch and the model's MoE settings."""
     mesh = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
-    try:
-        report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-                          on_tpu=topology is not None, dtype_policy=dtype_policy)
-    finally:
-        sharding.clear_mesh()
-    report.update({
-        "gin_files": files, "bindings": bindings, "topology": topology,
-        "generation": generation, "chips": len(devices),
-        "device_kind": devices[0].device_kind, "mesh": mesh,
-        "batch": {"batch_size": int(batch_size), **{k: int(v) for k, v in
-                                                      dict(feature_lengths).items()}},
-        "dispatch": _resolved_dispatch(config.dispatch, target_platform),
-        "num_experts": config.num_experts, "vocab_size": config.vocab_size,
-        "group_size": config.group_size,
-        "target_platform": target_platform, "hbm_bytes": hbm,
-    })
+    batch = {"batch_size": int(batch_size),
+             **{k: int(v) for k, v in dict(feature_lengths).items()}}
+    return {"chips": len(devices), "device_kind": devices[0].device_kind, "mesh": mesh,
+            "batch": batch, "dispatch": _resolved_dispatch(config.dispatch, target_platform),
+            "num_experts": config.num_experts, "vocab_size": config.vocab_size,
+            "group_size": config.group_size}
+
+
+def _fits(report, hbm):
+    """False when the compiler ran out of memory, else whether the peak fits (None: no HBM)."""
     if report["error"] is not None:
-        report["fits"] = False
-    elif hbm is not None:
-        report["fits"] = report["peak_bytes"] <= hbm
-    else:
-        report["fits"] = None
-    return report
+        return False
+    if hbm is not None:
+        return report["peak_bytes"] <= hbm
+    return None
 
 
 def _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
              on_tpu, dtype_policy="float32"):
+    """Lowers and compiles one train step over abstract sharded arguments; its report."""
+    import jax
+    import numpy as np
+
+    model, optimizer = _abstract_model(config, distribution, gin_configurables, dtype_policy)
+    state, state_bytes = _abstract_state(model, optimizer, distribution)
+    batch = _abstract_batch(distribution, batch_size, feature_lengths)
+    report = {
+        "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
+        "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
+        "compute_dtype": model.compute_dtype, "matmul_dtypes": None, **state_bytes,
+        "error": None,
+    }
+    t0 = time.time()
+    try:
+        # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
+        lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
+        # As written, before the compiler's own precision choices (the TPU's
+        # default precision runs float32 matmuls as bfloat16 passes either way).
+        report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        report.update(_out_of_memory_report(str(e), time.time() - t0))
+        return report
+    report["compile_seconds"] = round(time.time() - t0, 1)
+    report.update(_memory_report(compiled, on_tpu))
+    cost = _cost(compiled)
+    report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
+    report["collectives"] = _count_collectives(compiled.as_text())
+    return report
+
+
+def _abstract_model(config, distribution, gin_configurables, dtype_policy):
+    """The job's model, compiled, and its built optimizer: variables of shapes and layouts only."""
     import jax
     import keras
-    import numpy as np
 
     from keras_moe import compat, models
     from keras_moe.training.trainer import dtype_policy_scope
@@ -405,28 +490,27 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
         optimizer.build(model.trainable_variables)
 
     jax.eval_shape(build)
-    optimizer = built["optimizer"]
+    return model, built["optimizer"]
 
-    def abstract(variables):
-        out, total = [], 0
-        for v in variables:
-            layout = distribution.get_variable_layout(v)
-            named = layout.backend_layout if layout is not None else None
-            if named is None:  # replicated over the mesh
-                named = jax.sharding.NamedSharding(
-                    distribution.device_mesh.backend_mesh, jax.sharding.PartitionSpec())
-            out.append(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=named))
-            total += _bytes(named.shard_shape(tuple(v.shape)), v.dtype)
-        return out, total
 
-    trainable, trainable_bytes = abstract(model.trainable_variables)
-    non_trainable, non_trainable_bytes = abstract(model.non_trainable_variables)
-    optimizer_vars, optimizer_bytes = abstract(optimizer.variables)
-    metrics_vars, metrics_bytes = abstract(model.metrics_variables)
+def _abstract_state(model, optimizer, distribution):
+    """The train step's state as sharded abstract arrays, and each part's bytes per chip."""
+    parts = {"param": model.trainable_variables, "non_trainable": model.non_trainable_variables,
+             "optimizer": optimizer.variables, "metrics": model.metrics_variables}
+    state, sizes = [], {}
+    for name, variables in parts.items():
+        arrays = abstract_arrays.abstract_variables(variables, distribution)
+        state.append(arrays)
+        sizes[f"{name}_bytes"] = sum(_bytes(a.sharding.shard_shape(a.shape), a.dtype)
+                                     for a in arrays)
+    return tuple(state), sizes
 
+
+def _abstract_batch(distribution, batch_size, feature_lengths):
+    """One batch `(inputs, targets, weights)` as abstract arrays laid out as the data is."""
     def data(shape, dtype):
-        layout = distribution.get_data_layout(shape)
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.backend_layout)
+        return abstract_arrays.abstract_array(shape, dtype, distribution.device_mesh,
+                                              distribution.get_data_layout(shape))
 
     enc = (int(batch_size), int(feature_lengths["inputs"]))
     dec = (int(batch_size), int(feature_lengths["targets"]))
@@ -434,40 +518,24 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
               "decoder_input_tokens": data(dec, "int32"),
               "encoder_segment_ids": data(enc, "int32"), "encoder_positions": data(enc, "int32"),
               "decoder_segment_ids": data(dec, "int32"), "decoder_positions": data(dec, "int32")}
-    batch = (inputs, data(dec, "int32"), data(dec, "float32"))
-    state = (trainable, non_trainable, optimizer_vars, metrics_vars)
-    report = {
-        "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
-        "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
-        "compute_dtype": model.compute_dtype, "matmul_dtypes": None,
-        "param_bytes": trainable_bytes, "non_trainable_bytes": non_trainable_bytes,
-        "optimizer_bytes": optimizer_bytes, "metrics_bytes": metrics_bytes,
-        "error": None,
-    }
-    t0 = time.time()
-    try:
-        # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
-        lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
-        # As written, before the compiler's own precision choices (the TPU's
-        # default precision runs float32 matmuls as bfloat16 passes either way).
-        report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
-        compiled = lowered.compile()
-    except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
-        message = str(e)
-        if "RESOURCE_EXHAUSTED" not in message:
-            raise
-        report.update(error=message.strip().splitlines()[0][:2000],
-                      compile_seconds=round(time.time() - t0, 1),
-                      argument_bytes=None, output_bytes=None, alias_bytes=None,
-                      temp_bytes=None, peak_bytes=None, peak_source=None,
-                      computed_peak_bytes=None,
-                      flops_per_chip=None, collectives=None)
-        return report
-    report["compile_seconds"] = round(time.time() - t0, 1)
+    return inputs, data(dec, "int32"), data(dec, "float32")
+
+
+def _out_of_memory_report(message, seconds):
+    """The report's entries when the compiler raised RESOURCE_EXHAUSTED: its message, no sizes."""
+    return {"error": message.strip().splitlines()[0][:2000],
+            "compile_seconds": round(seconds, 1),
+            "argument_bytes": None, "output_bytes": None, "alias_bytes": None,
+            "temp_bytes": None, "peak_bytes": None, "peak_source": None,
+            "computed_peak_bytes": None, "flops_per_chip": None, "collectives": None}
+
+
+def _memory_report(compiled, on_tpu):
+    """Per-chip buffer sizes of the compiled program (memory_analysis) and its peak."""
     analysis = compiled.memory_analysis()
     sizes = {key: int(getattr(analysis, f"{key}_size_in_bytes"))
              for key in ("argument", "output", "alias", "temp", "generated_code")}
-    report.update({f"{k}_bytes": v for k, v in sizes.items()})
+    report = {f"{k}_bytes": v for k, v in sizes.items()}
     computed = sizes["argument"] + sizes["temp"] + sizes["output"] - sizes["alias"]
     report["computed_peak_bytes"] = computed
     peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
@@ -477,9 +545,6 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
         # XLA:CPU's peak_memory_in_bytes leaves out the temporaries.
         report["peak_bytes"] = computed
         report["peak_source"] = "arguments + temporaries + outputs - aliases"
-    cost = _cost(compiled)
-    report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
-    report["collectives"] = _count_collectives(compiled.as_text())
     return report
 
 
