@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 import keras_moe  # noqa: E402
 from keras_moe import sharding, token_exchange  # noqa: E402
-from keras_moe.training import compile_only, hlo_collectives  # noqa: E402
+from keras_moe.training import abstract_arrays, compile_only, hlo_collectives  # noqa: E402
 
 
 def build_layer(args):
@@ -57,23 +57,16 @@ def compile_layer(args, devices, mode):
         with keras.StatelessScope(initialize_variables=False):
             layer = build_layer(args)
             layer.build((args.batch, args.length, args.d_model))
-        def abstract(variables, dtype=None):
-            out = []
-            for v in variables:
-                layout = distribution.get_variable_layout(v)
-                named = layout.backend_layout if layout is not None else \
-                    jax.sharding.NamedSharding(distribution.device_mesh.backend_mesh,
-                                               jax.sharding.PartitionSpec())
-                out.append(jax.ShapeDtypeStruct(v.shape, dtype or v.dtype, sharding=named))
-            return out
-
-        weights = abstract(layer.trainable_variables, args.dtype)
-        state = abstract(layer.non_trainable_variables)  # the seed generator's
+        weights = abstract_arrays.abstract_variables(layer.trainable_variables, distribution,
+                                                     args.dtype)
+        # The seed generator's state.
+        state = abstract_arrays.abstract_variables(layer.non_trainable_variables, distribution)
+        shape = (args.batch, args.length, args.d_model)
         tokens_layout = sharding.layouts.tensor_layout(
             ("batch", "length", "embed"), distribution.device_mesh,
-            sharding.get_logical_axis_rules(), (args.batch, args.length, args.d_model))
-        x = jax.ShapeDtypeStruct((args.batch, args.length, args.d_model), args.dtype,
-                                 sharding=tokens_layout.backend_layout)
+            sharding.get_logical_axis_rules(), shape)
+        x = abstract_arrays.abstract_array(shape, args.dtype, distribution.device_mesh,
+                                           tokens_layout)
 
         def forward(weights, state, x):
             return layer.stateless_call(weights, state, x, training=True)[0]

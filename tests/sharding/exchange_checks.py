@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 import keras_moe  # noqa: E402
 from keras_moe import sharding, token_exchange  # noqa: E402
-from keras_moe.training import hlo_collectives  # noqa: E402
+from keras_moe.training import abstract_arrays, hlo_collectives  # noqa: E402
 
 E, D, F = 8, 16, 32
 
@@ -88,19 +88,12 @@ def tpu_collectives():
             with keras.StatelessScope(initialize_variables=False):
                 layer = make_layer()
                 layer.build((8, 32, D))
-            mesh = distribution.device_mesh.backend_mesh
-            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-            def spec(v):
-                layout = distribution.get_variable_layout(v)
-                return layout.backend_layout if layout is not None else replicated
-
-            weights = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=spec(v))
-                       for v in layer.trainable_variables]
-            state = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated)
+            mesh = distribution.device_mesh
+            weights = abstract_arrays.abstract_variables(layer.trainable_variables, distribution)
+            state = [abstract_arrays.abstract_array(v.shape, v.dtype, mesh)  # replicated
                      for v in layer.non_trainable_variables]
-            tokens = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("expert"))
-            x = jax.ShapeDtypeStruct((8, 32, D), "float32", sharding=tokens)
+            x = abstract_arrays.abstract_array((8, 32, D), "float32", mesh,
+                                               jax.sharding.PartitionSpec("expert"))
 
             def forward(weights, state, x):
                 return layer.stateless_call(weights, state, x, training=True)[0]
