@@ -9,6 +9,8 @@ from keras_moe.ffn import FeedForwardMixin
 from keras_moe.moe import MoeLayer
 from keras_moe.routing import SwitchRouter, Top2Router, default_router_initializer
 
+ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
+
 
 class _ExpertFeedForward(MoeLayer):
     """The ready-made layers' shared constructor: a router of `router_class`
@@ -23,6 +25,9 @@ class _ExpertFeedForward(MoeLayer):
                  router_bias=False, aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
                  batch_prioritized_routing=False, router_dtype="float32", seed=None,
                  router_args=None, **kwargs):
+        if router_dtype not in ROUTER_DTYPES:
+            raise ValueError(
+                f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}.")
         router = self.router_class(
             num_experts, jitter_noise=jitter_noise, use_bias=router_bias,
             kernel_initializer=default_router_initializer(

@@ -216,7 +216,7 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
         files: one gin file or a list of them: names found by `resolve`
             ("switch_tiny", "tiny_local.gin", "runs/tiny_local") or paths (str
             or `os.PathLike`).
-        bindings: one gin binding ("T5Config.num_experts = 4", "BATCH_SIZE = 8")
+        bindings: one gin binding ("SwitchFeedForward.num_experts = 4", "BATCH_SIZE = 8")
             or a list of them, applied after the files. Binding a macro that no
             file defines (a typo gin would take silently) is an error.
         allowed_imports: module names gin `import` lines may name besides
@@ -236,9 +236,9 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
             binding, or a required macro left unbound.
 
     Example:
-    >>> config = parse_gin("switch_tiny.gin", "T5Config.num_experts = 4")
-    >>> config.moe_type, config.num_experts, config.d_model
-    ('switch', 4, 64)
+    >>> config = parse_gin("switch_tiny.gin", "SwitchFeedForward.num_experts = 4")
+    >>> config.sparse_ffn["class_name"], config.num_experts, config.d_model
+    ('keras_moe>SwitchFeedForward', 4, 64)
     >>> from keras_moe.models import build_model
     >>> build_model().config.num_experts  # the same config, through gin
     4

@@ -24,8 +24,8 @@ Example (JAX, 8 devices; the mesh line is skipped where they are missing):
 >>> keras_moe.sharding.configure_mesh({"data": 2, "expert": 4})  # doctest: +SKIP
 >>> model = build_model(T5Config(  # create layers after configuring the mesh
 ...     vocab_size=64, d_model=32, num_heads=4, d_kv=8, d_ff=64, num_encoder_layers=2,
-...     num_decoder_layers=2, moe_type="switch", num_experts=8, encoder_sparse_step=2,
-...     decoder_sparse_step=2))
+...     num_decoder_layers=2, encoder_sparse_step=2, decoder_sparse_step=2,
+...     sparse_ffn=keras_moe.SwitchFeedForward(num_experts=8, d_ff=64)))
 >>> keras_moe.sharding.validate_mesh(  # the check configure_mesh does first
 ...     {"data": 2, "expert": 4}, num_devices=8, num_experts=model.config.num_experts)[0]
 {'data': 2, 'expert': 4, 'model': 1}

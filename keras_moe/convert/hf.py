@@ -41,6 +41,7 @@ How HF SwitchTransformers semantics map to ours (transformers 5.x):
   "gated-silu" / "silu". HF's exact-erf "gelu" is not supported (ours is tanh).
 """
 
+import functools
 import glob
 import json
 import math
@@ -48,6 +49,7 @@ import os
 
 import numpy as np
 
+from keras_moe.feedforward import SwitchFeedForward
 from keras_moe.models.config import T5Config, hf_sparse_layers
 from keras_moe.models.transformer import EncoderDecoder
 
@@ -88,7 +90,8 @@ def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
         cfg: dict from `config.json` (model_type "t5" or "switch_transformers").
         has_lm_head: whether the checkpoint has its own `lm_head.weight`.
         capacity: "hf" (exactly HF's `expert_capacity`) or "factor".
-        **overrides: `T5Config` fields to set.
+        **overrides: `T5Config` fields to set; `sparse_overrides` (a dict) sets
+            arguments of the Switch layers (e.g. `dispatch`).
 
     Example:
     >>> import json, os, shutil, tempfile
@@ -100,10 +103,10 @@ def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
     ...                "num_sparse_decoder_layers": 2, "expert_capacity": 4}, f)
     >>> with open(os.path.join(folder, "config.json")) as f:
     ...     config = config_from_hf(json.load(f))
-    >>> config.moe_type, config.num_experts, config.encoder_sparse_layers
-    ('switch', 8, (1, 3))
-    >>> config.group_size, config.min_expert_capacity  # HF: per sequence, fixed capacity
-    (None, 4)
+    >>> config.sparse_ffn["class_name"], config.num_experts, config.encoder_sparse_layers
+    ('keras_moe>SwitchFeedForward', 8, (1, 3))
+    >>> config.sparse_option("group_size"), config.sparse_option("min_expert_capacity")
+    ('sequence', 4)
     >>> shutil.rmtree(folder)
     """
     model_type = cfg.get("model_type", "t5")
@@ -132,18 +135,20 @@ def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
     if model_type == "switch_transformers":
         enc = hf_sparse_layers(*_hf_step(cfg, "encoder"))
         dec = hf_sparse_layers(*_hf_step(cfg, "decoder"))
-        args.update(
-            moe_type="switch", num_experts=cfg["num_experts"],
-            encoder_sparse_layers=enc, decoder_sparse_layers=dec,
+        switch = dict(
+            num_experts=cfg["num_experts"], d_ff=cfg["d_ff"], activation=args["activation"],
             jitter_noise=cfg.get("router_jitter_noise", 0.01),
             router_bias=bool(cfg.get("router_bias", False)),
             aux_loss_factor=cfg.get("router_aux_loss_coef", 1e-3),
             z_loss_factor=cfg.get("router_z_loss_coef", 1e-3),
-            group_size=None,
+            group_size="sequence",
         )
         if capacity == "hf":
-            args.update(min_expert_capacity=int(cfg.get("expert_capacity", 64)),
-                        train_capacity_factor=1e-6, eval_capacity_factor=1e-6)
+            switch.update(min_expert_capacity=int(cfg.get("expert_capacity", 64)),
+                          train_capacity_factor=1e-6, eval_capacity_factor=1e-6)
+        switch.update(overrides.pop("sparse_overrides", None) or {})
+        args.update(encoder_sparse_layers=enc, decoder_sparse_layers=dec,
+                    sparse_ffn=functools.partial(SwitchFeedForward, **switch))
     args.update(overrides)
     return T5Config(**args)
 
@@ -232,10 +237,12 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
     Example:
     >>> import os, shutil, tempfile
     >>> import numpy as np
+    >>> from keras_moe import SwitchFeedForward
     >>> from keras_moe.models import EncoderDecoder, T5Config
     >>> original = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
     ...     d_ff=32, num_encoder_layers=2, num_decoder_layers=2, activation="relu",
-    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    ...     encoder_sparse_step=2, decoder_sparse_step=2,
+    ...     sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=32, activation="relu")))
     >>> folder = to_hf(original, os.path.join(tempfile.mkdtemp(), "switch-tiny"))
     >>> model = from_hf(folder)
     >>> features = {"encoder_input_tokens": np.array([[5, 6, 1]]),
@@ -323,16 +330,21 @@ def config_to_hf(config, expert_capacity=None):
                    tie_word_embeddings=bool(config.tie_word_embeddings),
                    scale_decoder_outputs=config.scales_decoder_outputs)
         return out
-    if config.moe_type != "switch" or act.startswith("gated-"):
-        raise ValueError("only Switch models with ungated experts can be exported to HF.")
+    specs = config.used_sparse_ffn_specs()
+    if (any(spec != specs[0] for spec in specs)
+            or specs[0]["class_name"] != "keras_moe>SwitchFeedForward"
+            or act.startswith("gated-")
+            or config.sparse_option("activation") != act):
+        raise ValueError("only Switch models with ungated experts (the same `SwitchFeedForward` "
+                         "in both stacks, with the model's activation) can be exported to HF.")
     if config.tie_word_embeddings != config.scales_decoder_outputs:
         raise ValueError("HF SwitchTransformers scales the output iff embeddings are tied.")
-    if config.expert_d_ff not in (None, config.d_ff):
-        raise ValueError("HF SwitchTransformers needs `expert_d_ff == d_ff`.")
+    if config.sparse_option("d_ff") != config.d_ff:
+        raise ValueError("HF SwitchTransformers needs the experts' `d_ff` equal to `d_ff`.")
     enc_step = _hf_step_for(enc, config.num_encoder_layers)
     dec_step = _hf_step_for(dec, config.num_decoder_layers)
     if expert_capacity is None:
-        expert_capacity = config.min_expert_capacity
+        expert_capacity = config.sparse_option("min_expert_capacity")
     out.update(
         model_type="switch_transformers",
         architectures=["SwitchTransformersForConditionalGeneration"],
@@ -340,8 +352,10 @@ def config_to_hf(config, expert_capacity=None):
         expert_capacity=int(expert_capacity), encoder_sparse_step=enc_step,
         decoder_sparse_step=dec_step,
         num_sparse_encoder_layers=len(enc), num_sparse_decoder_layers=len(dec),
-        router_bias=config.router_bias, router_jitter_noise=config.jitter_noise,
-        router_aux_loss_coef=config.aux_loss_factor, router_z_loss_coef=config.z_loss_factor,
+        router_bias=config.sparse_option("router_bias"),
+        router_jitter_noise=config.sparse_option("jitter_noise"),
+        router_aux_loss_coef=config.sparse_option("aux_loss_factor"),
+        router_z_loss_coef=config.sparse_option("z_loss_factor"),
         router_dtype="float32", tie_word_embeddings=config.tie_word_embeddings,
     )
     return out
@@ -363,14 +377,16 @@ def to_hf(model, path, expert_capacity=None):
         model: an `EncoderDecoder`.
         path: output folder (created).
         expert_capacity: HF's fixed capacity for Switch models; default
-            `config.min_expert_capacity` (exact for models from `from_hf`).
+            the Switch layers' `min_expert_capacity` (exact for models from `from_hf`).
 
     Example:
     >>> import json, os, shutil, tempfile
+    >>> from keras_moe import SwitchFeedForward
     >>> from keras_moe.models import EncoderDecoder, T5Config
     >>> model = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
     ...     d_ff=32, num_encoder_layers=2, num_decoder_layers=2, activation="relu",
-    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    ...     encoder_sparse_step=2, decoder_sparse_step=2,
+    ...     sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=32, activation="relu")))
     >>> folder = to_hf(model, os.path.join(tempfile.mkdtemp(), "export"))
     >>> sorted(os.listdir(folder))
     ['config.json', 'model.safetensors']

@@ -23,11 +23,12 @@ def load_teacher(teacher_checkpoint, teacher_config=None):
     Example:
     >>> import os, shutil, tempfile
     >>> import numpy as np
+    >>> from keras_moe import SwitchFeedForward
     >>> from keras_moe.models import EncoderDecoder, T5Config
     >>> from keras_moe.training.checkpoint import CheckpointManager
     >>> config = T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-    ...     num_encoder_layers=2, num_decoder_layers=2, moe_type="switch", num_experts=4,
-    ...     encoder_sparse_step=2, decoder_sparse_step=2)
+    ...     num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
+    ...     decoder_sparse_step=2, sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=32))
     >>> trained = EncoderDecoder(config)  # stands in for a trained model
     >>> model_dir = tempfile.mkdtemp()
     >>> _ = CheckpointManager(os.path.join(model_dir, "checkpoints")).save(trained, step=300)
@@ -87,11 +88,12 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
 
     Example:
     >>> import os, shutil, tempfile
+    >>> from keras_moe import SwitchFeedForward
     >>> from keras_moe.models import EncoderDecoder, T5Config
     >>> from keras_moe.training.checkpoint import CheckpointManager
     >>> config = T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-    ...     num_encoder_layers=2, num_decoder_layers=2, moe_type="switch", num_experts=4,
-    ...     encoder_sparse_step=2, decoder_sparse_step=2)
+    ...     num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
+    ...     decoder_sparse_step=2, sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=32))
     >>> model_dir = tempfile.mkdtemp()  # a teacher checkpoint, as keras-moe-train writes it
     >>> _ = CheckpointManager(os.path.join(model_dir, "checkpoints")).save(
     ...     EncoderDecoder(config), step=300)
@@ -99,8 +101,8 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
     [keras_moe.distill] teacher: .../checkpoints/ckpt-00000300.weights.h5
     [keras_moe.distill] student initialised from the teacher: 46 variables copied,
     0 from experts (none), 6 fresh
-    >>> distiller.student.config.moe_type, distiller.teacher.trainable
-    (None, False)
+    >>> distiller.student.config.is_sparse, distiller.teacher.trainable
+    (False, False)
     >>> shutil.rmtree(model_dir)
     """
     from keras_moe import models

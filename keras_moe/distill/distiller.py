@@ -54,10 +54,11 @@ class Distiller(DistributedBuildMixin, keras.Model):
     >>> import tensorflow as tf
     >>> from keras_moe.distill.init_from_teacher import (dense_student_config,
     ...     init_student_from_teacher)
+    >>> from keras_moe import SwitchFeedForward
     >>> from keras_moe.models import EncoderDecoder, T5Config, seqio_to_keras
     >>> teacher = EncoderDecoder(T5Config(vocab_size=64, d_model=32, num_heads=4, d_kv=8,
-    ...     d_ff=64, num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
-    ...     num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    ...     d_ff=64, num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
+    ...     decoder_sparse_step=2, sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=64)))
     >>> student = EncoderDecoder(dense_student_config(teacher.config))
     >>> report = init_student_from_teacher(student, teacher)
     >>> distiller = Distiller(teacher, student, alpha=0.25, temperature=1.0)

@@ -63,11 +63,13 @@ def dense_student_config(teacher_config, **overrides):
 
     Example:
     >>> from keras_moe.models import T5Config
-    >>> dense_student_config(T5Config(moe_type="switch", num_experts=8,
-    ...     encoder_sparse_step=2, decoder_sparse_step=2)).moe_type is None
-    True
+    >>> from keras_moe import SwitchFeedForward
+    >>> dense_student_config(T5Config(encoder_sparse_step=2, decoder_sparse_step=2,
+    ...     sparse_ffn=SwitchFeedForward(num_experts=8, d_ff=2048))).is_sparse
+    False
     """
-    changes = dict(moe_type=None, num_experts=0, encoder_sparse_step=0, decoder_sparse_step=0,
+    changes = dict(sparse_ffn=None, encoder_sparse_ffn=None, decoder_sparse_ffn=None,
+                   encoder_sparse_step=0, decoder_sparse_step=0,
                    encoder_sparse_layers=None, decoder_sparse_layers=None)
     changes.update(overrides)
     return dataclasses.replace(teacher_config, **changes)
@@ -100,10 +102,12 @@ def init_student_from_teacher(student, teacher, expert_init="none"):
         ValueError: `expert_init` unknown; a shared path with different shapes.
 
     Example:
+    >>> from keras_moe import SwitchFeedForward
     >>> from keras_moe.models import EncoderDecoder, T5Config
     >>> teacher = EncoderDecoder(T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8,
     ...     d_ff=32, num_encoder_layers=2, num_decoder_layers=2, activation="relu",
-    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2))
+    ...     encoder_sparse_step=2, decoder_sparse_step=2,
+    ...     sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=32, activation="relu")))
     >>> student = EncoderDecoder(dense_student_config(teacher.config))
     >>> report = init_student_from_teacher(student, teacher)
     >>> report["fresh"]  # the dense FFNs where the teacher has experts (layers 1)

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_moe.feedforward import DenseFeedForward, GShardFeedForward, SwitchFeedForward
+from keras_moe.feedforward import DenseFeedForward
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.config import T5Config
 from keras_moe.models.normalization import RMSNorm
@@ -16,34 +16,13 @@ def as_config(config):
     raise ValueError(f"`config` must be a T5Config or a dict, got {type(config).__name__}.")
 
 
-def make_ffn(config, sparse, causal, name, metrics_prefix=None):
-    """The FFN of one layer: dense, or a Switch / GShard MoE layer."""
+def make_ffn(config, sparse, side, name, metrics_prefix=None):
+    """The FFN of one layer of `side` ("encoder" / "decoder"): dense, or the
+    config's sparse FFN (`T5Config.sparse_ffn`)."""
     if not sparse:
         return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate,
                                 init_scale=config.init_scale, name=name)
-    layer_class = GShardFeedForward if config.moe_type == "gshard" else SwitchFeedForward
-    return layer_class(
-        config.num_experts, config.expert_d_ff or config.d_ff,
-        activation=config.expert_activation or config.activation,
-        train_capacity_factor=config.train_capacity_factor,
-        eval_capacity_factor=config.eval_capacity_factor,
-        min_expert_capacity=config.min_expert_capacity,
-        group_size=config.group_size,
-        pad_to_group_size=isinstance(config.group_size, int),
-        jitter_noise=config.jitter_noise,
-        expert_dropout_rate=config.expert_dropout_rate,
-        init_scale=config.init_scale,
-        router_init_scale=config.router_init_scale,
-        router_bias=config.router_bias,
-        router_dtype=config.router_dtype,
-        aux_loss_factor=config.aux_loss_factor,
-        z_loss_factor=config.z_loss_factor,
-        dispatch=config.dispatch,
-        causal=causal,
-        track_metrics=config.track_router_metrics,
-        metrics_prefix=metrics_prefix,
-        name=name,
-    )
+    return config.make_sparse_ffn(side, name=name, metrics_prefix=metrics_prefix)
 
 
 class _Block(keras.layers.Layer):
@@ -61,10 +40,10 @@ class _Block(keras.layers.Layer):
                 T5Attention(c.num_heads, c.head_dim, c.dropout_rate, init_scale=c.init_scale,
                             name=name))
 
-    def _add_ffn(self, causal):
+    def _add_ffn(self, side):
         c = self.config
         self.ffn_norm = RMSNorm(c.layer_norm_epsilon, name="ffn_norm")
-        self.ffn = make_ffn(c, self.is_sparse, causal=causal, name="ffn",
+        self.ffn = make_ffn(c, self.is_sparse, side, name="ffn",
                             metrics_prefix=f"{self.name}/ffn")
         self.dropout = keras.layers.Dropout(c.dropout_rate)
 
@@ -112,7 +91,7 @@ class EncoderBlock(_Block):
         super().__init__(config, layer_index, **kwargs)
         self.is_sparse = layer_index in self.config.resolved_encoder_sparse_layers()
         self.attention_norm, self.attention = self._norm_and_attention("attention")
-        self._add_ffn(causal=False)
+        self._add_ffn("encoder")
 
     def sublayers(self):
         return (self.attention_norm, self.attention, self.ffn_norm, self.ffn)
@@ -150,7 +129,7 @@ class DecoderBlock(_Block):
             "self_attention")
         self.cross_attention_norm, self.cross_attention = self._norm_and_attention(
             "cross_attention")
-        self._add_ffn(causal=True)
+        self._add_ffn("decoder")
 
     def sublayers(self):
         return (self.self_attention_norm, self.self_attention, self.cross_attention_norm,

@@ -17,17 +17,13 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 """
 
 import dataclasses
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
-from keras_moe.dispatch import DISPATCH_MODES
 from keras_moe.ffn import ACTIVATIONS
-from keras_moe.moe import GROUPINGS
+from keras_moe.models import sparse_ffn as sparse_ffn_lib
 from keras_moe.validation import check_int, is_int, is_number
 
-MOE_TYPES = ("switch", "gshard")
-
-
-ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
+SIDES = ("encoder", "decoder")
 
 def sparse_layers_from_step(num_layers, sparse_step):
     """Our placement rule: layer i is sparse iff `i % step == step - 1`."""
@@ -75,41 +71,40 @@ class T5Config:
             `d_model ** -0.5` before the logits; None follows
             `tie_word_embeddings` (T5 v1.0 behaviour). Only needed for
             checkpoints that tie without scaling (HF transformers >= 5 T5).
-        moe_type: None (dense model), "switch" (top-1) or "gshard" (top-2).
-        num_experts: experts per MoE layer.
-        expert_d_ff: hidden size of each expert (defaults to `d_ff`).
-        expert_activation: activation of the experts (defaults to `activation`).
+        sparse_ffn: the MoE layer of the sparse layers (see
+            `keras_moe.models.sparse_ffn`): a factory such as
+            `functools.partial(SwitchFeedForward, num_experts=8, d_ff=2048)`
+            or gin's `@SwitchFeedForward`, an unbuilt template layer, or its
+            spec dict. The layer owns its arguments (routing, capacity,
+            grouping, losses, dispatch) and checks them here. Kept as the
+            spec dict. None: a dense model.
+        encoder_sparse_ffn, decoder_sparse_ffn: a stack's own sparse FFN
+            (e.g. batch-prioritized routing in the encoder only); None uses
+            `sparse_ffn`.
         encoder_sparse_step, decoder_sparse_step: every `step`-th layer is
             sparse (see the module docstring for the exact rule); 0 = none.
         encoder_sparse_layers, decoder_sparse_layers: explicit 0-based sparse
             layer indices; override the steps when given.
-        init_scale: variance scale of every weight's init (attention, FFNs,
-            experts, router, embeddings, output head): std
-            `sqrt(init_scale / fan_in)`, embeddings `sqrt(init_scale)`. 1.0 is
-            T5's init; the Switch paper uses 0.1 for the whole model. One
-            scale for everything keeps the MoE branch as loud as the dense
-            layers around it.
-        router_init_scale: the routers' init scale; None follows `init_scale`.
-        train_capacity_factor, eval_capacity_factor, min_expert_capacity,
-        group_size, jitter_noise, expert_dropout_rate,
-        aux_loss_factor, z_loss_factor, dispatch: passed to the MoE layers
-            (see `keras_moe.SwitchFeedForward`; `group_size` "batch" routes
-            each replica's batch as one group; `dispatch="dropless"` drops
-            nothing and ignores the capacity factors, see `keras_moe.MoeLayer`).
-        router_bias: give the router a bias (HF `router_bias`).
-        router_dtype: dtype policy of the Switch router: "float32" (default, the
-            Switch paper's selective precision, also under mixed_bfloat16),
-            "bfloat16" or "mixed_bfloat16" (for stability experiments only).
-        track_router_metrics: keep router-statistic trackers in MoE layers
+        init_scale: variance scale of the dense weights' init (attention,
+            FFNs, embeddings, output head): std `sqrt(init_scale / fan_in)`,
+            embeddings `sqrt(init_scale)`. 1.0 is T5's init; the Switch paper
+            uses 0.1 for the whole model (give the sparse FFN the same
+            `init_scale`).
+        track_router_metrics: keep router-statistic trackers in the MoE layers
             (TensorFlow backend only).
         pad_id, eos_id, decoder_start_id: special token ids (T5: 0, 1, 0).
 
     Example:
+    >>> import functools
+    >>> from keras_moe import SwitchFeedForward
     >>> config = T5Config(vocab_size=100, d_model=32, num_heads=4, d_ff=64,
-    ...     num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
-    ...     num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2)
-    >>> config.resolved_encoder_sparse_layers()
-    (1,)
+    ...     num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
+    ...     decoder_sparse_step=2,
+    ...     sparse_ffn=functools.partial(SwitchFeedForward, num_experts=4, d_ff=64))
+    >>> config.resolved_encoder_sparse_layers(), config.num_experts
+    ((1,), 4)
+    >>> config.sparse_ffn["class_name"]
+    'keras_moe>SwitchFeedForward'
     """
 
     vocab_size: int = 32128
@@ -126,27 +121,14 @@ class T5Config:
     relative_attention_max_distance: int = 128
     tie_word_embeddings: bool = False
     scale_decoder_outputs: Optional[bool] = None
-    moe_type: Optional[str] = None
-    num_experts: int = 0
-    expert_d_ff: Optional[int] = None
-    expert_activation: Optional[str] = None
+    sparse_ffn: Any = None
+    encoder_sparse_ffn: Any = None
+    decoder_sparse_ffn: Any = None
     encoder_sparse_step: int = 0
     decoder_sparse_step: int = 0
     encoder_sparse_layers: Optional[Sequence[int]] = None
     decoder_sparse_layers: Optional[Sequence[int]] = None
-    train_capacity_factor: float = 1.25
-    eval_capacity_factor: float = 2.0
-    min_expert_capacity: int = 4
-    group_size: Union[str, int, None] = "batch"
-    jitter_noise: float = 0.0
-    expert_dropout_rate: float = 0.0
     init_scale: float = 1.0
-    router_init_scale: Optional[float] = None
-    aux_loss_factor: float = 1e-2
-    z_loss_factor: float = 1e-3
-    dispatch: str = "auto"
-    router_bias: bool = False
-    router_dtype: str = "float32"
     track_router_metrics: bool = False
     pad_id: int = 0
     eos_id: int = 1
@@ -167,59 +149,82 @@ class T5Config:
             check_int("d_kv", self.d_kv, 1)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {self.activation!r}.")
-        if self.expert_activation is not None and self.expert_activation not in ACTIVATIONS:
-            raise ValueError(
-                f"`expert_activation` must be None or one of {ACTIVATIONS}, "
-                f"got {self.expert_activation!r}."
-            )
         _check_rate("dropout_rate", self.dropout_rate)
-        for name in ("init_scale", "router_init_scale"):
-            value = getattr(self, name)
-            if value is None and name == "router_init_scale":
-                continue
-            if not is_number(value) or not value > 0:
-                raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
-        if self.group_size is not None and self.group_size not in GROUPINGS and (
-                isinstance(self.group_size, bool) or not isinstance(self.group_size, int)
-                or self.group_size < 1):
-            raise ValueError(f"`group_size` must be one of {GROUPINGS}, None or an integer "
-                             f">= 1, got {self.group_size!r}.")
-        _check_rate("expert_dropout_rate", self.expert_dropout_rate)
-        if self.router_dtype not in ROUTER_DTYPES:
-            raise ValueError(
-                f"`router_dtype` must be one of {ROUTER_DTYPES}, got {self.router_dtype!r}.")
-        if self.moe_type is not None and self.moe_type not in MOE_TYPES:
-            raise ValueError(f"`moe_type` must be None or one of {MOE_TYPES}, got {self.moe_type!r}.")
-        if self.dispatch not in DISPATCH_MODES:
-            raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {self.dispatch!r}.")
+        if not is_number(self.init_scale) or not self.init_scale > 0:
+            raise ValueError(f"`init_scale` must be a number > 0, got {self.init_scale!r}.")
         for name in ("encoder_sparse_step", "decoder_sparse_step"):
             check_int(name, getattr(self, name), 0)
-        if self.expert_d_ff is not None:
-            check_int("expert_d_ff", self.expert_d_ff, 1)
-        for side, num in (("encoder", self.num_encoder_layers), ("decoder", self.num_decoder_layers)):
-            name = f"{side}_sparse_layers"
-            layers = getattr(self, name)
-            if layers is None:
-                continue
-            layers = list(layers)
-            for i in layers:
-                if not is_int(i) or not 0 <= i < num:
-                    raise ValueError(
-                        f"`{name}` entries must be layer indices in [0, {num}), got {i!r}."
-                    )
-            if len(set(layers)) != len(layers):
-                raise ValueError(f"`{name}` has duplicate layer indices: {layers}.")
-            setattr(self, name, tuple(sorted(layers)))
-        has_sparse = bool(self.resolved_encoder_sparse_layers()
-                          or self.resolved_decoder_sparse_layers())
-        if has_sparse:
-            if self.moe_type is None:
+        for side, num in zip(SIDES, (self.num_encoder_layers, self.num_decoder_layers)):
+            self._check_sparse_layers(f"{side}_sparse_layers", num)
+        self._normalize_sparse_ffns()
+
+    def _check_sparse_layers(self, name, num):
+        layers = getattr(self, name)
+        if layers is None:
+            return
+        layers = list(layers)
+        for i in layers:
+            if not is_int(i) or not 0 <= i < num:
                 raise ValueError(
-                    "`moe_type` must be 'switch' or 'gshard' when sparse layers are configured "
-                    "(sparse steps or sparse layer lists), got None."
-                )
-            minimum = 2 if self.moe_type == "gshard" else 1
-            check_int("num_experts", self.num_experts, minimum)
+                    f"`{name}` entries must be layer indices in [0, {num}), got {i!r}.")
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"`{name}` has duplicate layer indices: {layers}.")
+        setattr(self, name, tuple(sorted(layers)))
+
+    def _normalize_sparse_ffns(self):
+        if self.sparse_ffn is not None:
+            # The decoder's layers are causal: validate the shared spec as such
+            # when the decoder uses it.
+            uses = self.decoder_sparse_ffn is None and self.resolved_decoder_sparse_layers()
+            self.sparse_ffn = sparse_ffn_lib.normalize_spec(self.sparse_ffn, causal=bool(uses))
+        for side, causal in zip(SIDES, (False, True)):
+            name = f"{side}_sparse_ffn"
+            if getattr(self, name) is not None:
+                setattr(self, name, sparse_ffn_lib.normalize_spec(getattr(self, name), causal))
+            if self._sparse_layers(side) and self.sparse_ffn_spec(side) is None:
+                raise ValueError(
+                    f"`sparse_ffn` (or `{name}`) must be given when the {side} has sparse "
+                    "layers (sparse steps or sparse layer lists), got None.")
+
+    def _sparse_layers(self, side):
+        if side == "encoder":
+            return self.resolved_encoder_sparse_layers()
+        return self.resolved_decoder_sparse_layers()
+
+    def sparse_ffn_spec(self, side):
+        """The spec dict of `side`'s ("encoder" / "decoder") sparse layers, or None."""
+        own = getattr(self, f"{side}_sparse_ffn")
+        return own if own is not None else self.sparse_ffn
+
+    def used_sparse_ffn_specs(self):
+        """The specs of the stacks that have sparse layers."""
+        return [self.sparse_ffn_spec(side) for side in SIDES if self._sparse_layers(side)]
+
+    def sparse_option(self, name, default=None):
+        """An argument of the sparse FFN (the encoder's if the stacks differ), or
+        `default` for a dense model, e.g. `config.sparse_option("group_size")`."""
+        specs = self.used_sparse_ffn_specs()
+        if not specs:
+            return default
+        return sparse_ffn_lib.spec_option(specs[0], name)
+
+    def make_sparse_ffn(self, side, name, metrics_prefix=None):
+        """A new sparse FFN layer for `side` ("encoder" / "decoder")."""
+        return sparse_ffn_lib.make_layer(
+            self.sparse_ffn_spec(side), name=name, causal=side == "decoder",
+            track_metrics=self.track_router_metrics, metrics_prefix=metrics_prefix)
+
+    @property
+    def is_sparse(self):
+        """Whether any layer is a MoE layer."""
+        return bool(self.used_sparse_ffn_specs())
+
+    @property
+    def num_experts(self):
+        """Experts per MoE layer (the most of the two stacks); 0 for a dense model."""
+        counts = [sparse_ffn_lib.spec_option(spec, "num_experts")
+                  for spec in self.used_sparse_ffn_specs()]
+        return max(counts, default=0)
 
     @property
     def scales_decoder_outputs(self):
@@ -250,6 +255,11 @@ class T5Config:
 
     @classmethod
     def from_dict(cls, values):
+        """The config of `to_dict()`'s output, also of one saved with the flat MoE
+        fields that the sparse-FFN spec replaced."""
+        values = dict(values)
+        if any(name in values for name in sparse_ffn_lib.FLAT_FIELDS):
+            values["sparse_ffn"] = sparse_ffn_lib.spec_from_flat_fields(values)
         return cls(**values)
 
     def replace(self, **changes):
@@ -267,21 +277,19 @@ def count_params(config):
     attention = 4 * d * h * dk
     gated = config.activation.startswith("gated-")
     dense_ffn = (3 if gated else 2) * d * config.d_ff
-    expert_act = config.expert_activation or config.activation
-    expert_ffn = (3 if expert_act.startswith("gated-") else 2) * d * (config.expert_d_ff or config.d_ff)
-    sparse_ffn = config.num_experts * expert_ffn + d * config.num_experts
-    if config.router_bias:
-        sparse_ffn += config.num_experts
     total = v * d  # shared embedding
     if not config.tie_word_embeddings:
         total += d * v
     bias = config.relative_attention_num_buckets * h
     enc_sparse = set(config.resolved_encoder_sparse_layers())
     dec_sparse = set(config.resolved_decoder_sparse_layers())
+    sparse_ffn = {side: spec and sparse_ffn_lib.count_sparse_ffn_params(spec, d)
+                  for side in ("encoder", "decoder")
+                  for spec in [config.sparse_ffn_spec(side)]}
     total += bias + d  # encoder position bias + final norm
     for i in range(config.num_encoder_layers):
-        total += attention + 2 * d + (sparse_ffn if i in enc_sparse else dense_ffn)
+        total += attention + 2 * d + (sparse_ffn["encoder"] if i in enc_sparse else dense_ffn)
     total += bias + d
     for i in range(config.num_decoder_layers):
-        total += 2 * attention + 3 * d + (sparse_ffn if i in dec_sparse else dense_ffn)
+        total += 2 * attention + 3 * d + (sparse_ffn["decoder"] if i in dec_sparse else dense_ffn)
     return total

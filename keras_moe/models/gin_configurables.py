@@ -1,12 +1,23 @@
-"""gin registrations for the model library (module `keras_moe.models`).
+"""gin registrations for the model library (module `keras_moe.models`) and the
+MoE layers a model's sparse FFN is made of (module `keras_moe`).
 
-Registers `T5Config` and `build_model` so gin files can write
-`build_model.config = @T5Config()` and `T5Config.d_model = 512` (see
-`gin/models/`). Parsing is `keras_moe.gin_config.parse_gin`.
+Gin files write `build_model.config = @T5Config()`, `T5Config.d_model = 512`
+and inject the sparse FFN Flaxformer-style, with the layer's own bindings and
+per-stack scopes (see `gin/models/`):
+
+    T5Config.sparse_ffn = @SwitchFeedForward
+    SwitchFeedForward.num_experts = 8
+    T5Config.encoder_sparse_ffn = @encoder/SwitchFeedForward
+    encoder/SwitchFeedForward.batch_prioritized_routing = True
+
+A general `@MoeLayer` takes any router: `MoeLayer.router = @TopKRouter()`,
+`MoeLayer.experts = @FeedForwardExperts()`. Parsing is
+`keras_moe.gin_config.parse_gin`.
 """
 
 import gin
 
+import keras_moe
 from keras_moe.models import builder
 from keras_moe.models import config as config_lib
 
@@ -14,3 +25,8 @@ T5Config = gin.external_configurable(config_lib.T5Config, name="T5Config",
                                      module="keras_moe.models")
 build_model = gin.external_configurable(builder.build_model, name="build_model",
                                         module="keras_moe.models")
+
+for _layer in (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.MoeLayer,
+               keras_moe.FeedForwardExperts, keras_moe.SwitchRouter, keras_moe.Top2Router,
+               keras_moe.TopKRouter, keras_moe.ExpertChoiceRouter):
+    gin.external_configurable(_layer, module="keras_moe")

@@ -80,10 +80,11 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
 
     Example:
     >>> import numpy as np
+    >>> from keras_moe import SwitchFeedForward
     >>> model = EncoderDecoder(T5Config(vocab_size=64, d_model=32, num_heads=4,
     ...     d_kv=8, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
-    ...     moe_type="switch", num_experts=4, encoder_sparse_step=2,
-    ...     decoder_sparse_step=2))
+    ...     encoder_sparse_step=2, decoder_sparse_step=2,
+    ...     sparse_ffn=SwitchFeedForward(num_experts=4, d_ff=64)))
     >>> model.compile(**model.compile_defaults())
     >>> logits = model({"encoder_input_tokens": np.ones((2, 7), "int32"),
     ...                 "decoder_input_tokens": np.zeros((2, 5), "int32")})

@@ -224,14 +224,18 @@ def _cost(compiled):
 
 def _dispatch_binding(config, target_platform):
     """The binding that makes the model dispatch as `target_platform` would, or None."""
-    mode = config.dispatch
+    mode = config.sparse_option("dispatch")
     if target_platform != "tpu":
         return None
     # "dropless" compiles as written: under the TPU mesh grouped_matmul runs
     # the megablox kernel (keras_moe.grouped_matmul).
     # keras_moe.dispatch.get_dispatcher: "auto" is einsum on TPU. On this host
     # "auto" would see the CPU and pick gather, so the TPU program is pinned.
-    return 'T5Config.dispatch = "einsum"' if mode == "auto" else None
+    if mode != "auto":
+        return None
+    # Bound on the specs' layer classes, by name (e.g. `SwitchFeedForward`).
+    names = sorted({spec["class_name"].split(">")[-1] for spec in config.used_sparse_ffn_specs()})
+    return "\n".join(f'{name}.dispatch = "einsum"' for name in names)
 
 
 def _resolved_dispatch(mode, platform):
@@ -413,9 +417,10 @@ def _job_summary(config, devices, distribution, batch_size, feature_lengths, tar
     batch = {"batch_size": int(batch_size),
              **{k: int(v) for k, v in dict(feature_lengths).items()}}
     return {"chips": len(devices), "device_kind": devices[0].device_kind, "mesh": mesh,
-            "batch": batch, "dispatch": _resolved_dispatch(config.dispatch, target_platform),
+            "batch": batch,
+            "dispatch": _resolved_dispatch(config.sparse_option("dispatch"), target_platform),
             "num_experts": config.num_experts, "vocab_size": config.vocab_size,
-            "group_size": config.group_size}
+            "group_size": config.sparse_option("group_size")}
 
 
 def _fits(report, hbm):

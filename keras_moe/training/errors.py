@@ -23,7 +23,7 @@ class NonFiniteLossError(RuntimeError):
         super().__init__(
             f"training loss became {loss} at step {step}: stopping, no checkpoint of step "
             f"{step} written{where}. Lower the learning rate, keep the router in float32 "
-            "(T5Config.router_dtype), or check the input data.")
+            "(SwitchFeedForward.router_dtype), or check the input data.")
 
 
 class CorruptCheckpointError(TrainingConfigError):
