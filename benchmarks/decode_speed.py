@@ -126,8 +126,9 @@ def main(argv=None):
     if args.model == "switch_tiny":
         capacity = args.inputs  # HF's experts take a whole sequence: neither side drops
         config = models.parse_gin("switch_tiny.gin", [
-            f"T5Config.eval_capacity_factor = {args.eval_capacity_factor}",
-            f"T5Config.vocab_size = {args.vocab_size}", f"T5Config.num_experts = {args.experts}"])
+            f"SwitchFeedForward.eval_capacity_factor = {args.eval_capacity_factor}",
+            f"T5Config.vocab_size = {args.vocab_size}",
+            f"SwitchFeedForward.num_experts = {args.experts}"])
     else:
         capacity = int(np.ceil(1.25 * args.inputs / args.experts))
         config = tiny_switch_config(args.vocab_size, args.experts, capacity)

@@ -137,9 +137,7 @@ def main(argv=None):
         vocab_size=source.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
         d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
         num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
-    teacher_config = dense_config.replace(
-        moe_type="switch", num_experts=args.experts, encoder_sparse_step=2,
-        decoder_sparse_step=2)
+    teacher_config = quality.sparse_config(dense_config, "switch", args.experts)
 
     def optimizer():
         return keras.optimizers.Adam(quality.learning_rate(args))

@@ -309,7 +309,7 @@ def main(argv=None):
         if not args.topology:
             args.devices = [2, 4]
         args.batch_size, args.inputs_length, args.targets_length = 8, 32, 8
-        args.bindings = ['T5Config.group_size = "sequence"']
+        args.bindings = ['SwitchFeedForward.group_size = "sequence"']
     if args.output is None:
         args.output = "memory_plan_tpu" if args.topology else "memory_plan"
     targets = ([("topology", t) for t in args.topology] if args.topology

@@ -13,6 +13,7 @@ keras_moe is measured twice: with the default graph step, and compiled by XLA
 """
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -27,18 +28,23 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from keras_moe import convert, models  # noqa: E402
+from keras_moe import SwitchFeedForward  # noqa: E402
 
 
 def tiny_switch_config(vocab_size, num_experts, capacity):
     """gin/models/switch_tiny.gin's architecture, routed as HF routes: per-sequence
     groups with a fixed capacity (the "batch" groups of the default would give a whole
     batch the capacity HF gives one sequence)."""
-    return models.T5Config(
-        vocab_size=vocab_size, d_model=128, num_heads=4, d_kv=32, d_ff=256,
-        num_encoder_layers=2, num_decoder_layers=2, activation="relu", moe_type="switch",
-        num_experts=num_experts, encoder_sparse_layers=[1], decoder_sparse_layers=[1],
-        train_capacity_factor=1e-6, eval_capacity_factor=1e-6, min_expert_capacity=capacity,
-        tie_word_embeddings=True, z_loss_factor=0.0, group_size="sequence")
+    return models.T5Config(vocab_size=vocab_size, d_model=128, num_heads=4, d_kv=32, d_ff=256,
+                           num_encoder_layers=2, num_decoder_layers=2, activation="relu",
+                           encoder_sparse_layers=[1], decoder_sparse_layers=[1],
+                           tie_word_embeddings=True,
+                           sparse_ffn=functools.partial(SwitchFeedForward, num_experts=num_experts,
+                                                        d_ff=256, activation="relu",
+                                                        train_capacity_factor=1e-6,
+                                                        eval_capacity_factor=1e-6,
+                                                        min_expert_capacity=capacity,
+                                                        z_loss_factor=0.0, group_size="sequence"))
 
 
 def make_batch(rng, batch_size, inputs, targets, vocab_size):
@@ -106,7 +112,8 @@ def main(argv=None):
     model({"encoder_input_tokens": batch[0], "decoder_input_tokens": batch[1]})
     with tempfile.TemporaryDirectory() as path:
         convert.to_hf(model, path, expert_capacity=capacity)
-        steps = {"hf_switch_torch": hf_step(path, batch, args.threads, config.aux_loss_factor)}
+        steps = {"hf_switch_torch": hf_step(path, batch, args.threads,
+                                            config.sparse_option("aux_loss_factor"))}
     steps["keras_moe"] = keras_step(model, batch)
     if not args.no_xla:
         xla_model = models.build_model(config)

@@ -400,6 +400,22 @@ def compare(moe_run, dense_run, step_time_ratio=None):
     }
 
 
+def sparse_config(dense_config, moe_type, num_experts, **layer_args):
+    """`dense_config` with a Switch ("switch") or GShard ("gshard") layer of
+    `num_experts` experts, of the dense FFN's size and activation, in every
+    other encoder and decoder layer; `layer_args` go to the MoE layer."""
+    import functools
+
+    import keras_moe
+
+    layer = {"switch": keras_moe.SwitchFeedForward, "gshard": keras_moe.GShardFeedForward}[moe_type]
+    return dense_config.replace(
+        encoder_sparse_step=2, decoder_sparse_step=2,
+        sparse_ffn=functools.partial(layer, num_experts=num_experts, d_ff=dense_config.d_ff,
+                                     activation=dense_config.activation,
+                                     init_scale=dense_config.init_scale, **layer_args))
+
+
 def command_line(script, argv):
     return f"python benchmarks/{script} " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
@@ -667,11 +683,10 @@ def main(argv=None):
         num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
 
     def moe_config(moe_type, experts, train_cf, eval_cf, dispatch="auto"):
-        return dense_config.replace(
-            moe_type=moe_type, num_experts=experts, encoder_sparse_step=2,
-            decoder_sparse_step=2, train_capacity_factor=train_cf,
-            eval_capacity_factor=eval_cf, min_expert_capacity=args.min_expert_capacity,
-            track_router_metrics=True, dispatch=dispatch)
+        return sparse_config(
+            dense_config.replace(track_router_metrics=True), moe_type, experts,
+            train_capacity_factor=train_cf, eval_capacity_factor=eval_cf,
+            min_expert_capacity=args.min_expert_capacity, dispatch=dispatch)
 
     main_configs = {} if args.no_main else {
         f"switch{e}": moe_config("switch", e, args.capacity_factor, args.eval_capacity_factor)
@@ -733,10 +748,12 @@ def main(argv=None):
         outs = [pending[name, seed].result() if pending else run_one(name, seed)
                 for seed in seeds]
         out = mean_over_seeds(outs, seeds)
-        out.update(params=count_params(config), moe_type=config.moe_type,
-                   num_experts=config.num_experts,
-                   train_capacity_factor=config.train_capacity_factor if config.moe_type else None,
-                   eval_capacity_factor=config.eval_capacity_factor if config.moe_type else None)
+        spec = config.sparse_ffn
+        out.update(params=count_params(config), num_experts=config.num_experts,
+                   moe_type=spec and {"keras_moe>SwitchFeedForward": "switch",
+                                      "keras_moe>GShardFeedForward": "gshard"}[spec["class_name"]],
+                   train_capacity_factor=config.sparse_option("train_capacity_factor"),
+                   eval_capacity_factor=config.sparse_option("eval_capacity_factor"))
         return out
 
     start = time.time()
@@ -750,7 +767,7 @@ def main(argv=None):
             "model": {k: v for k, v in dense_config.to_dict().items()
                       if k in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff",
                                "num_encoder_layers", "num_decoder_layers", "activation",
-                               "init_scale", "group_size")},
+                               "init_scale")},
             "optimizer": (f"Adam({args.learning_rate}), constant" if args.schedule == "constant"
                           else f"Adam, linear warmup to {args.learning_rate} over "
                                f"{args.warmup_steps} steps, cosine decay to 10% at step "
@@ -799,9 +816,9 @@ def main(argv=None):
             r = run_or_reuse(name, config)
             runs[name] = r
             table1.append({
-                "name": name, "router": "top1" if config.moe_type == "switch" else "top2",
+                "name": name, "router": "top1" if name.startswith("top1") else "top2",
                 "num_experts": config.num_experts,
-                "capacity_factor": config.train_capacity_factor,
+                "capacity_factor": config.sparse_option("train_capacity_factor"),
                 "final_neg_log_perplexity": r["final_neg_log_perplexity"],
                 "gain_over_dense": r["final_neg_log_perplexity"] - dense_final,
                 "final_std": r["final_std"],

@@ -186,9 +186,8 @@ def main(argv=None):
         vocab_size=tasks.vocabulary_size(), d_model=args.d_model, num_heads=args.num_heads,
         d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
         num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
-    moe_config = dense_config.replace(
-        moe_type=args.moe_type, num_experts=args.experts, encoder_sparse_step=2,
-        decoder_sparse_step=2, train_capacity_factor=args.capacity_factor,
+    moe_config = quality.sparse_config(
+        dense_config, args.moe_type, args.experts, train_capacity_factor=args.capacity_factor,
         eval_capacity_factor=args.eval_capacity_factor)
     moe_name = f"{args.moe_type}{args.experts}"
 

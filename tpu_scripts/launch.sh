@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch a training job on all workers (in the background, logging to ~/keras_moe_train.log).
 #   tpu_scripts/launch.sh --name=moe --zone=us-central2-b --gin_file=pretrain_c4.gin \
-#       --model_dir=/mnt/runs/c4 [--gin_bindings='T5Config.num_experts = 16' ...] \
+#       --model_dir=/mnt/runs/c4 [--gin_bindings='SwitchFeedForward.num_experts = 16' ...] \
 #       [--tfds_data_dir=gs://BUCKET/tensorflow_datasets] [--backend=jax] [--dry-run]
 # --model_dir is a folder on every worker (a gcsfuse mount of a bucket; gs:// paths are
 # refused by the checkpoint writer); --tfds_data_dir sets $TFDS_DATA_DIR for the job.
