@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_moe.models import T5Config
+from tests.models.helpers import t5_config
 
 
 def teacher_config(**overrides):
@@ -12,7 +12,7 @@ def teacher_config(**overrides):
                 encoder_sparse_step=2, decoder_sparse_step=1, activation="relu",
                 min_expert_capacity=4)
     args.update(overrides)
-    return T5Config(**args)
+    return t5_config(**args)
 
 
 def batch(rng, batch_size=4, enc_len=10, dec_len=6, vocab=40):

@@ -7,6 +7,8 @@ import gin
 import numpy as np
 import pytest
 
+import keras_moe
+
 from tests.training.helpers import TINY, parse
 
 
@@ -39,9 +41,10 @@ def _load_distiller(model_dir, teacher_dir, student_config):
     """The distiller of `model_dir`'s newest checkpoint, and its teacher's config."""
     from keras_moe.distill import build_distiller, resolve_checkpoint
 
-    teacher_config = student_config.replace(moe_type="switch", num_experts=4,
-                                            encoder_sparse_step=2, decoder_sparse_step=2,
-                                            jitter_noise=0.0)
+    teacher_config = student_config.replace(
+        encoder_sparse_step=2, decoder_sparse_step=2,
+        sparse_ffn=keras_moe.SwitchFeedForward(num_experts=4, d_ff=student_config.d_ff,
+                                               activation=student_config.activation))
     distiller = build_distiller(teacher_dir, teacher_config)
     distiller.compile(**distiller.compile_defaults())
     distiller.optimizer.build(distiller.trainable_variables)
@@ -75,7 +78,7 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, cap
     # The student alone is a plain dense model; the teacher inside the
     # distillation checkpoint still equals the teacher checkpoint.
     config = T5Config.from_dict(json.load(open(os.path.join(model_dir, "student_config.json"))))
-    assert config.moe_type is None
+    assert not config.is_sparse
     student = build_model(config)
     student.load_weights(os.path.join(model_dir, "student.weights.h5"))
     from keras_moe.distill import resolve_checkpoint

@@ -12,8 +12,7 @@ from tests.distill.helpers import batch, np_distillation_loss, teacher_config
 def _pair(seed=0, **teacher_overrides):
     keras.utils.set_random_seed(seed)
     teacher = build_model(teacher_config(**teacher_overrides))
-    student = build_model(dense_student_config(teacher.config, dropout_rate=0.0,
-                                               jitter_noise=0.0))
+    student = build_model(dense_student_config(teacher.config, dropout_rate=0.0))
     init_student_from_teacher(student, teacher)
     return teacher, student
 

@@ -102,7 +102,7 @@ def test_shape_mismatch_and_bad_expert_init(teacher):
 
 def test_dense_student_config_has_no_experts(teacher):
     config = dense_student_config(teacher.config)
-    assert config.moe_type is None
+    assert config.sparse_ffn is None and not config.is_sparse
     assert config.resolved_encoder_sparse_layers() == ()
     assert config.resolved_decoder_sparse_layers() == ()
     assert (config.d_model, config.d_ff, config.vocab_size) == (16, 24, 40)

@@ -107,11 +107,11 @@ def test_parse_gin_by_name_after_a_non_editable_install(tmp_path):
     code = ("import keras_moe, keras_moe.models as m\n"
             "print(keras_moe.__file__)\n"
             "c = m.parse_gin('switch_tiny.gin')\n"
-            "print('config', c.moe_type, c.num_experts, c.d_model)\n")
+            "print('config', c.sparse_ffn['class_name'], c.num_experts, c.d_model)\n")
     env = dict(os.environ, PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="3")
     run = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env,
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith(str(site)), f"keras_moe came from {lines[0]}, not the wheel"
-    assert "config switch 8 64" in lines, run.stdout
+    assert "config keras_moe>SwitchFeedForward 8 64" in lines, run.stdout

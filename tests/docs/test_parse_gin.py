@@ -33,26 +33,29 @@ def test_the_readme_call_works_as_written():
     config = eval(call, {"models": models})  # noqa: S307 - the README's own text
     # It stands in for `config = models.T5Config(...)`: switch_tiny.gin's model.
     assert isinstance(config, models.T5Config)
-    assert (config.moe_type, config.num_experts, config.d_model) == ("switch", 8, 64)
+    assert (config.sparse_ffn["class_name"], config.num_experts, config.d_model) == (
+        "keras_moe>SwitchFeedForward", 8, 64)
     assert config.resolved_encoder_sparse_layers() == (1,)
 
 
 def test_one_name_a_path_or_a_list_give_the_same_config(tmp_path):
     by_name = models.parse_gin("switch_tiny")
     gin.clear_config()
-    by_list = models.parse_gin(["switch_tiny.gin"], ["T5Config.num_experts = 4"])
+    by_list = models.parse_gin(["switch_tiny.gin"], ["SwitchFeedForward.num_experts = 4"])
     gin.clear_config()
     path = pathlib.Path(resolve("switch_tiny"))
     # os.PathLike, one binding as a str
-    by_path = models.parse_gin(path, "T5Config.num_experts = 4")
+    by_path = models.parse_gin(path, "SwitchFeedForward.num_experts = 4")
     assert by_name.num_experts == 8
     assert by_list == by_path and by_list.num_experts == 4
-    assert by_list.replace(num_experts=8) == by_name
+    spec = by_list.sparse_ffn
+    assert by_list.replace(sparse_ffn=dict(spec, config=dict(spec["config"], num_experts=8))) \
+        == by_name
 
 
 def test_a_file_of_ones_own_and_an_unknown_name(tmp_path, monkeypatch):
     own = tmp_path / "my_model.gin"
-    own.write_text("include 'models/switch_tiny.gin'\nT5Config.num_experts = 2\n")
+    own.write_text("include 'models/switch_tiny.gin'\nSwitchFeedForward.num_experts = 2\n")
     assert models.parse_gin(str(own)).num_experts == 2
     gin.clear_config()
     monkeypatch.chdir(tmp_path)
@@ -68,9 +71,10 @@ def test_files_that_bind_no_model_config_return_none(tmp_path):
 
 
 def test_a_second_call_does_not_inherit_the_first_ones_bindings():
-    assert models.parse_gin("switch_tiny.gin", "T5Config.num_experts = 4").num_experts == 4
+    four = models.parse_gin("switch_tiny.gin", "SwitchFeedForward.num_experts = 4")
+    assert four.num_experts == 4
     dense = models.parse_gin("tiny.gin")
-    assert (dense.moe_type, dense.num_experts) == (None, 0)
+    assert (dense.sparse_ffn, dense.num_experts) == (None, 0)
     # clear=False adds to the config instead.
     models.parse_gin("switch_tiny.gin")
-    assert models.parse_gin("tiny.gin", clear=False).moe_type == "switch"
+    assert models.parse_gin("tiny.gin", clear=False).num_experts == 8

@@ -56,20 +56,23 @@ def test_built_model_placement(kwargs, enc, dec):
     (dict(d_model=16, num_heads=3, d_kv=None), "num_heads"),
     (dict(activation="swish"), "activation"),
     (dict(expert_activation="tanh", moe_type="switch", num_experts=2, encoder_sparse_step=1),
-     "expert_activation"),
+     "sparse_ffn`: `activation"),
     (dict(moe_type="switch", num_experts=2, encoder_sparse_layers=[2]), "encoder_sparse_layers"),
     (dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[-1]), "decoder_sparse_layers"),
     (dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[1, 1]),
      "decoder_sparse_layers"),
-    (dict(moe_type="top3", num_experts=2, encoder_sparse_step=1), "moe_type"),
-    (dict(encoder_sparse_step=2), "moe_type"),
-    (dict(moe_type="switch", num_experts=0, encoder_sparse_step=1), "num_experts"),
-    (dict(moe_type="gshard", num_experts=1, encoder_sparse_step=1), "num_experts"),
+    (dict(sparse_ffn="switch", encoder_sparse_step=1), "sparse_ffn"),
+    (dict(sparse_ffn=lambda **kwargs: DenseFeedForward(8), encoder_sparse_step=1), "sparse_ffn"),
+    (dict(encoder_sparse_step=2), "sparse_ffn"),
+    (dict(moe_type="switch", num_experts=0, encoder_sparse_step=1), "sparse_ffn`: `num_experts"),
+    (dict(moe_type="gshard", num_experts=1, encoder_sparse_step=1), "sparse_ffn`: `num_experts"),
+    (dict(moe_type="switch", num_experts=2, decoder_sparse_step=1,
+          batch_prioritized_routing=True), "sparse_ffn`: `batch_prioritized_routing=True"),
     (dict(encoder_sparse_step=-1), "encoder_sparse_step"),
     (dict(dropout_rate=1.0), "dropout_rate"),
 ])
 def test_bad_configs_name_the_argument(kwargs, name):
-    with pytest.raises(ValueError, match=f"`{name}`"):
+    with pytest.raises(ValueError, match=f"`{name}"):
         tiny_config(**kwargs)
 
 
@@ -114,3 +117,45 @@ def test_published_parameter_counts(name):
     published, tol = PUBLISHED[name]
     print(f"{name}: {count:,} parameters (published ~{published:,.0f})")
     assert abs(count - published) / published < tol
+
+
+def test_config_saved_with_the_flat_moe_fields_loads_as_the_same_model():
+    """A checkpoint's config.json from before the sparse-FFN spec (flat MoE fields,
+    old defaults) gives the layers it gave then, and the same weights load."""
+    import json
+
+    import numpy as np
+
+    old = dict(tiny_config().to_dict(), moe_type="gshard", num_experts=4, expert_d_ff=12,
+               encoder_sparse_step=2, decoder_sparse_step=1, group_size=8, jitter_noise=0.01,
+               router_bias=True, dispatch="gather")
+    for key in ("sparse_ffn", "encoder_sparse_ffn", "decoder_sparse_ffn"):
+        old.pop(key)
+    config = T5Config.from_dict(json.loads(json.dumps(old)))
+    decoder_ffn = EncoderDecoder(config).decoder_layers[0].ffn
+    assert type(decoder_ffn).__name__ == "GShardFeedForward" and decoder_ffn.causal
+    assert (decoder_ffn.experts.d_ff, decoder_ffn.experts.activation) == (12, "gated-gelu")
+    assert decoder_ffn.train_capacity_factor == 1.25  # T5Config's old default, not GShard's 1.0
+    assert (decoder_ffn.group_size, decoder_ffn.pad_to_group_size) == (8, True)
+    assert decoder_ffn.router.jitter_noise == 0.01 and decoder_ffn.router.use_bias
+    assert decoder_ffn.dispatch == "gather"
+    # The spec round-trips through JSON and builds weights of the same paths and shapes.
+    again = T5Config.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config
+    a, b = EncoderDecoder(config), EncoderDecoder(again)
+    tokens = {"encoder_input_tokens": np.ones((1, 8), "int32"),
+              "decoder_input_tokens": np.ones((1, 8), "int32")}
+    a(tokens), b(tokens)
+    assert [(v.path, v.shape) for v in a.weights] == [(v.path, v.shape) for v in b.weights]
+
+
+def test_a_stack_keeps_its_own_sparse_ffn():
+    from keras_moe import SwitchFeedForward
+
+    config = tiny_switch_config(encoder_sparse_ffn=SwitchFeedForward(
+        num_experts=2, d_ff=8, batch_prioritized_routing=True))
+    model = EncoderDecoder(config)
+    encoder, decoder = model.encoder_layers[1].ffn, model.decoder_layers[0].ffn
+    assert (encoder.num_experts, encoder.router.batch_prioritized_routing) == (2, True)
+    assert (decoder.num_experts, decoder.router.batch_prioritized_routing) == (4, False)
+    assert config.num_experts == 4 and count_params(config) == model.count_params()

@@ -31,13 +31,13 @@ def test_gin_files_resolve_and_parse(name):
     config = _config(name)
     assert count_params(config) > 0
     if name.startswith("switch"):
-        assert config.moe_type == "switch"
+        assert config.sparse_ffn["class_name"] == "keras_moe>SwitchFeedForward"
         assert config.resolved_encoder_sparse_layers() == tuple(
             range(1, config.num_encoder_layers, 2))
     if name.startswith("switch_base_"):
         assert config.num_experts == int(name.rsplit("_", 1)[1])
     if name == "gshard_top2_base":
-        assert config.moe_type == "gshard"
+        assert config.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
 
 
 def test_resolve_unknown_name():
@@ -48,7 +48,7 @@ def test_resolve_unknown_name():
 def test_build_switch_tiny_with_bindings():
     from keras_moe.models import build_model
 
-    parse_gin(["switch_tiny"], ["T5Config.num_experts = 4", "T5Config.vocab_size = 100",
+    parse_gin(["switch_tiny"], ["SwitchFeedForward.num_experts = 4", "T5Config.vocab_size = 100",
                                 "T5Config.decoder_sparse_step = 1"])
     model = build_model()
     assert model.config.num_experts == 4 and model.config.vocab_size == 100

@@ -144,14 +144,15 @@ def test_gated_dense_ffn_starts_with_independent_kernels():
 
 
 def test_model_init_scale_scales_every_weight():
-    """T5Config.init_scale reaches attention, dense FFNs, experts, router and embeddings."""
+    """T5Config.init_scale reaches attention, dense FFNs and embeddings; the sparse FFN's
+    own `init_scale` its experts and router."""
     import keras
 
     from keras_moe.models import build_model
 
     def stds(scale):
         keras.utils.set_random_seed(0)
-        model = build_model(tiny_switch_config().replace(init_scale=scale))
+        model = build_model(tiny_switch_config(init_scale=scale, expert_init_scale=scale))
         return {v.path: float(np.std(v.numpy())) for v in model.weights
                 if v.path.split("/")[-1] in ("query", "wi_0", "wo", "kernel", "embeddings")
                 and "position_bias" not in v.path}  # T5 keeps the bias table at std 1
@@ -171,13 +172,13 @@ def test_sparse_ffn_is_the_ready_made_layer_with_the_configs_router(moe_type):
 
     config = tiny_switch_config(moe_type=moe_type, router_bias=True, router_dtype="bfloat16",
                                 init_scale=0.5)
-    ffn = make_ffn(config, sparse=True, causal=True, name="ffn")
+    ffn = make_ffn(config, sparse=True, side="decoder", name="ffn")
     expected = keras_moe.GShardFeedForward if moe_type == "gshard" else keras_moe.SwitchFeedForward
     assert type(ffn) is expected
     y = ffn(np.ones((2, 4, config.d_model), "float32"))
     assert tuple(y.shape) == (2, 4, config.d_model)
     assert ffn.router.use_bias and ffn.router.bias.path.endswith("router/bias")
     assert ffn.router.dtype_policy.name == "bfloat16" and ffn.causal
-    # the router follows the model's init scale: std sqrt(0.5 / d_model)
+    # the router follows the layer's init scale: std sqrt(0.5 / d_model)
     std = float(np.std(ffn.router.kernel.numpy()))
     assert std == pytest.approx((0.5 / config.d_model) ** 0.5, rel=0.35)

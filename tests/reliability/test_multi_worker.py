@@ -47,9 +47,9 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
     # alike (a batch-wide group would give each replica its own load-balancing
     # loss, a few 1e-5 of the loss here).
     bindings = RUN + ["TRAIN_STEPS = 6", "SUMMARY_BATCHES = 1",
-                      'T5Config.group_size = "sequence"',
-                      "T5Config.train_capacity_factor = 4.0",
-                      "T5Config.eval_capacity_factor = 4.0"]
+                      'SwitchFeedForward.group_size = "sequence"',
+                      "SwitchFeedForward.train_capacity_factor = 4.0",
+                      "SwitchFeedForward.eval_capacity_factor = 4.0"]
     procs = _start_workers(str(tmp_path / "mwms"), bindings)
     single = subprocess.Popen(helpers.cli_args(str(tmp_path / "single"), bindings),
                               cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,

@@ -6,7 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_moe.models import T5Config, build_model
+from keras_moe.models import build_model
+from tests.models.helpers import t5_config
 from tests.reliability import helpers
 
 
@@ -15,7 +16,7 @@ def _config(**kw):
                 num_decoder_layers=2, moe_type="switch", num_experts=4, encoder_sparse_step=1,
                 decoder_sparse_step=1, min_expert_capacity=1)
     base.update(kw)
-    return T5Config(**base)
+    return t5_config(**base)
 
 
 def _batches(n=6, batch=8, seed=0):
@@ -58,10 +59,10 @@ def test_router_dtype_is_validated_and_gin_configurable():
             "decoder_input_tokens": np.zeros((1, 4), "int32")})
     routers = [layer for layer in gshard._flatten_layers() if layer.name == "router"]
     assert routers and all(r.dtype_policy.name == "bfloat16" for r in routers)
-    helpers.parse(["T5Config.router_dtype = 'bfloat16'"])
+    helpers.parse(["SwitchFeedForward.router_dtype = 'bfloat16'"])
     from keras_moe import models
 
-    assert models.build_model().config.router_dtype == "bfloat16"
+    assert models.build_model().config.sparse_option("router_dtype") == "bfloat16"
     import gin
 
     gin.clear_config()

@@ -1,12 +1,14 @@
 """Safe loading (.keras safe mode, gin only binds registered names) and bad input errors."""
 
 import os
+import functools
 import sys
 
 import keras
 import numpy as np
 import pytest
 
+from keras_moe import SwitchFeedForward
 from keras_moe.models import T5Config, build_model
 from keras_moe.gin_config import GinConfigError, parse_gin
 from keras_moe.training.errors import TrainingConfigError
@@ -14,8 +16,10 @@ from keras_moe.training.errors import TrainingConfigError
 
 def _tiny():
     return T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-                    num_encoder_layers=1, num_decoder_layers=1, moe_type="switch",
-                    num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1)
+                    num_encoder_layers=1, num_decoder_layers=1, encoder_sparse_step=1,
+                    decoder_sparse_step=1,
+                    sparse_ffn=functools.partial(SwitchFeedForward, num_experts=4, d_ff=32,
+                                                 activation="gated-gelu"))
 
 
 def _inputs(high=60):
@@ -58,8 +62,8 @@ def test_gin_file_binding_an_unregistered_callable_is_rejected(tmp_path):
 
 @pytest.mark.parametrize("binding,message", [
     ("T5Config.d_model = 'wide'", "d_model"),
-    ("T5Config.moe_type = 'switchh'", "moe_type"),
-    ("T5Config.router_dtype = 'int8'", "router_dtype"),
+    ("T5Config.sparse_ffn = 'switch'", "sparse_ffn"),
+    ("SwitchFeedForward.router_dtype = 'int8'", "router_dtype"),
     ("TASK_FEATURE_LENGTHS = {'inputs': 64}", "TASK_FEATURE_LENGTHS"),
     ("TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': -1}", "targets"),
     ("BATCH_SIZE = 0", "batch_size"),

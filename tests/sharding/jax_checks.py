@@ -6,6 +6,7 @@ the pytest side asserts on it.
 """
 
 import json
+import functools
 import os
 import re
 import sys
@@ -121,11 +122,14 @@ out["fit_loss"] = [float(v) for v in hist.history["loss"]]
 # here is a failure of these checks, not a reason to skip them).
 from keras_moe.models import build_model  # noqa: E402
 from keras_moe.models.config import T5Config  # noqa: E402
+from keras_moe import SwitchFeedForward  # noqa: E402
 
-cfg = T5Config(vocab_size=64, d_model=16, num_heads=4, d_kv=4, d_ff=32,
-               num_encoder_layers=2, num_decoder_layers=2, activation="relu",
-               moe_type="switch", num_experts=E, encoder_sparse_step=2,
-               decoder_sparse_step=2, min_expert_capacity=2, group_size="sequence")
+cfg = T5Config(vocab_size=64, d_model=16, num_heads=4, d_kv=4, d_ff=32, num_encoder_layers=2,
+               num_decoder_layers=2, activation="relu", encoder_sparse_step=2,
+               decoder_sparse_step=2,
+               sparse_ffn=functools.partial(SwitchFeedForward, num_experts=E, d_ff=32,
+                                            activation="relu", min_expert_capacity=2,
+                                            group_size="sequence"))
 t5 = build_model(cfg, compile=True)
 enc = rs.randint(2, 64, (B, L)).astype("int32")
 dec = rs.randint(2, 64, (B, L)).astype("int32")

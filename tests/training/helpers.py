@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # A very small Switch model and short sequences: a step takes milliseconds.
 TINY = [
     "T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
-    "T5Config.d_ff = 64", "T5Config.num_experts = 4",
+    "T5Config.d_ff = 64", "SwitchFeedForward.d_ff = 64", "SwitchFeedForward.num_experts = 4",
     'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}', "BATCH_SIZE = 8",
     "LOG_EVERY = 5", "SUMMARY_BATCHES = 2", "EXPERT_LOAD_EVERY = 0",
 ]

@@ -17,7 +17,7 @@ from tests.training.helpers import REPO, run_cli
 
 MODULE = "keras_moe.training.compile_cli"
 FILES = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin"]
-BINDINGS = ['T5Config.group_size = "sequence"', "BATCH_SIZE = 8",
+BINDINGS = ['SwitchFeedForward.group_size = "sequence"', "BATCH_SIZE = 8",
             'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
             'MESH_SHAPE = {"data": 1, "expert": 4, "model": 1}']
 # What the CLI would set itself (it re-executes without them); set here so the

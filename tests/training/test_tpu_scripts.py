@@ -71,7 +71,8 @@ def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_na
 
 def test_setup_launch_logs_delete():
     argv = _argv(_run("launch.sh", "--name=moe", "--zone=z1", "--gin_file=pretrain_c4.gin",
-                      "--model_dir=/mnt/runs/c4", "--gin_bindings=T5Config.num_experts = 16",
+                      "--model_dir=/mnt/runs/c4",
+                      "--gin_bindings=SwitchFeedForward.num_experts = 16",
                       "--dry-run"))
     assert "--worker=all" in argv
     command = argv[-1][len("--command="):]
@@ -79,7 +80,7 @@ def test_setup_launch_logs_delete():
     assert inner[:3] == ["nohup", "JAX_PLATFORMS=cpu", "keras-moe-train"]
     assert "--gin_file=pretrain_c4.gin" in inner and "--model_dir=/mnt/runs/c4" in inner
     assert '--gin_bindings=STRATEGY = "tpu"' in inner
-    assert "--gin_bindings=T5Config.num_experts = 16" in inner
+    assert "--gin_bindings=SwitchFeedForward.num_experts = 16" in inner
     # The JAX path: one process per worker, joined by jax.distributed; no tf.distribute.
     argv = _argv(_run("launch.sh", "--name=moe", "--zone=z1", "--gin_file=pretrain_c4_mesh.gin",
                       "--model_dir=/mnt/runs/c4", "--backend=jax", "--dry-run"))

@@ -1,10 +1,13 @@
 """In-process training: loss falls, resume equals an uninterrupted run, Mirrored == single device."""
 
 import os
+import functools
 
 import keras
 import numpy as np
 import pytest
+
+from keras_moe import SwitchFeedForward
 
 from tests.training.helpers import parse
 
@@ -112,10 +115,14 @@ def _tiny_switch(strategy, init_weights, z_loss_factor=0.01, dispatch="auto"):
     from keras_moe.models import T5Config, build_model
 
     config = T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-                      num_encoder_layers=2, num_decoder_layers=2, moe_type="switch",
-                      num_experts=4, encoder_sparse_step=2, decoder_sparse_step=2,
-                      aux_loss_factor=0.1, z_loss_factor=z_loss_factor, min_expert_capacity=1,
-                      train_capacity_factor=1.0, group_size="sequence", dispatch=dispatch)
+                      num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
+                      decoder_sparse_step=2,
+                      sparse_ffn=functools.partial(SwitchFeedForward, num_experts=4, d_ff=32,
+                                                   activation="gated-gelu", aux_loss_factor=0.1,
+                                                   z_loss_factor=z_loss_factor,
+                                                   min_expert_capacity=1,
+                                                   train_capacity_factor=1.0,
+                                                   group_size="sequence", dispatch=dispatch))
     with strategy.scope():
         model = build_model(config)
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
