@@ -44,6 +44,7 @@ MODULES = [
     "keras_moe.models.position_bias",
     "keras_moe.models.search",
     "keras_moe.models.serving",
+    "keras_moe.models.sparse_ffn",
     "keras_moe.models.transformer",
     "keras_moe.moe",
     "keras_moe.router_losses",
