@@ -11,11 +11,13 @@ moves one fails there, by name, instead of somewhere deep in a training run.
   (`Layer._layers`), `seed_generators` (`Layer._seed_generators`),
   `PerThreadLosses` (overrides `Layer._losses`, where `add_loss` stores),
   `variable_layout` / `set_variable_layout` (`Variable._layout`),
-  `learning_rate_schedule` (`Optimizer._learning_rate`).
+  `learning_rate_schedule` (`Optimizer._learning_rate`),
+  `without_backend_state` (drops what a `StatelessScope` leaves in Keras's
+  global list of variables to initialise).
 - gin: `gin_macro_names` / `gin_macro_value` (`gin.config._CONFIG`),
   `gin_import_hook` (wraps `ParseContext.process_import`).
 - TensorFlow: `tf_xla_sharding`, `tf_tpu_ops`, `tf_in_xla_context`,
-  `tf_collective_health_timeout` (`tensorflow.python.*`).
+  `tf_collective_health_timeout`, `tf_runtime_started` (`tensorflow.python.*`).
 
 Example:
 >>> import keras
@@ -82,6 +84,23 @@ def variable_layout(variable):
 def set_variable_layout(variable, layout):
     """Gives an uninitialised variable the layout initialising it would (compile-only runs)."""
     variable._layout = layout
+
+
+@contextlib.contextmanager
+def without_backend_state():
+    """Layers made inside get variables that are never initialised: no backend
+    tensor is created, so TensorFlow's runtime is not started (a runtime that
+    has started can no longer be set up for multi-worker collectives).
+    Only for throwaway layers, such as one made to validate arguments."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    before = list(global_state.get_global_attribute("uninitialized_variables", []))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", before)
 
 
 def learning_rate_schedule(optimizer):
@@ -172,6 +191,14 @@ def tf_in_xla_context():
     from tensorflow.python.ops import control_flow_util
 
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def tf_runtime_started():
+    """True once TensorFlow's eager runtime exists (the first op, variable or
+    logical-device query makes it); before that it can still be configured."""
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
 
 
 @contextlib.contextmanager

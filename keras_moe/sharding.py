@@ -63,9 +63,17 @@ def accelerator_platform():
     if backend == "tensorflow":
         import tensorflow as tf
 
-        if tf.config.list_logical_devices("TPU"):
+        from keras_moe import compat
+
+        # Listing logical devices starts TensorFlow's runtime, after which it can
+        # no longer be set up for multi-worker collectives or split into logical
+        # devices; until something else starts it, its physical devices answer.
+        # (A TPU reached over the network is a logical device of a started runtime.)
+        started = compat.tf_runtime_started()
+        devices = tf.config.list_logical_devices if started else tf.config.list_physical_devices
+        if devices("TPU"):
             return "tpu"
-        if tf.config.list_logical_devices("GPU"):
+        if devices("GPU"):
             return "gpu"
     return "cpu"
 

@@ -28,6 +28,7 @@ import random
 
 import keras
 
+from keras_moe import compat
 from keras_moe.moe import MoeLayer
 
 # Set by the model for each layer, never taken from the spec.
@@ -69,10 +70,12 @@ def normalize_spec(value, causal=False):
     layer refuses is reported as the sparse FFN's. Making the spec leaves the
     random stream alone: the validation layer's seed generators draw from
     Python's `random`, which `keras.utils.set_random_seed` also seeds for the
-    weights."""
+    weights. Nor does it start the backend: the validation layer's variables
+    are never initialised (see `compat.without_backend_state`)."""
     state = random.getstate()
     try:
-        return _normalize(value, causal)
+        with compat.without_backend_state():
+            return _normalize(value, causal)
     except (ValueError, TypeError) as error:
         if str(error).startswith("`sparse_ffn`"):
             raise

@@ -71,6 +71,10 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
             with compat.tf_collective_health_timeout(cluster_wait_timeout):
                 return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         except RuntimeError as e:
+            if "program startup" in str(e):
+                raise TrainingConfigError(
+                    "multi_worker: TensorFlow's runtime started before the strategy was made "
+                    f"(something ran an op or listed logical devices first): {e}") from None
             raise TrainingConfigError(
                 f"multi_worker: not all workers of TF_CONFIG joined within "
                 f"{cluster_wait_timeout} s ({e}).") from None
