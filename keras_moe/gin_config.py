@@ -239,7 +239,7 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
     >>> config = parse_gin("switch_tiny.gin", "SwitchFeedForward.num_experts = 4")
     >>> config.sparse_ffn["class_name"], config.num_experts, config.d_model
     ('keras_moe>SwitchFeedForward', 4, 64)
-    >>> from keras_moe.models import build_model
+    >>> from keras_moe.models.gin_configurables import build_model
     >>> build_model().config.num_experts  # the same config, through gin
     4
     """

@@ -4,10 +4,12 @@ On a machine without a GPU, importing TensorFlow prints a CUDA-driver note and
 absl's pre-initialisation banner straight to file descriptor 2 (C++ logging,
 which `TF_CPP_MIN_LOG_LEVEL` does not reach), and the first device probe logs
 a failed `cuInit`. `filtered_stderr` captures descriptor 2 and writes back
-every other line, so real errors still show.
+every other line, so real errors still show; `quiet_startup` imports the
+stack inside it (what the command-line tools do first).
 """
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -74,9 +76,35 @@ def filtered_stderr():
                 sys.stderr.flush()
 
 
-def import_keras_quietly():
-    """Imports Keras (and so its backend) with `filtered_stderr`, unless
-    it is already imported."""
-    if "keras" not in sys.modules:
-        with filtered_stderr():
-            import keras  # noqa: F401
+# (logger name, message start): absl/Python log records that are expected here.
+HARMLESS_LOG_MESSAGES = (
+    # seqio, for tasks read from in-memory or local files: the training stream
+    # is shuffled by seqio with a seed and resumed by position, not by a cache.
+    ("absl", "Using an uncached FunctionDataset for training is not recommended"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, starts):
+        super().__init__()
+        self.starts = tuple(starts)
+
+    def filter(self, record):
+        return not str(record.msg).startswith(self.starts)
+
+
+def quiet_startup():
+    """Imports Keras, TensorFlow, seqio and the tasks and probes the devices
+    with start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
+    The command-line tools call it first thing; `import keras_moe` does not."""
+    with filtered_stderr():
+        import keras  # noqa: F401
+        import tensorflow as tf
+
+        from keras_moe import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
+
+        tf.config.list_physical_devices()
+    for name in {name for name, _ in HARMLESS_LOG_MESSAGES}:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in log.filters):
+            log.addFilter(_DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name))

@@ -13,7 +13,7 @@ from keras_moe.models.config import (
     sparse_layers_from_step,
 )
 from keras_moe.models.data import seqio_to_keras
-from keras_moe.models.gin_configurables import build_model  # registered with gin
+from keras_moe.models.builder import build_model
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.objective import (
     NegLogPerplexity,

@@ -85,9 +85,9 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
     """
     set_tf_environment()
     args = build_parser(prog=prog).parse_args(argv)
-    from keras_moe.training import console
+    from keras_moe import startup
 
-    console.quiet_startup()
+    startup.quiet_startup()
     from keras_moe.gin_config import GinConfigError
     from keras_moe.training.errors import (
         NonFiniteLossError,

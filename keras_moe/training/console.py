@@ -1,52 +1,14 @@
 """A readable console for the command-line tools: start-up noise filtered, short progress lines.
 
-* `quiet_startup()` imports the data stack (seqio, jax, tensorflow-text) and
-  probes the devices through `keras_moe.startup.filtered_stderr`, which keeps
-  everything but known-harmless start-up chatter (errors still show); it also
-  silences a Python-level warning that does not apply to these jobs (see
-  `HARMLESS_LOG_MESSAGES`).
+(Start-up noise is filtered by `keras_moe.startup.quiet_startup`, before
+this module imports Keras.)
+
 * `CompactProgbar`: Keras' progress bar showing loss, accuracy and the
   learning rate; the per-layer router statistics go to `router_table` and
   TensorBoard instead of one very long line.
 """
 
-import logging
-
 import keras
-
-from keras_moe.startup import filtered_stderr
-
-# (logger name, message start): absl/Python log records that are expected here.
-HARMLESS_LOG_MESSAGES = (
-    # seqio, for tasks read from in-memory or local files: the training stream
-    # is shuffled by seqio with a seed and resumed by position, not by a cache.
-    ("absl", "Using an uncached FunctionDataset for training is not recommended"),
-)
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, starts):
-        super().__init__()
-        self.starts = tuple(starts)
-
-    def filter(self, record):
-        return not str(record.msg).startswith(self.starts)
-
-
-def quiet_startup():
-    """Imports TensorFlow, seqio and the tasks and probes the devices with
-    start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent."""
-    with filtered_stderr():
-        import tensorflow as tf
-
-        from keras_moe import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
-
-        tf.config.list_physical_devices()
-    for name in {name for name, _ in HARMLESS_LOG_MESSAGES}:
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in log.filters):
-            log.addFilter(_DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name))
-
 
 def short_logs(logs, learning_rate=None):
     """The progress-bar subset of Keras logs: no per-layer (`a/b`) entries,

@@ -39,9 +39,9 @@ def build_parser():
 def main(argv=None):
     set_tf_environment()
     args = build_parser().parse_args(argv)
-    from keras_moe.training import console
+    from keras_moe import startup
 
-    console.quiet_startup()
+    startup.quiet_startup()
     from keras_moe.gin_config import GinConfigError
     from keras_moe.training.errors import TrainingConfigError
 

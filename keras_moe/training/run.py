@@ -67,7 +67,7 @@ class TrainConfig:
             sees the same data as an uninterrupted one).
         model: factory of the model to train, called under the strategy scope
             (gin: `train.model = @build_distiller`, as T5X run files inject
-            `MODEL`); default: `keras_moe.models.build_model` as bound in gin.
+            `MODEL`); default: gin's `build_model` (`keras_moe.models.gin_configurables`).
         mesh_shape: JAX backend: shard the model over a device mesh of this
             shape (`MESH_SHAPE`, e.g. {"data": 2, "expert": 4}; see
             `keras_moe.sharding.configure_mesh`), applied before it is built.

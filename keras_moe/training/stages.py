@@ -58,7 +58,7 @@ def load_init_checkpoint(model, path, build_source=None):
     A keras_moe checkpoint is read into `build_source()` (default: gin's
     `build_model`), the factory the trained model came from.
     """
-    from keras_moe import models
+    from keras_moe.models import gin_configurables
 
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
         from keras_moe.convert import from_hf
@@ -67,7 +67,7 @@ def load_init_checkpoint(model, path, build_source=None):
         kind = "Hugging Face checkpoint"
     else:
         weights = ckpt_lib.resolve_checkpoint(path, "init_checkpoint")
-        source = (build_source or models.build_model)()
+        source = (build_source or gin_configurables.build_model)()
         try:
             source.load_weights(weights)
         except (ValueError, KeyError, OSError) as e:

@@ -99,8 +99,8 @@ def prepare_model_dir(model_dir):
 
 
 def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution=1, model=None):
-    """The model of the factory `model` (default: `keras_moe.models.build_model`,
-    as bound in gin), compiled with its `compile_defaults` (T5: the T5 loss).
+    """The model of the factory `model` (default: gin's `build_model`,
+    `keras_moe.models.gin_configurables.build_model`), compiled with its `compile_defaults` (T5: the T5 loss).
 
     Args:
         optimizer: a Keras optimizer, or a factory of one called here (so under
@@ -115,9 +115,9 @@ def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution
     from keras_moe.training import schedules
 
     if model is None:
-        from keras_moe import models
+        from keras_moe.models import gin_configurables
 
-        model = models.build_model
+        model = gin_configurables.build_model
     try:
         built = model()
     except (TypeError, ValueError) as e:

@@ -60,9 +60,9 @@ def test_router_dtype_is_validated_and_gin_configurable():
     routers = [layer for layer in gshard._flatten_layers() if layer.name == "router"]
     assert routers and all(r.dtype_policy.name == "bfloat16" for r in routers)
     helpers.parse(["SwitchFeedForward.router_dtype = 'bfloat16'"])
-    from keras_moe import models
+    from keras_moe.models import gin_configurables
 
-    assert models.build_model().config.sparse_option("router_dtype") == "bfloat16"
+    assert gin_configurables.build_model().config.sparse_option("router_dtype") == "bfloat16"
     import gin
 
     gin.clear_config()

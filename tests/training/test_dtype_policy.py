@@ -27,13 +27,13 @@ def _train(model_dir, bindings=(), model=None):
 
 @pytest.mark.slow
 def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
-    from keras_moe import models
+    from keras_moe.models import gin_configurables
     from keras_moe.routing.base import Router
 
     built = []
 
     def factory():
-        built.append(models.build_model())
+        built.append(gin_configurables.build_model())
         return built[-1]
 
     before = keras.config.dtype_policy().name
