@@ -6,7 +6,7 @@ import random
 import keras
 from keras import ops
 
-from keras_moe.ffn import FeedForwardMixin
+from keras_moe.feedforward_mixin import FeedForwardMixin
 from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.validation import check_int
 

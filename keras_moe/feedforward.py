@@ -5,7 +5,7 @@ import keras
 from keras import ops
 
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.ffn import FeedForwardMixin
+from keras_moe.feedforward_mixin import FeedForwardMixin
 from keras_moe.moe import MoeLayer
 from keras_moe.routing import SwitchRouter, Top2Router, default_router_initializer
 
@@ -180,7 +180,7 @@ class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
 
     Args:
         d_ff: hidden size.
-        activation: one of `keras_moe.ffn.ACTIVATIONS` ("gated-gelu" is T5.1.1).
+        activation: one of `keras_moe.feedforward_mixin.ACTIVATIONS` ("gated-gelu" is T5.1.1).
         dropout_rate: dropout on the hidden activations.
         init_scale: variance scale of the normal init, std `sqrt(init_scale /
             fan_in)` (T5: 1.0; the Switch paper scales every weight by 0.1).

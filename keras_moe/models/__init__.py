@@ -1,6 +1,5 @@
 """T5.1.1 / Switch / GShard encoder-decoder models for keras_moe."""
 
-from keras_moe.feedforward import DenseFeedForward
 from keras_moe.gin_config import parse_gin
 from keras_moe.models import decoding
 from keras_moe.models import objective
@@ -26,7 +25,7 @@ from keras_moe.models.position_bias import RelativePositionBias, relative_positi
 from keras_moe.models.transformer import EncoderDecoder
 
 __all__ = [
-    "DecoderBlock", "DenseFeedForward", "EncoderBlock", "EncoderDecoder", "NegLogPerplexity",
+    "DecoderBlock", "EncoderBlock", "EncoderDecoder", "NegLogPerplexity",
     "RMSNorm", "RelativePositionBias", "T5Attention", "T5Config", "TokenCrossEntropy",
     "build_model", "compile_defaults", "count_params", "decoding", "hf_sparse_layers", "objective",
     "parse_gin", "relative_position_bucket", "seqio_to_keras", "sparse_layers_from_step",

@@ -19,7 +19,7 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from keras_moe.ffn import ACTIVATIONS
+from keras_moe.feedforward_mixin import ACTIVATIONS
 from keras_moe.models import sparse_ffn as sparse_ffn_lib
 from keras_moe.validation import check_int, is_int, is_number
 
@@ -57,7 +57,7 @@ class T5Config:
         num_decoder_layers: decoder layers (>= 1).
         d_kv: size of one attention head; None means `d_model // num_heads`
             (then `num_heads` must divide `d_model`).
-        activation: FFN activation, one of `keras_moe.ffn.ACTIVATIONS`
+        activation: FFN activation, one of `keras_moe.feedforward_mixin.ACTIVATIONS`
             ("gated-gelu" for T5.1.1, "relu" for T5 v1.0 / Switch).
         dropout_rate: dropout after embeddings, on attention weights, in the
             FFN hidden layer and on each residual branch.

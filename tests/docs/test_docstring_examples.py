@@ -28,7 +28,7 @@ MODULES = [
     "keras_moe.expert_parallel",
     "keras_moe.experts",
     "keras_moe.feedforward",
-    "keras_moe.ffn",
+    "keras_moe.feedforward_mixin",
     "keras_moe.gin_config",
     "keras_moe.layers",
     "keras_moe.layouts",

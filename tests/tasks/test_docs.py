@@ -78,69 +78,69 @@ Use L<perlfunc/open> or L<the manual|perlop>; E<lt>tagE<gt> X<index>.
 
 
 def test_strip_rest_keeps_prose_drops_code_tables_directives():
-  out = markup.strip_rest(REST)
-  for kept in ["glob --- Pathname expansion", "The glob module finds all the "
-               "pathnames, see fnmatch.fnmatch and the docs.",
-               "Use ** for recursion:",
-               "Files beginning with a dot are special.",
-               "Return a list of path names."]:
-    assert kept in out, (kept, out)
-  for dropped in ["SECRETCODE", "also_secret", "TABLEA", "SIMPA", "first  row",
-                  "DOCTESTCODE", "synopsis", "index", "====", ":func:", "``",
-                  ".. ", "<https"]:
-    assert dropped not in out, (dropped, out)
+    out = markup.strip_rest(REST)
+    for kept in ["glob --- Pathname expansion", "The glob module finds all the "
+                 "pathnames, see fnmatch.fnmatch and the docs.",
+                 "Use ** for recursion:",
+                 "Files beginning with a dot are special.",
+                 "Return a list of path names."]:
+        assert kept in out, (kept, out)
+    for dropped in ["SECRETCODE", "also_secret", "TABLEA", "SIMPA", "first  row",
+                    "DOCTESTCODE", "synopsis", "index", "====", ":func:", "``",
+                    ".. ", "<https"]:
+        assert dropped not in out, (dropped, out)
 
 
 def test_strip_pod_keeps_prose_drops_code_and_formatting():
-  out = markup.strip_pod(POD)
-  assert out.split("\n\n") == [
-      "NAME", "perlfoo - bold and $x->y text", "Details",
-      "Use perlfunc open or the manual; <tag> .", "First item"]
+    out = markup.strip_pod(POD)
+    assert out.split("\n\n") == [
+        "NAME", "perlfoo - bold and $x->y text", "Details",
+        "Use perlfunc open or the manual; <tag> .", "First item"]
 
 
 def test_real_docs_are_stripped():
-  py = sorted(glob.glob(docs.PYTHON_DOCS.root + "/library/*.rst.txt"))
-  pod = sorted(glob.glob(docs.PERL_DOCS.root + "/*.pod"))
-  assert len(py) > 200 and len(pod) > 150  # apt: python3.11-doc perl-doc
-  for path in py[::10]:
-    text = docs.read_document(path, "rest")
-    assert text
-    for line in text.split("\n"):
-      assert not line.startswith(".. ") and not line.rstrip().endswith("::")
-      assert ":func:`" not in line and ":class:`" not in line
-  before = after = 0
-  for path in pod[::10]:
-    text = docs.read_document(path, "pod")
-    with open(path, encoding="utf-8", errors="replace") as f:
-      raw = f.read()
-    for para in text.split("\n\n"):
-      assert not para.startswith("="), (path, para[:40])
-    for marker in ["C<", "B<", "L<", "I<", "F<"]:
-      before += raw.count(marker)
-      after += text.count(marker)
-  # Nested codes around a lone "<" (perldiag's "<-- HERE") may survive.
-  assert before > 1000 and after < 0.01 * before, (before, after)
+    py = sorted(glob.glob(docs.PYTHON_DOCS.root + "/library/*.rst.txt"))
+    pod = sorted(glob.glob(docs.PERL_DOCS.root + "/*.pod"))
+    assert len(py) > 200 and len(pod) > 150  # apt: python3.11-doc perl-doc
+    for path in py[::10]:
+        text = docs.read_document(path, "rest")
+        assert text
+        for line in text.split("\n"):
+            assert not line.startswith(".. ") and not line.rstrip().endswith("::")
+            assert ":func:`" not in line and ":class:`" not in line
+    before = after = 0
+    for path in pod[::10]:
+        text = docs.read_document(path, "pod")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            raw = f.read()
+        for para in text.split("\n\n"):
+            assert not para.startswith("="), (path, para[:40])
+        for marker in ["C<", "B<", "L<", "I<", "F<"]:
+            before += raw.count(marker)
+            after += text.count(marker)
+    # Nested codes around a lone "<" (perldiag's "<-- HERE") may survive.
+    assert before > 1000 and after < 0.01 * before, (before, after)
 
 
 def test_docs_task_yields_span_corruption_examples():
-  task = seqio.get_mixture_or_task("docs_span_corruption")
-  vocab = tasks.get_vocabulary()
-  ds = task.get_dataset({"inputs": 128, "targets": 32}, split="validation",
-                        shuffle=False, seed=0)
-  for ex in ds.take(4).as_numpy_iterator():
-    assert len(ex["inputs"]) == 128 and len(ex["targets"]) <= 32
-    assert ex["targets"][0] == vocab.vocab_size - 1  # First sentinel.
-  ids = [doc_id for doc_id, _, _ in docs.split_files(
-      [docs.PYTHON_DOCS, docs.PERL_DOCS], "validation")]
-  train = {i for i, _, _ in docs.split_files(
-      [docs.PYTHON_DOCS, docs.PERL_DOCS], "train")}
-  assert ids and not set(ids) & train
+    task = seqio.get_mixture_or_task("docs_span_corruption")
+    vocab = tasks.get_vocabulary()
+    ds = task.get_dataset({"inputs": 128, "targets": 32}, split="validation",
+                          shuffle=False, seed=0)
+    for ex in ds.take(4).as_numpy_iterator():
+        assert len(ex["inputs"]) == 128 and len(ex["targets"]) <= 32
+        assert ex["targets"][0] == vocab.vocab_size - 1  # First sentinel.
+    ids = [doc_id for doc_id, _, _ in docs.split_files(
+        [docs.PYTHON_DOCS, docs.PERL_DOCS], "validation")]
+    train = {i for i, _, _ in docs.split_files(
+        [docs.PYTHON_DOCS, docs.PERL_DOCS], "train")}
+    assert ids and not set(ids) & train
 
 
 def test_missing_docs_name_the_apt_command(tmp_path, monkeypatch):
-  monkeypatch.setattr(docs, "PYTHON_DOCS",
-                      docs.PYTHON_DOCS._replace(root=str(tmp_path)))
-  with pytest.raises(tasks.SourceMissingError,
-                     match="apt-get install -y python3.11-doc"):
-    next(iter(tasks.get_dataset("docs_span_corruption",
-                                {"inputs": 64, "targets": 16})))
+    monkeypatch.setattr(docs, "PYTHON_DOCS",
+                        docs.PYTHON_DOCS._replace(root=str(tmp_path)))
+    with pytest.raises(tasks.SourceMissingError,
+                       match="apt-get install -y python3.11-doc"):
+        next(iter(tasks.get_dataset("docs_span_corruption",
+                                    {"inputs": 64, "targets": 16})))
