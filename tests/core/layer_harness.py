@@ -5,8 +5,10 @@ and call a small instance and what it must produce. `check_layer` then checks,
 on whichever backend runs it: output shapes, trainable / non-trainable weight
 counts, `get_config` -> `from_config` giving an equal config and the same
 outputs with the same weights, and a `.keras` round trip of a model holding the
-layer, loaded in safe mode, giving the same outputs. `test_layer_harness.py`
-runs it on TensorFlow, and the same cases on JAX in a subprocess.
+layer, loaded in safe mode, giving the same outputs; under `mixed_bfloat16`,
+float32 weights and routers and outputs close to float32's; and one training
+step that moves every trainable weight. `test_layer_harness.py` runs it on
+TensorFlow, and the same cases on JAX in a subprocess.
 """
 
 import dataclasses
@@ -18,13 +20,14 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import expert_parallel, routing
+from keras_moe import compat, expert_parallel, routing
 from keras_moe.models import T5Config
 from keras_moe.models.attention import T5Attention
 from keras_moe.feedforward import DenseFeedForward
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
+from keras_moe.routing.base import Router
 
 D = 16  # d_model of every case
 
@@ -150,3 +153,45 @@ def check_layer(name, case, seed=0):
     _assert_same(loaded(inputs), out, f"{name}: .keras round trip")
     loaded_layer = [l for l in loaded.layers if isinstance(l, type(layer))]
     assert len(loaded_layer) == 1 and type(loaded_layer[0]) is type(layer), name
+    _check_mixed_bfloat16(name, case, layer, inputs, out)
+    _check_training_step(name, layer, inputs, out, rng)
+
+
+def _check_mixed_bfloat16(name, case, float32_layer, inputs, float32_out):
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        layer = case.build()
+        layer(*inputs)
+    finally:
+        keras.config.set_dtype_policy(before)
+    assert all(w.dtype == "float32" for w in layer.weights), (
+        name, [(w.path, w.dtype) for w in layer.weights if w.dtype != "float32"])
+    routers = [l for l in [layer] + compat.sublayers(layer) if isinstance(l, Router)]
+    assert all(r.compute_dtype == "float32" for r in routers), (name, "router not float32")
+    layer.set_weights(float32_layer.get_weights())
+    out = layer(*inputs)
+    # bfloat16 keeps 8 bits of mantissa: a few 1e-2 of the output's scale after
+    # a matmul or two.
+    for x, y in zip(_numpy(out), _numpy(float32_out), strict=True):
+        x = x.astype("float32")
+        assert np.all(np.isfinite(x)), name
+        scale = max(float(np.max(np.abs(y))), 1e-3)
+        assert float(np.max(np.abs(x - y))) <= 0.05 * scale, (
+            name, "mixed_bfloat16 output far from float32", float(np.max(np.abs(x - y))), scale)
+
+
+def _check_training_step(name, layer, inputs, out, rng):
+    symbolic = [keras.Input(shape=x.shape[1:], batch_size=x.shape[0], dtype=str(x.dtype))
+                for x in inputs]
+    model = keras.Model(symbolic, layer(*symbolic))
+    # Eager on TensorFlow (tracing costs more than the step); jitted on JAX.
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                  run_eagerly=keras.backend.backend() == "tensorflow")
+    before = [np.array(keras.ops.convert_to_numpy(w)) for w in layer.trainable_weights]
+    target = rng.normal(size=tuple(out.shape)).astype("float32")
+    loss = model.train_on_batch(inputs, target)  # a block's masks broadcast over the batch
+    assert np.isfinite(loss), (name, loss)
+    unchanged = [w.path for w, b in zip(layer.trainable_weights, before)
+                 if np.array_equal(keras.ops.convert_to_numpy(w), b)]
+    assert not unchanged, (name, "no gradient reached", unchanged)
