@@ -4,27 +4,34 @@ The layers follow the Switch Transformer (Fedus et al., 2021) and GShard
 (Lepikhin et al., 2020) papers; see the README for the quick-starts.
 """
 
-from keras_moe.lazy_exports import lazy_exports as _lazy_exports
+from keras_moe import startup as _startup
 
-# Imported on first use: `import keras_moe` leaves Keras and its backend alone.
-_EXPORTS = {
-    "Dispatcher": "keras_moe.dispatch",
-    "EinsumDispatcher": "keras_moe.dispatch",
-    "GatherDispatcher": "keras_moe.dispatch",
-    "get_dispatcher": "keras_moe.dispatch",
-    "FeedForwardExperts": "keras_moe.experts",
-    "GShardFeedForward": "keras_moe.feedforward",
-    "SwitchFeedForward": "keras_moe.feedforward",
-    "router_metrics": "keras_moe.metrics",
-    "MoeLayer": "keras_moe.moe",
-    "route_each_sequence": "keras_moe.moe",
-    **{name: "keras_moe.routing" for name in (
-        "ExpertChoiceRouter", "Router", "RoutingInstructions", "SwitchRouter",
-        "TokenChoiceRouter", "Top2Router", "TopKRouter")},
-    "router_losses": None,
-    "sharding": None,
-}
-__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+# A keras_moe command filters TensorFlow's start-up chatter from its console;
+# anywhere else, importing keras_moe leaves the process's stderr alone.
+if _startup.launched_as_command():
+    _startup.import_keras_quietly()
+
+from keras_moe import router_losses  # noqa: E402
+from keras_moe import sharding  # noqa: E402
+from keras_moe.dispatch import (  # noqa: E402
+    Dispatcher,
+    EinsumDispatcher,
+    GatherDispatcher,
+    get_dispatcher,
+)
+from keras_moe.experts import FeedForwardExperts  # noqa: E402
+from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: E402
+from keras_moe.metrics import router_metrics  # noqa: E402
+from keras_moe.moe import MoeLayer, route_each_sequence  # noqa: E402
+from keras_moe.routing import (  # noqa: E402
+    ExpertChoiceRouter,
+    Router,
+    RoutingInstructions,
+    SwitchRouter,
+    TokenChoiceRouter,
+    Top2Router,
+    TopKRouter,
+)
 
 __version__ = "0.1.0"
 

@@ -4,8 +4,9 @@ On a machine without a GPU, importing TensorFlow prints a CUDA-driver note and
 absl's pre-initialisation banner straight to file descriptor 2 (C++ logging,
 which `TF_CPP_MIN_LOG_LEVEL` does not reach), and the first device probe logs
 a failed `cuInit`. `filtered_stderr` captures descriptor 2 and writes back
-every other line, so real errors still show; `quiet_startup` imports the
-stack inside it (what the command-line tools do first).
+every other line, so real errors still show. Only keras_moe's own
+command-line tools filter (`launched_as_command`); importing keras_moe from
+anything else leaves the process's stderr alone.
 """
 
 import contextlib
@@ -76,6 +77,39 @@ def filtered_stderr():
                 sys.stderr.flush()
 
 
+COMMANDS = ("keras-moe-train", "keras-moe-eval", "keras-moe-distill", "keras-moe-compile")
+
+
+def launched_as_command(argv=None, orig_argv=None):
+    """True in a process started as a keras_moe command: one of `COMMANDS`, or
+    `python -m keras_moe...`.
+
+    Example:
+    >>> launched_as_command(["/venv/bin/keras-moe-train", "--model_dir=x"], [])
+    True
+    >>> launched_as_command(["-m"], ["python", "-m", "keras_moe.training", "--model_dir=x"])
+    True
+    >>> launched_as_command(["-c"], ["python", "-c", "import keras_moe"])
+    False
+    """
+    argv = sys.argv if argv is None else argv
+    orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
+    if argv and os.path.basename(argv[0]) in COMMANDS:
+        return True
+    for flag, module in zip(orig_argv, orig_argv[1:]):
+        if flag == "-m":
+            return module == "keras_moe" or module.startswith("keras_moe.")
+    return False
+
+
+def import_keras_quietly():
+    """Imports Keras (and so its backend) with `filtered_stderr`, unless
+    it is already imported."""
+    if "keras" not in sys.modules:
+        with filtered_stderr():
+            import keras  # noqa: F401
+
+
 # (logger name, message start): absl/Python log records that are expected here.
 HARMLESS_LOG_MESSAGES = (
     # seqio, for tasks read from in-memory or local files: the training stream
@@ -96,7 +130,7 @@ class _DropMessages(logging.Filter):
 def quiet_startup():
     """Imports Keras, TensorFlow, seqio and the tasks and probes the devices
     with start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
-    The command-line tools call it first thing; `import keras_moe` does not."""
+    The command-line tools call it first thing."""
     with filtered_stderr():
         import keras  # noqa: F401
         import tensorflow as tf

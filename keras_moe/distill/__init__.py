@@ -9,18 +9,15 @@
 - `objective`: `distillation_loss`, `hard_loss`, `soft_loss`, `kl_to_teacher`.
 """
 
-from keras_moe.lazy_exports import lazy_exports as _lazy_exports
-
-__getattr__, __dir__ = _lazy_exports(__name__, {
-    **dict.fromkeys(("build_distiller", "load_teacher", "resolve_checkpoint"),
-                    "keras_moe.distill.builder"),
-    "Distiller": "keras_moe.distill.distiller",
-    **dict.fromkeys(("EXPERT_INITS", "dense_student_config", "init_student_from_teacher",
-                     "relative_paths"), "keras_moe.distill.init_from_teacher"),
-    **dict.fromkeys(("distillation_loss", "hard_loss", "kl_to_teacher", "soft_loss"),
-                    "keras_moe.distill.objective"),
-    "objective": None,
-})
+from keras_moe.distill.builder import build_distiller, load_teacher, resolve_checkpoint
+from keras_moe.distill.distiller import Distiller
+from keras_moe.distill.init_from_teacher import (
+    EXPERT_INITS,
+    dense_student_config,
+    init_student_from_teacher,
+    relative_paths,
+)
+from keras_moe.distill.objective import distillation_loss, hard_loss, kl_to_teacher, soft_loss
 
 __all__ = [
     "Distiller", "EXPERT_INITS", "build_distiller", "dense_student_config", "distillation_loss",

@@ -14,12 +14,8 @@ so `keras_moe.training.schedules` and `.checkpoint` are cheap to import.
 import warnings as _warnings
 
 from keras_moe import compat as _compat
-from keras_moe.lazy_exports import lazy_exports as _lazy_exports
 from keras_moe.training.errors import TrainingConfigError
-
-__getattr__, __dir__ = _lazy_exports(__name__, {
-    "InverseSqrtSchedule": "keras_moe.training.schedules",
-    "make_optimizer": "keras_moe.training.schedules"})
+from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
 
 __all__ = ["InverseSqrtSchedule", "TrainingConfigError", "make_optimizer"]
 

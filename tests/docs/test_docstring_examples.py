@@ -32,7 +32,6 @@ MODULES = [
     "keras_moe.gin_config",
     "keras_moe.layers",
     "keras_moe.layouts",
-    "keras_moe.lazy_exports",
     "keras_moe.metrics",
     "keras_moe.models.attention",
     "keras_moe.models.blocks",
