@@ -1,7 +1,6 @@
-"""A readable console for the command-line tools: start-up noise filtered, short progress lines.
+"""A readable console for the command-line tools: short progress lines.
 
-(Start-up noise is filtered by `keras_moe.startup.quiet_startup`, before
-this module imports Keras.)
+(Their start-up noise is filtered by `keras_moe.startup`.)
 
 * `CompactProgbar`: Keras' progress bar showing loss, accuracy and the
   learning rate; the per-layer router statistics go to `router_table` and
