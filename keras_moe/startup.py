@@ -128,11 +128,11 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_startup():
-    """Imports Keras, TensorFlow, seqio and the tasks and probes the devices
-    with start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
-    The command-line tools call it first thing."""
+    """Imports TensorFlow, seqio and the tasks and probes the devices with
+    start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
+    The command-line tools call it first thing (Keras itself was imported
+    quietly by `keras_moe/__init__`, see `launched_as_command`)."""
     with filtered_stderr():
-        import keras  # noqa: F401
         import tensorflow as tf
 
         from keras_moe import tasks  # noqa: F401  (seqio, jax, tensorflow-text)

@@ -1,5 +1,8 @@
 """Each private internal keras_moe reaches through keras_moe.compat still behaves as assumed."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import gin
@@ -139,22 +142,20 @@ def test_layers_made_without_backend_state_leave_nothing_to_initialise():
 def test_a_model_config_with_a_sparse_ffn_leaves_tensorflow_unstarted():
     # Multi-worker training sets up TensorFlow's runtime after parsing gin (which
     # validates the sparse FFN by making one): it must not have started yet.
-    import subprocess
-    import sys
-
     code = ("import tensorflow as tf\n"
             "from keras_moe import compat\n"
             "from keras_moe.models import T5Config\n"
             "from functools import partial\n"
             "from keras_moe import SwitchFeedForward, GShardFeedForward\n"
-            "T5Config(vocab_size=64, num_encoder_layers=2, num_decoder_layers=2, sparse_ffn=partial(SwitchFeedForward,\n"
-            "    num_experts=4, d_ff=32, expert_dropout_rate=0.1, jitter_noise=0.1),\n"
+            "T5Config(vocab_size=64, num_encoder_layers=2, num_decoder_layers=2,\n"
+            "    sparse_ffn=partial(SwitchFeedForward, num_experts=4, d_ff=32,\n"
+            "                       expert_dropout_rate=0.1, jitter_noise=0.1),\n"
             "    decoder_sparse_ffn=partial(GShardFeedForward, num_experts=4, d_ff=32))\n"
             "assert not compat.tf_runtime_started(), 'the runtime started'\n"
             "tf.config.set_logical_device_configuration(\n"
             "    tf.config.list_physical_devices('CPU')[0], [tf.config.LogicalDeviceConfiguration()] * 2)\n"
             "print(len(tf.config.list_logical_devices('CPU')))\n")
-    env = {**__import__("os").environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]

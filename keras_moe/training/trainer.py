@@ -100,7 +100,8 @@ def prepare_model_dir(model_dir):
 
 def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution=1, model=None):
     """The model of the factory `model` (default: gin's `build_model`,
-    `keras_moe.models.gin_configurables.build_model`), compiled with its `compile_defaults` (T5: the T5 loss).
+    `keras_moe.models.gin_configurables.build_model`), compiled with its
+    `compile_defaults` (T5: the T5 loss).
 
     Args:
         optimizer: a Keras optimizer, or a factory of one called here (so under
