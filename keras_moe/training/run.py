@@ -3,7 +3,8 @@
 `keras_moe.training.trainer.train(model_dir, **settings)` is
 `Run(model_dir, TrainConfig(**settings)).train()`. A `Run` goes through
 `check` (cheap settings, before anything touches TensorFlow or the model dir),
-`start` (seed, strategy or mesh, input plan), `build` (the model, resumed or
+`start` (seed, placement: a tf.distribute strategy or a JAX mesh, see
+`keras_moe.training.placement`), `build` (the model, resumed or
 initialised), `read_data`, `fit` and `summarize`; each step keeps what the
 next one needs on the object, so a notebook can run them one at a time.
 """
@@ -192,25 +193,21 @@ class Run:
         import keras
 
         from keras_moe.training import data as data_lib
-        from keras_moe.training import strategy as strategy_lib
+        from keras_moe.training.placement import make_placement
 
         c = self.config
         # One seed for everything: model init, and tf.data (whose op seeds combine
         # with the global one, so a resumed run must set the same global seed to
         # see the same stream after `skip`).
         keras.utils.set_random_seed(c.seed)
-        self.strategy = strategy_lib.make_strategy(
-            c.strategy, tpu_name=c.tpu_name, devices=c.mirrored_devices,
-            collective_timeout=c.collective_timeout, cluster_wait_timeout=c.cluster_wait_timeout)
-        self.chief = strategy_lib.is_chief(self.strategy) and self.process_index == 0
-        self.replicas = self.strategy.num_replicas_in_sync
+        self.placement = make_placement(c, self.process_index)
+        self.chief, self.replicas = self.placement.chief, self.placement.replicas
         if c.batch_size % self.replicas:
             raise TrainingConfigError(
                 f"BATCH_SIZE={c.batch_size} is not divisible by the {self.replicas} replicas "
                 f"of STRATEGY={c.strategy!r}.")
-        log(f"strategy {c.strategy} ({type(self.strategy).__name__}, {self.replicas} "
-            f"replica(s)); global batch {c.batch_size} = {c.batch_size // self.replicas} per "
-            f"replica; dtype policy {c.dtype_policy}")
+        log(f"{self.placement.describe()}; global batch {c.batch_size} = "
+            f"{c.batch_size // self.replicas} per replica; dtype policy {c.dtype_policy}")
         shard_ids, num_shards, rows = self.input_plan
         if self.process_count > 1 or num_shards > 1:
             log(f"process {self.process_index} of {self.process_count}: input shards "
@@ -225,21 +222,17 @@ class Run:
 
     def build(self):
         """The model (on the mesh, if any), resumed from the model dir or initialised."""
-        from keras_moe.training import mesh as mesh_lib
         from keras_moe.training import stages
         from keras_moe.training.trainer import build_compiled_model, dtype_policy_scope
 
         c = self.config
-        self.mesh = None
-        if c.mesh_shape is not None:
-            self.mesh = mesh_lib.apply_mesh(c.mesh_shape, c.logical_axis_rules)
-            log(f"device mesh {self.mesh}: the model is sharded by keras_moe.layouts")
+        self.placement.apply()
         with dtype_policy_scope(c.dtype_policy):  # init_checkpoint's model too (resume)
-            with self.strategy.scope():
+            with self.placement.scope():
                 self.model = build_compiled_model(c.optimizer, c.jit_compile,
                                                   c.steps_per_execution, c.model)
                 self.model.optimizer.build(self.model.trainable_variables)
-            self.shards = mesh_lib.shard_report(self.model) if self.mesh else None
+            self.shards = self.placement.shard_report(self.model)
             for name, full, local in self.shards or ():
                 log(f"  {name}: {full} -> {local} on one device")
             self.manager, self.backup_dir, self.resumed, self.start_step = stages.resume(
@@ -345,7 +338,7 @@ class Run:
             "checkpoint": latest["path"] if latest else None,
             "tensorboard": self.log_root, "expert_load_plot": plot_path,
             "operative_config": os.path.join(self.model_dir, "operative_config.gin"),
-            "history": history, "mesh": self.mesh, "processes": self.process_count,
+            "history": history, "mesh": self.placement.mesh, "processes": self.process_count,
             "input_shards": self.input_plan[1],
             "shards": ([[n, list(f), list(loc)] for n, f, loc in self.shards]
                        if self.shards else None),

@@ -232,3 +232,16 @@ def test_a_required_macro_left_unbound_is_named():
         assert gin.query_parameter("%INIT_CHECKPOINT") == "/tmp/teacher"
     finally:
         gin.clear_config()
+
+
+def test_the_placement_is_a_mesh_or_a_strategy_and_only_process_0_is_chief():
+    from keras_moe.training.placement import MeshPlacement, StrategyPlacement, make_placement
+    from keras_moe.training.run import TrainConfig
+
+    mesh = make_placement(TrainConfig(mesh_shape={"data": 2, "expert": 4}), process_index=1)
+    assert isinstance(mesh, MeshPlacement) and not mesh.chief and mesh.replicas == 1
+    assert mesh.mesh is None  # nothing set before `apply`, which a Run calls before building
+    strategy = make_placement(TrainConfig(strategy="default"))
+    assert isinstance(strategy, StrategyPlacement) and strategy.chief
+    assert strategy.shard_report(model=None) is None
+    assert not StrategyPlacement(strategy.strategy, "default", process_index=1).chief
