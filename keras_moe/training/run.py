@@ -40,8 +40,8 @@ class TrainConfig:
             None: at every epoch end.
         log_every: steps between log lines / TensorBoard scalars.
         pack, shuffle, seed: seqio input options.
-        strategy: "default", "mirrored", "multi_worker" or "tpu" (`STRATEGY`).
-        tpu_name: TPU for "tpu" (`TPU_NAME`): "local" on a TPU VM, or a name.
+        strategy: "default", "mirrored", "multi_worker" or "tpu" (`train.strategy`).
+        tpu_name: TPU for "tpu" (`train.tpu_name`): "local" on a TPU VM, or a name.
         mirrored_devices: devices for "mirrored" (default: all local GPUs/CPU).
         optimizer: a Keras optimizer or a factory called under the strategy scope
             (gin: `@make_optimizer`); default: `make_optimizer()` with its defaults.
@@ -70,17 +70,17 @@ class TrainConfig:
             (gin: `train.model = @build_distiller`, as T5X run files inject
             `MODEL`); default: gin's `build_model` (`keras_moe.models.gin_configurables`).
         mesh_shape: JAX backend: shard the model over a device mesh of this
-            shape (`MESH_SHAPE`, e.g. {"data": 2, "expert": 4}; see
+            shape (`train.mesh_shape`, e.g. {"data": 2, "expert": 4}; see
             `keras_moe.sharding.configure_mesh`), applied before it is built.
         logical_axis_rules: the mesh's `(logical axis, mesh axes)` rules
-            (`LOGICAL_AXIS_RULES`); None: `keras_moe.layouts.DEFAULT_RULES`.
+            (`train.logical_axis_rules`); None: `keras_moe.layouts.DEFAULT_RULES`.
         input_shards: the global batch is this many equal slices, each read
             from its own `seqio.ShardInfo` shard, the shards split over the JAX
-            processes (`INPUT_SHARDS`; see `multihost.input_plan`); None: one
+            processes (`train.input_shards`; see `multihost.input_plan`); None: one
             per process (one process: the task read unsharded). Fixing it keeps
             the data stream the same for any number of processes.
         dtype_policy: Keras dtype policy the model is built under
-            (`DTYPE_POLICY`, one of `trainer.DTYPE_POLICIES`): "float32", or
+            (`train.dtype_policy`, one of `trainer.DTYPE_POLICIES`): "float32", or
             "mixed_bfloat16" (float32 weights and optimizer state, bfloat16
             activations and matmuls, float32 routers), or "bfloat16" (weights
             too). The global policy is restored once the model is built.
@@ -183,7 +183,7 @@ class Run:
         if self.process_count > 1 and c.mesh_shape is None:
             raise TrainingConfigError(
                 f"{self.process_count} JAX processes train one model over a device mesh: "
-                "bind MESH_SHAPE (its product = the devices of all processes).")
+                "bind train.mesh_shape (its product = the devices of all processes).")
         self.input_plan = multihost.input_plan(c.batch_size, c.input_shards,
                                                self.process_index, self.process_count)
         self.model_dir = prepare_model_dir(self.model_dir)
@@ -205,7 +205,7 @@ class Run:
         if c.batch_size % self.replicas:
             raise TrainingConfigError(
                 f"BATCH_SIZE={c.batch_size} is not divisible by the {self.replicas} replicas "
-                f"of STRATEGY={c.strategy!r}.")
+                f"of train.strategy={c.strategy!r}.")
         log(f"{self.placement.describe()}; global batch {c.batch_size} = "
             f"{c.batch_size // self.replicas} per replica; dtype policy {c.dtype_policy}")
         shard_ids, num_shards, rows = self.input_plan
@@ -265,7 +265,7 @@ class Run:
         c = self.config
         self.first_batch = data_lib.check_not_empty(self.train_dataset(), c.task, "train")
         self.summary_data, self.summary_split = stages.summary_dataset(
-            self.eval_dataset, c.eval_split, c.summary_batches, self.train_dataset())
+            self.eval_dataset, c.eval_split, c.summary_batches, self.train_dataset)
 
     def _recorded_train_dataset(self, skip_batches):
         from keras_moe.training import data as data_lib

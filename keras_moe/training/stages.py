@@ -94,7 +94,8 @@ def summary_dataset(make_dataset, eval_split, summary_batches, train_dataset):
         make_dataset: `split -> one unshuffled pass over that split`.
         eval_split: the split to prefer.
         summary_batches: how many batches.
-        train_dataset: the training stream (the fallback).
+        train_dataset: `() -> the training stream` (the fallback), called only
+            when `eval_split` is missing (building a seqio pipeline costs seconds).
     """
     from keras_moe.training import data as data_lib
 
@@ -105,7 +106,7 @@ def summary_dataset(make_dataset, eval_split, summary_batches, train_dataset):
         data_lib.check_not_empty(data, "", eval_split)
         split = eval_split
     except TrainingConfigError:
-        data, split = train_dataset.take(summary_batches), "train"
+        data, split = train_dataset().take(summary_batches), "train"
     return data_lib.finite(data), split
 
 
