@@ -48,7 +48,7 @@ def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
     (set before jax starts) or the chips of a TPU `topology`; all of them on the
     "expert" axis up to the expert count (`mesh_for`); the program a TPU would run
     (dispatch "auto" is einsum) on CPU devices too; the model under `dtype_policy`
-    (default the job's DTYPE_POLICY)."""
+    (default the job's train.dtype_policy)."""
     from keras_moe.training import compile_only
 
     feature_lengths = None
@@ -165,7 +165,7 @@ def _parser():
     parser.add_argument("--targets_length", type=int, default=None)
     parser.add_argument("--dtype_policy", default=None,
                         help="float32, mixed_bfloat16 or bfloat16 (default: the job's "
-                             "DTYPE_POLICY, float32)")
+                             "train.dtype_policy, float32)")
     parser.add_argument("--run_file", default=RUN_FILE)
     parser.add_argument("--bindings", action="append", help="gin bindings after the files")
     parser.add_argument("--timeout", type=int, default=3600,

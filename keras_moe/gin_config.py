@@ -150,6 +150,26 @@ def _as_list(value, what, allowed):
     return [os.fspath(item) for item in value]
 
 
+# Settings that were macros of runs/defaults.gin, each forwarded to one binding;
+# they are bound where they are read now. A run file or flag that still sets the
+# macro would set nothing, so it is refused with the binding to use instead.
+RETIRED_MACROS = {
+    **{name.upper(): f"train.{name}" for name in (
+        "checkpoint_every", "keep_checkpoints", "backup_every", "log_every", "steps_per_epoch",
+        "pack", "seed", "strategy", "tpu_name", "steps_per_execution", "expert_load_every",
+        "summary_batches", "dtype_policy", "mesh_shape", "logical_axis_rules", "input_shards")},
+    "OPTIMIZER": "make_optimizer.name", "LEARNING_RATE": "make_optimizer.learning_rate",
+    "LR_SCHEDULE": "make_optimizer.schedule", "WARMUP_STEPS": "make_optimizer.warmup_steps",
+}
+
+
+def _retired_macro_error(name, where):
+    return GinConfigError(
+        f"{where}: {name} is no longer a macro, so binding it would change nothing; "
+        f"bind {RETIRED_MACROS[name]} instead "
+        f"(e.g. --gin_bindings='{RETIRED_MACROS[name]} = ...').")
+
+
 def _macros():
     from keras_moe import compat
 
@@ -167,6 +187,8 @@ def _parse_binding(binding, files, skip_unknown):
     if "=" not in binding:
         raise GinConfigError(f"gin binding {binding!r} is not of the form NAME = VALUE.")
     lhs = binding.split("=", 1)[0].strip()
+    if lhs in RETIRED_MACROS:
+        raise _retired_macro_error(lhs, f"gin binding {binding!r}")
     if "." not in lhs and "/" not in lhs and lhs not in _macros():
         # gin would accept a new macro silently: a typo of a real one.
         raise GinConfigError(
@@ -262,6 +284,9 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
                 raise
             except (ValueError, IOError, SyntaxError) as e:
                 raise GinConfigError(f"bad gin file {path}: {e}") from None
+            retired = sorted(set(RETIRED_MACROS) & _macros())
+            if retired:
+                raise _retired_macro_error(retired[0], f"gin file {path}")
         for binding in _binding_lines(bindings):
             _parse_binding(binding, files, skip_unknown)
     missing = unbound_required_macros() if check_required else []

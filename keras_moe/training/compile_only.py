@@ -13,8 +13,9 @@ TPU compiler raises RESOURCE_EXHAUSTED when it does not; that is reported as
 `fits=False`, not raised).
 
     from keras_moe.training.compile_only import compile_train_step
-    report = compile_train_step(["pretrain_c4_mesh.gin"], topology="v5e:4x4",
-                                bindings=['MESH_SHAPE = {"data": 1, "expert": 16, "model": 1}'])
+    report = compile_train_step(
+        ["pretrain_c4_mesh.gin"], topology="v5e:4x4",
+        bindings=['train.mesh_shape = {"data": 1, "expert": 16, "model": 1}'])
 
 Set the environment before jax is imported (`setup_environment()`; the
 `keras-moe-compile` CLI does it): KERAS_BACKEND=jax, JAX_PLATFORMS=cpu (the
@@ -149,7 +150,7 @@ def cpu_devices(num):
     return devices[:num]
 
 
-def _gin_value(name, macro):
+def _gin_value(name, macro=None):
     """The job's value of `name` (e.g. "train.batch_size"), else of the macro."""
     import gin
 
@@ -205,7 +206,7 @@ def _job_dtype_policy(dtype_policy):
     from keras_moe.training.errors import TrainingConfigError
 
     if dtype_policy is None:
-        dtype_policy = _gin_value("train.dtype_policy", "%DTYPE_POLICY") or "float32"
+        dtype_policy = _gin_value("train.dtype_policy") or "float32"
     try:
         return trainer.check_dtype_policy(dtype_policy)
     except TrainingConfigError as e:
@@ -255,7 +256,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         topology: a TPU slice, e.g. "v5e:4x4" (needs libtpu); None: CPU devices.
         num_cpu_devices: without a topology, the number of emulated CPU devices
             (default: the mesh's size, else 1).
-        mesh_shape: dict axis -> size; default the job's MESH_SHAPE; or a
+        mesh_shape: dict axis -> size; default the job's train.mesh_shape; or a
             callable `(num_devices, t5_config) -> dict`.
         batch_size: global batch; default the job's `train.batch_size`.
         feature_lengths: {"inputs": n, "targets": m}; default the job's
@@ -265,7 +266,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
             (default with a topology: einsum) or "cpu" (the host's own choice).
         dtype_policy: Keras dtype policy the model is built under, as
             `train(dtype_policy=...)`; default the job's `train.dtype_policy`
-            (`DTYPE_POLICY`), float32 when unbound.
+            (`train.dtype_policy`), float32 when unbound.
 
     Returns:
         a dict: topology, chips, device_kind, mesh, parameters, batch, dispatch,
@@ -285,7 +286,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         in the compiled HLO), `compile_seconds`.
 
     Raises:
-        CompileOnlyError: unknown topology, missing libtpu, MESH_SHAPE whose
+        CompileOnlyError: unknown topology, missing libtpu, train.mesh_shape whose
             product is not the chip count, no model in the gin files, ...
         keras_moe.gin_config.GinConfigError: bad gin files or bindings.
     """
@@ -364,13 +365,13 @@ def _job_batch(batch_size, feature_lengths):
 
 
 def _num_cpu_devices(num_cpu_devices, mesh_shape):
-    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of MESH_SHAPE, else 1."""
+    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of train.mesh_shape, else 1."""
     import numpy as np
 
     if num_cpu_devices is not None:
         return num_cpu_devices
     shape = mesh_shape if isinstance(mesh_shape, dict) else _gin_value(
-        "train.mesh_shape", "%MESH_SHAPE")
+        "train.mesh_shape")
     return int(np.prod(list(shape.values()))) if shape else 1
 
 
@@ -381,16 +382,16 @@ def _checked_mesh_shape(mesh_shape, devices, config, topology):
     if callable(mesh_shape):
         mesh_shape = mesh_shape(len(devices), config)
     if mesh_shape is None:
-        mesh_shape = _gin_value("train.mesh_shape", "%MESH_SHAPE")
+        mesh_shape = _gin_value("train.mesh_shape")
     if mesh_shape is None:
         mesh_shape = {"data": len(devices)}
     size = int(np.prod([int(v) for v in dict(mesh_shape).values()]))
     if size != len(devices):
         where = f"the topology {topology}" if topology else "the emulated CPU devices"
         raise CompileOnlyError(
-            f"MESH_SHAPE={dict(mesh_shape)!r} has {size} devices but {where} has "
-            f"{len(devices)}: the product of MESH_SHAPE's sizes must equal the chip count "
-            f"(e.g. --gin_bindings='MESH_SHAPE = {{\"data\": 1, \"expert\": {len(devices)}, "
+            f"train.mesh_shape={dict(mesh_shape)!r} has {size} devices but {where} has "
+            f"{len(devices)}: the product of train.mesh_shape's sizes must equal the chip count "
+            f"(e.g. --gin_bindings='train.mesh_shape = {{\"data\": 1, \"expert\": {len(devices)}, "
             f"\"model\": 1}}').")
     return mesh_shape
 
@@ -399,7 +400,7 @@ def _configure_mesh(config, devices, mesh_shape):
     """Sets the mesh over `devices` with the job's logical axis rules; the distribution."""
     from keras_moe import layouts, sharding
 
-    rules = _gin_value("train.logical_axis_rules", "%LOGICAL_AXIS_RULES")
+    rules = _gin_value("train.logical_axis_rules")
     rules = layouts.DEFAULT_RULES if rules is None else rules
     num_experts = config.num_experts
     if isinstance(num_experts, (list, tuple)):
@@ -408,7 +409,7 @@ def _configure_mesh(config, devices, mesh_shape):
         return sharding.configure_mesh(mesh_shape, rules, devices=devices,
                                        num_experts=num_experts)
     except ValueError as e:
-        raise CompileOnlyError(f"MESH_SHAPE={dict(mesh_shape)!r}: {e}") from None
+        raise CompileOnlyError(f"train.mesh_shape={dict(mesh_shape)!r}: {e}") from None
 
 
 def _job_summary(config, devices, distribution, batch_size, feature_lengths, target_platform):

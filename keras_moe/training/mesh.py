@@ -1,4 +1,4 @@
-"""The gin job on a JAX device mesh: `MESH_SHAPE` / `LOGICAL_AXIS_RULES` -> `configure_mesh`.
+"""The gin job on a JAX device mesh: `train.mesh_shape` (and its rules) -> `configure_mesh`.
 
 `train(mesh_shape=..., logical_axis_rules=...)` shards the model over a
 `keras.distribution` mesh (expert weights over the "expert" axis, batches over
@@ -18,10 +18,10 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
     """Raises `TrainingConfigError` unless the mesh arguments can be applied here.
 
     Args:
-        mesh_shape: dict mesh axis -> size (`MESH_SHAPE`), or None (no mesh).
-        logical_axis_rules: `(logical axis, mesh axes)` pairs (`LOGICAL_AXIS_RULES`),
+        mesh_shape: dict mesh axis -> size (`train.mesh_shape`), or None (no mesh).
+        logical_axis_rules: `(logical axis, mesh axes)` pairs (`train.logical_axis_rules`),
             or None for `keras_moe.layouts.DEFAULT_RULES`.
-        strategy: the run's `STRATEGY`.
+        strategy: the run's `train.strategy`.
 
     Example:
     >>> check_mesh(None, None, "default")  # no mesh: nothing to check
@@ -29,25 +29,25 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
     if mesh_shape is None:
         if logical_axis_rules is not None:
             raise TrainingConfigError(
-                "LOGICAL_AXIS_RULES is set but MESH_SHAPE is not: bind MESH_SHAPE (e.g. "
-                '{"data": 2, "expert": 4}) or drop the rules.')
+                "train.logical_axis_rules is set but train.mesh_shape is not: bind "
+                'train.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.')
         return
     if keras.backend.backend() != "jax":
         raise TrainingConfigError(
-            f"MESH_SHAPE={mesh_shape!r} needs KERAS_BACKEND=jax (keras.distribution); on "
-            f"{keras.backend.backend()!r} use STRATEGY = \"mirrored\" / \"multi_worker\" / "
+            f"train.mesh_shape={mesh_shape!r} needs KERAS_BACKEND=jax (keras.distribution); on "
+            f"{keras.backend.backend()!r} use train.strategy = \"mirrored\" / \"multi_worker\" / "
             "\"tpu\" for data parallelism, or run with KERAS_BACKEND=jax.")
     if strategy != "default":
         raise TrainingConfigError(
-            f"MESH_SHAPE shards over a JAX device mesh; STRATEGY={strategy!r} is a "
-            "tf.distribute strategy: keep STRATEGY = \"default\" with a mesh.")
+            f"train.mesh_shape shards over a JAX device mesh; train.strategy={strategy!r} is a "
+            "tf.distribute strategy: keep train.strategy = \"default\" with a mesh.")
     from keras_moe import sharding
 
     devices = keras.distribution.list_devices()
     try:  # axes, sizes, rules and the device count, before anything is written
         sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules), num_devices=len(devices))
     except ValueError as e:
-        raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
+        raise TrainingConfigError(f"train.mesh_shape={mesh_shape!r}: {e}") from None
     import jax
 
     local = jax.local_devices()
@@ -96,7 +96,7 @@ def _rules(logical_axis_rules):
 def apply_mesh(mesh_shape, logical_axis_rules):
     """Sets the `keras.distribution` mesh (before any layer is created); returns its shape.
 
-    Errors of the mesh come back as `TrainingConfigError` naming MESH_SHAPE
+    Errors of the mesh come back as `TrainingConfigError` naming train.mesh_shape
     (`check_mesh` has already caught those it can see before the model dir
     is written).
     """
@@ -105,7 +105,7 @@ def apply_mesh(mesh_shape, logical_axis_rules):
     try:
         distribution = sharding.configure_mesh(mesh_shape, _rules(logical_axis_rules))
     except ValueError as e:
-        raise TrainingConfigError(f"MESH_SHAPE={mesh_shape!r}: {e}") from None
+        raise TrainingConfigError(f"train.mesh_shape={mesh_shape!r}: {e}") from None
     # Each process feeds its own rows (trainer: multihost.input_plan), so Keras
     # must not shard the per-process dataset again.
     distribution.auto_shard_dataset = False

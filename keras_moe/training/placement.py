@@ -3,7 +3,7 @@
 A `Run` asks its placement for the scope to build the model in, the number
 of replicas the global batch is split over, whether this process is the
 chief (it writes checkpoints, logs and plots), and how the weights were
-sharded. `make_placement` picks the kind from the settings: `MESH_SHAPE`
+sharded. `make_placement` picks the kind from the settings: `train.mesh_shape`
 (JAX) gives a `MeshPlacement`, anything else a `StrategyPlacement`.
 """
 
@@ -13,11 +13,11 @@ from keras_moe.training.log import log
 
 
 class StrategyPlacement:
-    """Data parallelism by a `tf.distribute` strategy ("default", "mirrored", "multi_worker", "tpu").
+    """Data parallelism by a `tf.distribute` strategy (`train.strategy`: "mirrored", "tpu", ...).
 
     Args:
         strategy: the `tf.distribute.Strategy`.
-        name: its setting (`STRATEGY`).
+        name: its setting (`train.strategy`).
         process_index: this JAX process (always 0 outside a multi-process mesh).
     """
 
@@ -49,7 +49,7 @@ class MeshPlacement:
     """Weights and batches sharded over a `keras.distribution` device mesh (JAX backend).
 
     Args:
-        mesh_shape: dict mesh axis -> size (`MESH_SHAPE`).
+        mesh_shape: dict mesh axis -> size (`train.mesh_shape`).
         logical_axis_rules: `(logical axis, mesh axes)` pairs, or None for
             `keras_moe.layouts.DEFAULT_RULES`.
         process_index: this JAX process; process 0 is the chief.

@@ -1,4 +1,4 @@
-"""`tf.distribute` strategy from one setting (gin `STRATEGY`, `TPU_NAME`).
+"""`tf.distribute` strategy from one setting (gin `train.strategy`, `train.tpu_name`).
 
 - "default": the default (no-op) strategy, one device.
 - "mirrored": `MirroredStrategy` over the local GPUs (or the given devices).
@@ -43,7 +43,7 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
     import tensorflow as tf
 
     if name not in STRATEGIES:
-        raise TrainingConfigError(f"STRATEGY must be one of {STRATEGIES}, got {name!r}.")
+        raise TrainingConfigError(f"train.strategy must be one of {STRATEGIES}, got {name!r}.")
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
@@ -51,7 +51,7 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
     if name == "multi_worker":
         if not os.environ.get("TF_CONFIG"):
             raise TrainingConfigError(
-                'STRATEGY="multi_worker" needs the TF_CONFIG environment variable '
+                'train.strategy="multi_worker" needs the TF_CONFIG environment variable '
                 '({"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}).')
         try:
             json.loads(os.environ["TF_CONFIG"])

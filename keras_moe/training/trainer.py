@@ -17,7 +17,7 @@ import tempfile
 from keras_moe.training.errors import TrainingConfigError
 
 
-# Keras dtype policies a run may train under (`DTYPE_POLICY`): float32
+# Keras dtype policies a run may train under (`train.dtype_policy`): float32
 # everywhere; float32 variables with bfloat16 compute (the routers stay float32,
 # see `keras_moe.routing.base.Router`); bfloat16 variables and compute.
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "bfloat16")
@@ -39,12 +39,12 @@ def check_dtype_policy(dtype_policy, name="train.dtype_policy"):
     >>> check_dtype_policy("fp16")
     Traceback (most recent call last):
     ...
-    keras_moe.training.errors.TrainingConfigError: train.dtype_policy (DTYPE_POLICY) must be one of 'float32', 'mixed_bfloat16', 'bfloat16'; got 'fp16'.
+    keras_moe.training.errors.TrainingConfigError: train.dtype_policy must be one of 'float32', 'mixed_bfloat16', 'bfloat16'; got 'fp16'.
     """
     if not isinstance(dtype_policy, str) or dtype_policy not in DTYPE_POLICIES:
         allowed = ", ".join(repr(p) for p in DTYPE_POLICIES)
         raise TrainingConfigError(
-            f"{name} (DTYPE_POLICY) must be one of {allowed}; got {dtype_policy!r}.")
+            f"{name} must be one of {allowed}; got {dtype_policy!r}.")
     return dtype_policy
 
 

@@ -147,7 +147,7 @@ def check_tiny_model_cli():
     """The tiny Switch model's train step with dispatch='dropless' compiles for v5e:2x2."""
     bindings = ['SwitchFeedForward.group_size = "sequence"', "BATCH_SIZE = 8",
                 'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
-                'MESH_SHAPE = {"data": 4, "expert": 1, "model": 1}',
+                'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}',
                 'SwitchFeedForward.dispatch = "dropless"']
     args = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin",
             *[f"--gin_bindings={b}" for b in bindings], "--topology=v5e:2x2", "--json"]

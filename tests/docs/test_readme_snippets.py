@@ -84,11 +84,11 @@ def test_readme_command_line_training_and_eval(tmp_path):
                 if c.strip()]
     assert [c[0] for c in commands] == ["keras-moe-train", "keras-moe-eval", "keras-moe-eval"]
     model_dir = str(tmp_path / "run")
-    shrink = ["--gin_bindings=TRAIN_STEPS = 2", "--gin_bindings=BATCH_SIZE = 4",
-              "--gin_bindings=CHECKPOINT_EVERY = 2", "--gin_bindings=SUMMARY_BATCHES = 1",
-              "--gin_bindings=EXPERT_LOAD_EVERY = 0", "--gin_bindings=BACKUP_EVERY = None",
-              "--gin_bindings=LOG_EVERY = 1", "--gin_bindings=T5Config.num_encoder_layers = 2",
-              "--gin_bindings=T5Config.num_decoder_layers = 2"]
+    shrink = [f"--gin_bindings={b}" for b in (
+        "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "train.checkpoint_every = 2",
+        "train.summary_batches = 1", "train.expert_load_every = 0", "train.backup_every = None",
+        "train.log_every = 1", "T5Config.num_encoder_layers = 2",
+        "T5Config.num_decoder_layers = 2")]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env.update(PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     consoles = []

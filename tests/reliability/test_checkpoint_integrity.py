@@ -11,7 +11,7 @@ from tests.reliability import helpers
 
 pytestmark = pytest.mark.slow
 
-RUN = helpers.FAST + ["CHECKPOINT_EVERY = 4", "KEEP_CHECKPOINTS = 3"]
+RUN = helpers.FAST + ["train.checkpoint_every = 4", "train.keep_checkpoints = 3"]
 
 
 def _ckpt_dir(model_dir):

@@ -15,7 +15,7 @@ from tests.reliability import helpers
 pytestmark = pytest.mark.slow
 from tests.training.helpers import lines_in_background, wait_for_line
 
-RUN = helpers.FAST + ["CHECKPOINT_EVERY = 3", "train.collective_timeout = 30",
+RUN = helpers.FAST + ["train.checkpoint_every = 3", "train.collective_timeout = 30",
                       "train.cluster_wait_timeout = 120"]
 
 
@@ -35,7 +35,7 @@ def _start_workers(model_dir, bindings):
     for index in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         procs.append(subprocess.Popen(
-            helpers.cli_args(model_dir, bindings + ['STRATEGY = "multi_worker"']),
+            helpers.cli_args(model_dir, bindings + ['train.strategy = "multi_worker"']),
             cwd=helpers.REPO, env=helpers.env({"TF_CONFIG": tf_config}),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
@@ -46,7 +46,7 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
     # sequence and capacity for every token, 1 x 8 and 2 x 4 examples route
     # alike (a batch-wide group would give each replica its own load-balancing
     # loss, a few 1e-5 of the loss here).
-    bindings = RUN + ["TRAIN_STEPS = 6", "SUMMARY_BATCHES = 1",
+    bindings = RUN + ["TRAIN_STEPS = 6", "train.summary_batches = 1",
                       'SwitchFeedForward.group_size = "sequence"',
                       "SwitchFeedForward.train_capacity_factor = 4.0",
                       "SwitchFeedForward.eval_capacity_factor = 4.0"]
@@ -84,7 +84,7 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
 
 def test_a_dead_worker_makes_the_other_fail_clearly_not_hang(tmp_path):
     procs = _start_workers(str(tmp_path / "mwms"), RUN + ["TRAIN_STEPS = 100000",
-                                                          "SUMMARY_BATCHES = 0"])
+                                                          "train.summary_batches = 0"])
     survivor, victim = procs
     lines = lines_in_background(survivor.stdout)
     try:

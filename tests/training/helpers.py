@@ -17,7 +17,7 @@ TINY = [
     "T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
     "T5Config.d_ff = 64", "SwitchFeedForward.d_ff = 64", "SwitchFeedForward.num_experts = 4",
     'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}', "BATCH_SIZE = 8",
-    "LOG_EVERY = 5", "SUMMARY_BATCHES = 2", "EXPERT_LOAD_EVERY = 0",
+    "train.log_every = 5", "train.summary_batches = 2", "train.expert_load_every = 0",
 ]
 
 

@@ -19,7 +19,7 @@ MODULE = "keras_moe.training.compile_cli"
 FILES = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin"]
 BINDINGS = ['SwitchFeedForward.group_size = "sequence"', "BATCH_SIZE = 8",
             'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
-            'MESH_SHAPE = {"data": 1, "expert": 4, "model": 1}']
+            'train.mesh_shape = {"data": 1, "expert": 4, "model": 1}']
 # What the CLI would set itself (it re-executes without them); set here so the
 # main run starts once.
 ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1",
@@ -105,7 +105,7 @@ def mixed_report(libtpu):
 
 
 def test_mixed_bfloat16_computes_in_bfloat16_with_float32_weights(report, mixed_report):
-    assert report["dtype_policy"] == "float32"  # tiny_local.gin: defaults.gin's DTYPE_POLICY
+    assert report["dtype_policy"] == "float32"  # tiny_local.gin: defaults.gin's train.dtype_policy
     assert report["compute_dtype"] == "float32"
     assert "bf16" not in report["matmul_dtypes"] and report["matmul_dtypes"]["f32"] > 0
     assert mixed_report["dtype_policy"] == "mixed_bfloat16"
@@ -125,11 +125,11 @@ def test_bad_dtype_policy_is_refused(libtpu):
     done = run_cli([*_args(), "--dtype_policy=float16"], timeout=120, env=ENV, module=MODULE)
     assert done.returncode == 2
     assert "--dtype_policy" in done.stderr and "mixed_bfloat16" in done.stderr
-    # Without the flag the job's own DTYPE_POLICY is read (and checked).
-    done = run_cli(_args(BINDINGS + ['DTYPE_POLICY = "float16"']), timeout=180, env=ENV,
+    # Without the flag the job's own train.dtype_policy is read (and checked).
+    done = run_cli(_args(BINDINGS + ['train.dtype_policy = "float16"']), timeout=180, env=ENV,
                    module=MODULE)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "train.dtype_policy (DTYPE_POLICY) must be one of" in done.stderr
+    assert "train.dtype_policy must be one of" in done.stderr
     assert "'float16'" in done.stderr
 
 
@@ -144,10 +144,10 @@ def test_mesh_product_must_equal_chip_count(libtpu):
     # Without the environment: the CLI sets KERAS_BACKEND=jax etc. itself (re-runs).
     env = {k: "" for k in ENV}
     env["KERAS_BACKEND"] = "tensorflow"
-    bindings = BINDINGS[:-1] + ['MESH_SHAPE = {"data": 1, "expert": 8, "model": 1}']
+    bindings = BINDINGS[:-1] + ['train.mesh_shape = {"data": 1, "expert": 8, "model": 1}']
     done = run_cli(_args(bindings), timeout=180, env=env, module=MODULE)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "MESH_SHAPE" in done.stderr and "has 8 devices" in done.stderr
+    assert "train.mesh_shape" in done.stderr and "has 8 devices" in done.stderr
     assert "4" in done.stderr
 
 

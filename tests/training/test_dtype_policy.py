@@ -1,4 +1,4 @@
-"""`DTYPE_POLICY` / `train.dtype_policy`: the tiny Switch model trains under mixed_bfloat16.
+"""`train.dtype_policy`: the tiny Switch model trains under mixed_bfloat16.
 
 Under "mixed_bfloat16" the weights and the optimizer state stay float32, the
 layers compute in bfloat16, and the routers keep float32 (their `dtype`
@@ -38,8 +38,8 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
 
     before = keras.config.dtype_policy().name
     keras.utils.set_random_seed(0)
-    summary = _train(tmp_path, ['DTYPE_POLICY = "mixed_bfloat16"', "TRAIN_STEPS = 12",
-                                "CHECKPOINT_EVERY = 6"], model=factory)
+    summary = _train(tmp_path, ['train.dtype_policy = "mixed_bfloat16"', "TRAIN_STEPS = 12",
+                                "train.checkpoint_every = 6"], model=factory)
     assert keras.config.dtype_policy().name == before  # restored once train returned
     assert summary["dtype_policy"] == "mixed_bfloat16" and summary["end_step"] == 12
     model = built[0]
@@ -58,16 +58,15 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
     start, end = summary["eval_start"]["loss"], summary["eval_end"]["loss"]
     assert np.isfinite(start) and np.isfinite(end) and end < start - 0.1, (start, end)
     config = open(tmp_path / "operative_config.gin").read()
-    assert "DTYPE_POLICY = 'mixed_bfloat16'" in config or \
-        'DTYPE_POLICY = "mixed_bfloat16"' in config
+    assert "train.dtype_policy = 'mixed_bfloat16'" in config or \
+        'train.dtype_policy = "mixed_bfloat16"' in config
 
 
-def test_the_default_is_float32_and_bound_through_the_macro():
+def test_the_default_is_float32_bound_on_train():
     import gin
 
     parse([])
-    assert gin.query_parameter("%DTYPE_POLICY") == "float32"
-    assert str(gin.query_parameter("train.dtype_policy")) == "%DTYPE_POLICY"
+    assert gin.query_parameter("train.dtype_policy") == "float32"
 
 
 @pytest.mark.parametrize("value", ["fp16", "mixed_float16", 16])
@@ -76,9 +75,9 @@ def test_a_bad_policy_fails_before_anything_is_written(tmp_path, value):
 
     before = keras.config.dtype_policy().name
     with pytest.raises(TrainingConfigError,
-                       match=r"train\.dtype_policy \(DTYPE_POLICY\) must be one of 'float32', "
+                       match=r"train\.dtype_policy must be one of 'float32', "
                              r"'mixed_bfloat16', 'bfloat16'"):
-        _train(tmp_path / "bad", [f"DTYPE_POLICY = {value!r}"])
+        _train(tmp_path / "bad", [f"train.dtype_policy = {value!r}"])
     assert not os.path.exists(tmp_path / "bad")
     assert keras.config.dtype_policy().name == before
 

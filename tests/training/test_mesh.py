@@ -1,4 +1,4 @@
-"""The gin job on a JAX device mesh (MESH_SHAPE), and the clear refusals elsewhere."""
+"""The gin job on a JAX device mesh (train.mesh_shape), and the clear refusals elsewhere."""
 
 import json
 import os
@@ -33,7 +33,8 @@ def _with_model_dir(args, model_dir):
 
 # Short runs of the doc command; the input is read as 2 seqio shards, so a run with 2
 # processes (one shard each) sees the same global batches as one process reading both.
-SHORT = ["TRAIN_STEPS = 6", "CHECKPOINT_EVERY = 2", "SUMMARY_BATCHES = 1", "INPUT_SHARDS = 2"]
+SHORT = ["TRAIN_STEPS = 6", "train.checkpoint_every = 2", "train.summary_batches = 1",
+         "train.input_shards = 2"]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,7 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
     os.remove(model_dir / "checkpoints" / "ckpt-00000006.json")
     env = _doc_command()[0]
     resumed = run_cli(_with_model_dir(args, model_dir) + [
-        f"--gin_bindings={b}" for b in SHORT + ['MESH_SHAPE = {"data": 4, "expert": 2}']],
+        f"--gin_bindings={b}" for b in SHORT + ['train.mesh_shape = {"data": 4, "expert": 2}']],
         timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout and "ckpt-00000004.orbax" in resumed.stdout
@@ -131,8 +132,9 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
 
 
 @pytest.mark.parametrize("bindings,message", [
-    (['MESH_SHAPE = {"data": 2}'], "needs KERAS_BACKEND=jax.*STRATEGY"),
-    (["LOGICAL_AXIS_RULES = [('batch', 'data')]"], "LOGICAL_AXIS_RULES is set but MESH_SHAPE"),
+    (['train.mesh_shape = {"data": 2}'], "needs KERAS_BACKEND=jax.*train.strategy"),
+    (["train.logical_axis_rules = [('batch', 'data')]"],
+     "train.logical_axis_rules is set but train.mesh_shape"),
 ])
 def test_mesh_settings_are_refused_where_they_cannot_apply(tmp_path, bindings, message):
     from keras_moe.training.errors import TrainingConfigError
@@ -166,7 +168,7 @@ def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh
 @pytest.mark.parametrize("kwargs,message", [
     (dict(process_count=2, process_index=0), "need --coordinator_address"),
     (dict(coordinator_address="h:1", process_count=2, process_index=0, backend="tensorflow"),
-     'STRATEGY = "multi_worker"'),
+     'train.strategy = "multi_worker"'),
     (dict(coordinator_address="host0", process_count=2, process_index=0, backend="jax"),
      "must be HOST:PORT or 'auto'"),
     (dict(coordinator_address="h:1", process_count=None, process_index=0, backend="jax"),
@@ -196,7 +198,7 @@ def test_input_plan_gives_each_process_its_block_of_the_global_batch(args, expec
 
 @pytest.mark.parametrize("args,message", [
     ((16, 3, 0, 2), "positive multiple of the 2 process"),
-    ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into INPUT_SHARDS=4"),
+    ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into train.input_shards=4"),
     ((16, 0, 0, 1), "positive multiple"),
 ])
 def test_input_plan_refuses_shards_that_do_not_split_evenly(args, message):

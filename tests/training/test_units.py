@@ -110,6 +110,8 @@ def test_gin_files_resolve_by_name():
     ("train.no_such_arg = 4", "no_such_arg"),
     ("no_such_configurable.x = 1", "no_such_configurable"),
     ("BATCH_SIZE 4", "NAME = VALUE"),
+    ("CHECKPOINT_EVERY = 5", r"CHECKPOINT_EVERY is no longer a macro.*train\.checkpoint_every"),
+    ("LEARNING_RATE = 0.1", r"bind make_optimizer\.learning_rate instead"),
 ])
 def test_bad_gin_bindings_are_named(binding, message):
     import gin
@@ -117,6 +119,21 @@ def test_bad_gin_bindings_are_named(binding, message):
     gin.clear_config()
     with pytest.raises(GinConfigError, match=message):
         gin_config.parse_gin(["tiny_local.gin"], [binding])
+    gin.clear_config()
+
+
+def test_a_run_file_setting_a_retired_macro_is_refused(tmp_path):
+    """A file written for the old defaults.gin (`MESH_SHAPE = ...`) would set nothing now."""
+    import gin
+
+    run_file = tmp_path / "old_run.gin"
+    run_file.write_text("include 'runs/tiny_local.gin'\nMESH_SHAPE = {'data': 2}\n")
+    gin.clear_config()
+    with pytest.raises(GinConfigError, match=r"old_run.gin: MESH_SHAPE .*train\.mesh_shape"):
+        gin_config.parse_gin([str(run_file)])
+    gin.clear_config()
+    gin_config.parse_gin(["tiny_local.gin"], ["train.checkpoint_every = 7"])
+    assert gin.query_parameter("train.checkpoint_every") == 7
     gin.clear_config()
 
 
