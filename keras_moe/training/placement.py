@@ -55,7 +55,6 @@ class MeshPlacement:
         process_index: this JAX process; process 0 is the chief.
     """
 
-    name = "default"
     replicas = 1  # one program over the whole mesh; the mesh splits the batch
 
     def __init__(self, mesh_shape, logical_axis_rules=None, process_index=0):
