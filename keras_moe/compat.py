@@ -14,7 +14,7 @@ moves one fails there, by name, instead of somewhere deep in a training run.
   `learning_rate_schedule` (`Optimizer._learning_rate`),
   `without_backend_state` (drops what a `StatelessScope` leaves in Keras's
   global list of variables to initialise).
-- gin: `gin_macro_names` / `gin_macro_value` (`gin.config._CONFIG`),
+- gin: `gin_macro_names` / `gin_macro_references` / `gin_macro_value` (`gin.config._CONFIG`),
   `gin_import_hook` (wraps `ParseContext.process_import`).
 - TensorFlow: `tf_xla_sharding`, `tf_tpu_ops`, `tf_in_xla_context`,
   `tf_collective_health_timeout`, `tf_runtime_started` (`tensorflow.python.*`).
@@ -136,6 +136,23 @@ def gin_macro_names():
     import gin.config
 
     return {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}
+
+
+def gin_macro_references():
+    """The names of the macros that some parsed binding (or macro) refers to as `%NAME`."""
+    import gin.config
+
+    found, pending = set(), [v for values in gin.config._CONFIG.values() for v in values.values()]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, gin.config.ConfigurableReference):
+            if value.selector == "gin.macro":
+                found.add(value.scoped_selector.rsplit("/", 1)[0])
+        elif isinstance(value, dict):
+            pending += list(value.keys()) + list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            pending += list(value)
+    return found
 
 
 def gin_macro_value(name):

@@ -151,8 +151,9 @@ def _as_list(value, what, allowed):
 
 
 # Settings that were macros of runs/defaults.gin, each forwarded to one binding;
-# they are bound where they are read now. A run file or flag that still sets the
-# macro would set nothing, so it is refused with the binding to use instead.
+# they are bound where they are read now. A run file or flag that still sets such
+# a macro, and nothing reads it, would set nothing: it is refused, naming the
+# binding to use instead.
 RETIRED_MACROS = {
     **{name.upper(): f"train.{name}" for name in (
         "checkpoint_every", "keep_checkpoints", "backup_every", "log_every", "steps_per_epoch",
@@ -187,9 +188,9 @@ def _parse_binding(binding, files, skip_unknown):
     if "=" not in binding:
         raise GinConfigError(f"gin binding {binding!r} is not of the form NAME = VALUE.")
     lhs = binding.split("=", 1)[0].strip()
-    if lhs in RETIRED_MACROS:
-        raise _retired_macro_error(lhs, f"gin binding {binding!r}")
     if "." not in lhs and "/" not in lhs and lhs not in _macros():
+        if lhs in RETIRED_MACROS:
+            raise _retired_macro_error(lhs, f"gin binding {binding!r}")
         # gin would accept a new macro silently: a typo of a real one.
         raise GinConfigError(
             f"gin binding {binding!r}: macro {lhs!r} is not defined by the gin files "
@@ -284,7 +285,9 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
                 raise
             except (ValueError, IOError, SyntaxError) as e:
                 raise GinConfigError(f"bad gin file {path}: {e}") from None
-            retired = sorted(set(RETIRED_MACROS) & _macros())
+            from keras_moe import compat
+
+            retired = sorted(set(RETIRED_MACROS) & _macros() - compat.gin_macro_references())
             if retired:
                 raise _retired_macro_error(retired[0], f"gin file {path}")
         for binding in _binding_lines(bindings):

@@ -92,6 +92,9 @@ def test_gin_macros_and_the_import_hook():
         gin.parse_config("COMPAT_TEST_MACRO = 7")
         assert "COMPAT_TEST_MACRO" in compat.gin_macro_names()
         assert compat.gin_macro_value("COMPAT_TEST_MACRO") == 7
+        assert compat.gin_macro_references() == set()
+        gin.parse_config("UNUSED = 1\nLISTED = [{'k': (%COMPAT_TEST_MACRO,)}]\nOUTER = %LISTED")
+        assert compat.gin_macro_references() == {"COMPAT_TEST_MACRO", "LISTED"}
         modules = []
         with compat.gin_import_hook(lambda statement: modules.append(statement.module)):
             gin.parse_config("import json.decoder")

@@ -134,6 +134,12 @@ def test_a_run_file_setting_a_retired_macro_is_refused(tmp_path):
     gin.clear_config()
     gin_config.parse_gin(["tiny_local.gin"], ["train.checkpoint_every = 7"])
     assert gin.query_parameter("train.checkpoint_every") == 7
+    # A file that defines such a macro and reads it itself is left alone.
+    own = tmp_path / "own_macro.gin"
+    own.write_text("include 'runs/tiny_local.gin'\nOPTIMIZER = 'sgd'\n"
+                   "make_optimizer.name = %OPTIMIZER\n")
+    gin_config.parse_gin([str(own)], ["OPTIMIZER = 'adam'"])
+    assert gin.query_parameter("%OPTIMIZER") == "adam"
     gin.clear_config()
 
 
