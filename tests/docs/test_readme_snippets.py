@@ -86,7 +86,7 @@ def test_readme_command_line_training_and_eval(tmp_path):
     model_dir = str(tmp_path / "run")
     shrink = [f"--gin_bindings={b}" for b in (
         "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "train.checkpoint_every = 2",
-        "train.summary_batches = 1", "train.expert_load_every = 0", "train.backup_every = None",
+        "train.summary_batches = 0", "train.expert_load_every = 0", "train.backup_every = None",
         "train.log_every = 1", "T5Config.num_encoder_layers = 2",
         "T5Config.num_decoder_layers = 2")]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
