@@ -171,6 +171,16 @@ def _retired_macro_error(name, where):
         f"(e.g. --gin_bindings='{RETIRED_MACROS[name]} = ...').")
 
 
+def _refuse_unread_retired_macros(paths):
+    # Checked once everything is parsed: a later file or binding may read a macro
+    # that an earlier file defines.
+    from keras_moe import compat
+
+    retired = sorted(set(RETIRED_MACROS) & _macros() - compat.gin_macro_references())
+    if retired:
+        raise _retired_macro_error(retired[0], f"gin file {', '.join(paths)}")
+
+
 def _macros():
     from keras_moe import compat
 
@@ -285,13 +295,9 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
                 raise
             except (ValueError, IOError, SyntaxError) as e:
                 raise GinConfigError(f"bad gin file {path}: {e}") from None
-            from keras_moe import compat
-
-            retired = sorted(set(RETIRED_MACROS) & _macros() - compat.gin_macro_references())
-            if retired:
-                raise _retired_macro_error(retired[0], f"gin file {path}")
         for binding in _binding_lines(bindings):
             _parse_binding(binding, files, skip_unknown)
+    _refuse_unread_retired_macros(paths)
     missing = unbound_required_macros() if check_required else []
     if missing:
         raise GinConfigError(

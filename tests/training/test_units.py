@@ -140,6 +140,16 @@ def test_a_run_file_setting_a_retired_macro_is_refused(tmp_path):
                    "make_optimizer.name = %OPTIMIZER\n")
     gin_config.parse_gin([str(own)], ["OPTIMIZER = 'adam'"])
     assert gin.query_parameter("%OPTIMIZER") == "adam"
+    # ... also when a later file (or binding) is the one that reads it.
+    defines = tmp_path / "defines.gin"
+    defines.write_text("include 'runs/tiny_local.gin'\nOPTIMIZER = 'sgd'\n")
+    reads = tmp_path / "reads.gin"
+    reads.write_text("make_optimizer.name = %OPTIMIZER\n")
+    for files, bindings in (([defines, reads], []),
+                            ([defines], ["make_optimizer.name = %OPTIMIZER"])):
+        gin_config.parse_gin([str(f) for f in files], bindings)
+        assert str(gin.query_parameter("make_optimizer.name")) == "%OPTIMIZER"
+        assert gin.query_parameter("%OPTIMIZER") == "sgd"
     gin.clear_config()
 
 
