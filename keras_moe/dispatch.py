@@ -66,6 +66,7 @@ class Dispatcher:
     """
 
     name = None
+    drops_tokens = True  # False: no capacity, every assignment is computed
 
     def check(self, router, experts):
         """Raises ValueError, naming `dispatch`, when `router` or `experts` cannot be used."""
@@ -262,6 +263,7 @@ class DroplessDispatcher(Dispatcher):
     """
 
     name = "dropless"
+    drops_tokens = False
 
     def check(self, router, experts):
         if not router.picks_experts_per_token:

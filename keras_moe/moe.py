@@ -90,7 +90,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             `route_each_sequence()` no group holds tokens of two sequences.
         pad_to_group_size: pad the tokens up to a multiple of `group_size` with
             masked padding instead of raising.
-        train_capacity_factor: capacity factor in training, > 0.
+        train_capacity_factor: capacity factor in training, > 0. A group's
+            capacity counts its real tokens, not its padding (the buffers keep
+            the padded size), so an input routes the same whatever width it
+            is padded to (`real_token_capacity`).
         eval_capacity_factor: capacity factor in inference, > 0.
         min_expert_capacity: lower bound on slots per expert per group, >= 0.
         dispatch: "auto" (einsum on TPU, gather elsewhere), "einsum", "gather",
@@ -204,6 +207,30 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         return self.dispatcher.expert_capacity(self.router, group_size, factor,
                                                self.min_expert_capacity)
 
+    def real_token_capacity(self, group_mask, group_size, training):
+        """int32 [G]: each group's capacity counted from its real tokens.
+
+        The expert buffers keep the size `capacity(group_size)` gives, but a
+        group may fill only as many slots per expert as its real (unmasked)
+        tokens give, so padding never adds capacity: a sequence routes the
+        same alone, padded, or beside a longer one. Without padding this is
+        `capacity(group_size)` itself.
+
+        Example:
+        >>> import numpy as np
+        >>> import keras_moe
+        >>> layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, eval_capacity_factor=1.0,
+        ...                                     min_expert_capacity=1)
+        >>> mask = np.array([[1.0] * 16, [1.0] * 6 + [0.0] * 10])  # 16 and 6 real tokens
+        >>> np.asarray(layer.real_token_capacity(mask, 16, training=False)).tolist()
+        [4, 2]
+        """
+        counts = ops.cast(ops.sum(ops.cast(group_mask, "float32"), axis=1), "int32")
+        if is_int(group_size):  # exactly the Python formula, one entry per token count
+            table = [self.capacity(n, training) for n in range(int(group_size) + 1)]
+            return ops.take(ops.convert_to_tensor(table, "int32"), counts)
+        return self.capacity(counts, training)
+
     def _grouping(self, x):
         """The grouping used for input `x`: "batch", "sequence", an int N, or
         ("chunks", N): each sequence cut into groups of N."""
@@ -286,9 +313,13 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if group_size is None:  # "batch" groups of a batch of unknown size
             group_size = ops.shape(groups)[1]
         capacity = self.capacity(group_size, training)
+        group_capacity = None
+        if (mask is not None or pad) and self.dispatcher.drops_tokens:
+            group_capacity = self.real_token_capacity(group_mask, group_size, training)
 
         logits = self.router(groups, training=training)
-        routing = self.router.route(logits, group_mask, capacity, training=bool(training))
+        routing = self.router.route(logits, group_mask, capacity, training=bool(training),
+                                    group_capacity=group_capacity)
         if self.aux_loss_factor:
             self.add_loss(self.aux_loss_factor * routing.aux_loss)
         if self.z_loss_factor:

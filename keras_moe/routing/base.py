@@ -185,17 +185,26 @@ class Router(keras.layers.Layer):
         return ops.minimum(ops.cast(group_size, "int32"),
                            ops.maximum(int(min_expert_capacity), capacity))
 
-    def route(self, logits, token_mask, capacity, training=False):
+    def route(self, logits, token_mask, capacity, training=False, group_capacity=None):
         """Turns logits [G, S, E] into `RoutingInstructions`.
 
-        `capacity`: slots per expert per group (the dispatcher's choice; the
-        dropless dispatcher gives the group size, room for every assignment).
+        Args:
+            logits: float [G, S, E].
+            token_mask: [G, S], 1 for real tokens, 0 for padding.
+            capacity: slots per expert per group, the size of the expert
+                buffers (the dispatcher's choice; the dropless dispatcher
+                gives the group size, room for every assignment).
+            training: whether the layer is training.
+            group_capacity: optional int32 [G], the slots each group may fill
+                per expert, at most `capacity`: what the group's real tokens
+                give (`MoeLayer` computes it from the mask), so padding takes
+                no capacity. None: `capacity` for every group.
         """
         logits = ops.cast(logits, "float32")
         probs = ops.softmax(logits, axis=-1)
         mask = ops.cast(token_mask, "float32")
         expert_index, position, kept, combine_weight, aux_loss = self.assign(
-            probs, mask, capacity, training)
+            probs, mask, capacity, training, group_capacity=group_capacity)
         return RoutingInstructions(
             expert_index=ops.cast(expert_index, "int32"),
             position=ops.cast(position, "int32"),
@@ -209,8 +218,12 @@ class Router(keras.layers.Layer):
             num_experts=self.num_experts,
         )
 
-    def assign(self, probs, token_mask, capacity, training):
+    def assign(self, probs, token_mask, capacity, training, group_capacity=None):
         """The routing decision of probabilities [G, S, E] and a float mask [G, S].
+
+        `capacity` is the static buffer size per expert; `group_capacity`,
+        when given, an int32 [G] of the slots each group may fill (at most
+        `capacity`): an assignment whose slot is not below it is not kept.
 
         Returns:
             `(expert_index, position, kept, combine_weight, aux_loss)`: int

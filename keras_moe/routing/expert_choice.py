@@ -38,7 +38,7 @@ class ExpertChoiceRouter(Router):
     def slots_per_token(self):
         return 1  # capacity ceil(cf * S / E): on average one expert per token
 
-    def assign(self, probs, token_mask, capacity, training):
+    def assign(self, probs, token_mask, capacity, training, group_capacity=None):
         mask = token_mask
         shape = ops.shape(probs)
         num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts
@@ -62,6 +62,9 @@ class ExpertChoiceRouter(Router):
             ops.reshape(position, (num_groups, num_experts, group_size)), (0, 2, 1)
         )
         kept = chosen * mask[..., None]
+        if group_capacity is not None:  # each expert keeps its best `group_capacity` tokens
+            limit = ops.cast(ops.reshape(group_capacity, (-1, 1, 1)), position.dtype)
+            kept = kept * ops.cast(position < limit, kept.dtype)
         expert_index = ops.broadcast_to(
             ops.reshape(ops.arange(num_experts, dtype="int32"), (1, 1, -1)), ops.shape(probs)
         )

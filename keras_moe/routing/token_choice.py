@@ -98,7 +98,9 @@ class TokenChoiceRouter(Router):
 
     picks_experts_per_token = True
 
-    def assign(self, probs, token_mask, capacity, training):
+    def assign(self, probs, token_mask, capacity, training, group_capacity=None):
+        if group_capacity is not None:
+            capacity = ops.reshape(group_capacity, (-1, 1, 1))
         gates, expert_index = ops.top_k(probs, self.num_choices())
         active = self.choices_asking(gates, token_mask, training)
         aux = router_losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)

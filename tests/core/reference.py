@@ -35,6 +35,8 @@ def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=Fa
     choices), in sequence order, per group. `group_size`: None (each
     sequence), "batch" (all tokens, position-major) or a token count. `aux`
     is the mean over the groups with real tokens; both losses are 0 without any.
+    `capacity`: slots per expert per group, or a function of the group's
+    number of real tokens giving them.
     """
     x = np.asarray(x, np.float64)
     batch, length, d = x.shape
@@ -56,12 +58,13 @@ def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=Fa
         probs = softmax(logits)
         order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         real = gmask[g] > 0
+        limit = capacity(int(real.sum())) if callable(capacity) else capacity
         for choice in range(k):
             for s in range(groups.shape[1]):
                 if not real[s]:
                     continue
                 e = order[s, choice]
-                if counts[g, e] >= capacity:
+                if counts[g, e] >= limit:
                     continue
                 counts[g, e] += 1
                 w = probs[s, e]

@@ -1,5 +1,7 @@
 """MoeLayer against an independent float64 NumPy reference, for every router and dispatcher."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -43,14 +45,17 @@ def test_layer_matches_float64_reference(rng, dispatch, k, capacity_factor, acti
     mask[1, 9:] = 0
     mask[2, :3] = 0
     y = np.asarray(layer(x, mask=mask, training=False))
-    group_tokens = length if grouping == "sequence" else batch * length
-    capacity = layer.capacity(group_tokens, training=False)
+
+    def capacity(real_tokens):  # Switch / GShard: ceil(cf * k * tokens / E), of real tokens
+        return min(real_tokens, math.ceil(capacity_factor * k * real_tokens / num_experts))
+
     expected, counts, aux, z = reference_moe(
         x, mask, _weights(layer), k, capacity, activation, normalize,
         group_size=None if grouping == "sequence" else grouping,
     )
     np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-5)
-    assert counts.max() <= capacity
+    real_per_group = mask.sum(1) if grouping == "sequence" else [mask.sum()]
+    assert all(counts[g].max() <= capacity(int(n)) for g, n in enumerate(real_per_group))
     losses = [float(v) for v in layer.losses]
     np.testing.assert_allclose(losses, [1e-2 * aux, 1e-3 * z], rtol=1e-4)
     if k == 1 and capacity_factor < 1:  # some tokens dropped: their output is exactly 0

@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_moe.models import EncoderDecoder
 from keras_moe.models.decoding import generate
-from tests.models.helpers import tiny_switch_config
+from tests.models.helpers import tiny_config, tiny_switch_config
 
 EOS = 1
 INPUTS = np.array([[5, 6, 7, 1, 0, 0, 0], [2, 3, 1, 0, 0, 0, 0], [7, 7, 7, 7, 7, 7, 1],
@@ -221,3 +221,22 @@ def test_any_batch_size_reuses_one_trace_per_input_length():
 def test_num_beams_above_half_the_vocabulary_is_refused(model):
     with pytest.raises(ValueError, match="`num_beams`.*vocab_size=8"):
         generate(model, INPUTS, max_length=4, method="beam", num_beams=5)
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_an_input_decodes_the_same_beside_a_longer_input(method):
+    """The layers' defaults (8 experts, eval capacity factor 2, at least 4 slots): a 20-token
+    input padded to a 64-token neighbour's width must not get the capacity of 64 tokens."""
+    keras.utils.set_random_seed(11)
+    model = EncoderDecoder(tiny_config(vocab_size=40, moe_type="switch", num_experts=8,
+                                       encoder_sparse_step=1, decoder_sparse_step=1))
+    rng = np.random.default_rng(5)
+    short = np.r_[rng.integers(2, 40, size=19), EOS].astype("int32")[None]
+    longer = np.r_[rng.integers(2, 40, size=63), EOS].astype("int32")[None]
+    padded = np.pad(short, ((0, 0), (0, 44)))
+    kwargs = dict(max_length=8, method=method, num_beams=4, return_scores=True)
+    alone_tokens, alone_scores = generate(model, short, **kwargs)
+    for batch in (padded, np.concatenate([padded, longer])):
+        tokens, scores = generate(model, batch, **kwargs)
+        np.testing.assert_array_equal(tokens[0][:alone_tokens.shape[1]], alone_tokens[0])
+        np.testing.assert_allclose(scores[0], alone_scores[0], rtol=1e-5)
