@@ -1,6 +1,7 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
 import contextlib
+import threading
 
 import keras
 from keras import ops
@@ -15,22 +16,23 @@ from keras_moe.validation import check_int, is_int, is_number
 
 GROUPINGS = ("batch", "sequence")
 
-# How many `route_each_sequence` scopes are open. Process-wide rather than
-# per thread: tf.distribute replicas trace `call` in threads of their own.
-_each_sequence_scopes = [0]
+# How many `route_each_sequence` scopes this thread has open: per thread, so a
+# scope opened by one thread (a server decoding) never changes how another
+# thread (a training job) traces its layers.
+_scopes = threading.local()
 
 
 @contextlib.contextmanager
 def route_each_sequence():
-    """A scope in which MoE layers never route tokens of different sequences together.
+    """A scope in which MoE layers called from this thread route each sequence apart.
 
-    Inside it, `group_size="batch"` routes each sequence as its own group and
-    an integer `group_size` N cuts each sequence into groups of N (the last
-    one padded; sequences of at most N tokens are one group), so a sequence's
-    outputs do not depend on the other sequences of the batch. Decoding and
-    serving (`keras_moe.models.search`) open it by default: co-batched
-    requests, or the beams of one input, do not compete for capacity. It is
-    read when a layer is called (traced), not when it is built.
+    Inside it, a layer called without `independent_routing` behaves as with
+    `independent_routing=True` (see `MoeLayer`): no routing group holds tokens
+    of two sequences, so a sequence's outputs do not depend on the rest of
+    the batch. It is read when a layer is called (or traced: a function
+    traced inside the scope keeps the mode), and only in the thread that
+    opened it. Decoding and serving do not need it: they pass
+    `independent_routing=True` to the model's `encode`/`decode` themselves.
 
     Example:
     >>> import numpy as np
@@ -44,15 +46,15 @@ def route_each_sequence():
     >>> bool(np.allclose(alone, together, atol=1e-6))
     True
     """
-    _each_sequence_scopes[0] += 1
+    _scopes.open = getattr(_scopes, "open", 0) + 1
     try:
         yield
     finally:
-        _each_sequence_scopes[0] -= 1
+        _scopes.open -= 1
 
 
 def _routing_each_sequence():
-    return _each_sequence_scopes[0] > 0
+    return getattr(_scopes, "open", 0) > 0
 
 
 def _check_capacity_factor(name, value):
@@ -86,8 +88,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             is a group. An integer N: the batch's tokens are flattened and cut
             into groups of N; the token count must be divisible by it unless
             `pad_to_group_size=True`. Whatever the setting, one-token calls
-            (cached decoding) route each token alone, and inside
-            `route_each_sequence()` no group holds tokens of two sequences.
+            (cached decoding) route each token alone, and with
+            `independent_routing` no group holds tokens of two sequences.
         pad_to_group_size: pad the tokens up to a multiple of `group_size` with
             masked padding instead of raising.
         train_capacity_factor: capacity factor in training, > 0. A group's
@@ -231,13 +233,13 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             return ops.take(ops.convert_to_tensor(table, "int32"), counts)
         return self.capacity(counts, training)
 
-    def _grouping(self, x):
+    def _grouping(self, x, independent_routing):
         """The grouping used for input `x`: "batch", "sequence", an int N, or
         ("chunks", N): each sequence cut into groups of N."""
         length = x.shape[1]
         if length == 1:
             return "sequence"  # cached decoding: each token alone, never over capacity
-        if not _routing_each_sequence() or self.group_size == "sequence":
+        if not independent_routing or self.group_size == "sequence":
             return self.group_size
         if self.group_size == "batch" or (length is not None and length <= self.group_size):
             return "sequence"
@@ -257,7 +259,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             size = grouping[1]
             if x.shape[1] is None:
                 raise ValueError(
-                    "route_each_sequence() with an integer `group_size` needs a static "
+                    "independent_routing with an integer `group_size` needs a static "
                     "sequence length.")
             pad = -x.shape[1] % size
             x = ops.pad(x, ((0, 0), (0, pad), (0, 0)))
@@ -301,13 +303,27 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                 outputs = outputs[:-pad]
         return ops.reshape(outputs, input_shape)
 
-    def call(self, inputs, mask=None, training=None):
+    def call(self, inputs, mask=None, training=None, independent_routing=None):
+        """Outputs `[batch, length, d_model]` (and the metrics with `return_metrics`).
+
+        Args:
+            inputs: `[batch, length, d_model]`.
+            mask: optional `[batch, length]`, 0 (False) for padding.
+            training: whether the layer is training.
+            independent_routing: True: route each sequence apart from the
+                rest of the batch (`group_size="batch"` becomes one group per
+                sequence, an integer N cuts each sequence into groups of N), as
+                decoding and serving do; False: the layer's `group_size`; None
+                (default): True only inside this thread's `route_each_sequence()`.
+        """
+        if independent_routing is None:
+            independent_routing = _routing_each_sequence()
         input_shape = ops.shape(inputs)
         if mask is None:
             token_mask = ops.ones(input_shape[:-1], "float32")
         else:
             token_mask = ops.cast(mask, "float32")
-        grouping = self._grouping(inputs)
+        grouping = self._grouping(inputs, independent_routing)
         groups, group_mask, pad = self._to_groups(inputs, token_mask, grouping)
         group_size = groups.shape[1]
         if group_size is None:  # "batch" groups of a batch of unknown size

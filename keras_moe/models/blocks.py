@@ -62,10 +62,11 @@ class _Block(keras.layers.Layer):
         base.update(config=self.config.to_dict(), layer_index=self.layer_index)
         return base
 
-    def _ffn_branch(self, x, token_mask, training):
+    def _ffn_branch(self, x, token_mask, training, independent_routing=False):
         h = self.ffn_norm(x)
         if self.is_sparse:
-            h = self.ffn(h, mask=token_mask, training=training)
+            h = self.ffn(h, mask=token_mask, training=training,
+                         independent_routing=independent_routing)
         else:
             h = self.ffn(h, training=training)
         return x + self.dropout(h, training=training)
@@ -96,10 +97,11 @@ class EncoderBlock(_Block):
     def sublayers(self):
         return (self.attention_norm, self.attention, self.ffn_norm, self.ffn)
 
-    def call(self, x, bias, token_mask=None, training=None):
+    def call(self, x, bias, token_mask=None, training=None, independent_routing=False):
+        """`independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`)."""
         h = self.attention(self.attention_norm(x), bias=bias, training=training)
         x = x + self.dropout(h, training=training)
-        return self._ffn_branch(x, token_mask, training)
+        return self._ffn_branch(x, token_mask, training, independent_routing)
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -136,8 +138,9 @@ class DecoderBlock(_Block):
                 self.cross_attention, self.ffn_norm, self.ffn)
 
     def call(self, x, self_bias, encoder_outputs, cross_bias, token_mask=None, cache=None,
-             cache_index=None, training=None):
-        """`cache`: None or dict(self=(k, v), cross=(k, v)); returns (x, new_cache) with a cache."""
+             cache_index=None, training=None, independent_routing=False):
+        """`cache`: None or dict(self=(k, v), cross=(k, v)); returns (x, new_cache) with a cache.
+        `independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`)."""
         h = self.self_attention_norm(x)
         if cache is None:
             h = self.self_attention(h, bias=self_bias, training=training)
@@ -152,7 +155,7 @@ class DecoderBlock(_Block):
             h, _ = self.cross_attention(h, bias=cross_bias, cache=cache["cross"],
                                         training=training)
         x = x + self.dropout(h, training=training)
-        x = self._ffn_branch(x, token_mask, training)
+        x = self._ffn_branch(x, token_mask, training, independent_routing)
         if cache is None:
             return x
         return x, {"self": self_kv, "cross": cache["cross"]}

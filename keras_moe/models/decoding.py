@@ -5,7 +5,9 @@ By default `generate` runs the search as one compiled loop
 with `compiled=False` it runs the reference loop here: the model eagerly one
 step at a time, the bookkeeping in float64 NumPy, the same rules written
 independently. Each input is encoded once, and by default each input is
-routed apart from the rest of the batch (`keras_moe.route_each_sequence`).
+routed apart from the rest of the batch (`independent_routing`, passed to
+the model's `encode` and `decode` with the call, so decoding never changes how
+another thread's functions route).
 
 With the cache, each step feeds one token per sequence; MoE layers then route
 each token alone, never over capacity. Cached and uncached decoding therefore
@@ -15,12 +17,8 @@ enough for the decoded length (the defaults, cf = 2.0, min 4, are enough for
 short outputs).
 """
 
-import contextlib
-
 import numpy as np
 from keras import ops
-
-from keras_moe.moe import route_each_sequence
 
 
 METHODS = ("greedy", "beam")
@@ -162,9 +160,9 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
             eager reference loop (False). `use_cache=False` is always eager.
         jit_compile: with `compiled` on TensorFlow, compile the loop with XLA.
         independent_routing: route each input apart from the rest of the
-            batch (`keras_moe.route_each_sequence`; default), so its output
-            does not depend on the other inputs. False: the MoE layers' own
-            `group_size`.
+            batch (default), so its output does not depend on the other
+            inputs: the MoE layers are called with `independent_routing=True`
+            (see `keras_moe.MoeLayer`). False: the MoE layers' own `group_size`.
 
     Returns:
         int32 `[B, T]` with `T <= max_length`: the tokens after the start
@@ -195,36 +193,37 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
         if return_scores:
             return tokens, np.asarray(scores, np.float64)
         return tokens
-    routing = route_each_sequence() if independent_routing else contextlib.nullcontext()
-    with routing:
-        if beams == 1:
-            tokens, scores = _greedy_reference(model, enc, max_length, use_cache, eos)
-        else:
-            tokens, scores = _beam_reference(model, enc, max_length, beams, length_penalty,
-                                             use_cache, eos)
+    if beams == 1:
+        tokens, scores = _greedy_reference(model, enc, max_length, use_cache, eos,
+                                           independent_routing)
+    else:
+        tokens, scores = _beam_reference(model, enc, max_length, beams, length_penalty,
+                                         use_cache, eos, independent_routing)
     if return_scores:
         return tokens, scores
     return tokens
 
 
-def _step_log_probs(model, seqs, step, caches, enc_out, enc_mask):
+def _step_log_probs(model, seqs, step, caches, enc_out, enc_mask, independent_routing):
     """float64 log-probabilities `[N, V]` of the next token of `seqs [N, t]`."""
     if caches is not None:
         logits, caches = model.decode_step(seqs[:, -1], step, caches, enc_mask)
     else:
-        logits = model.decode(seqs, enc_out, enc_mask, training=False)[:, -1]
+        logits = model.decode(seqs, enc_out, enc_mask, training=False,
+                              independent_routing=independent_routing)[:, -1]
     return _log_softmax(np.asarray(ops.convert_to_numpy(logits))), caches
 
 
-def _greedy_reference(model, enc, max_length, use_cache, eos):
+def _greedy_reference(model, enc, max_length, use_cache, eos, independent_routing):
     config = model.config
-    enc_out, enc_mask = model.encode(enc, training=False)
+    enc_out, enc_mask = model.encode(enc, training=False, independent_routing=independent_routing)
     caches = model.init_cache(enc_out, max_length) if use_cache else None
     seqs = np.full((len(enc), 1), config.decoder_start_id, np.int32)
     scores = np.zeros(len(enc))
     finished = np.zeros(len(enc), bool)
     for t in range(max_length):
-        logp, caches = _step_log_probs(model, seqs, t, caches, enc_out, enc_mask)
+        logp, caches = _step_log_probs(model, seqs, t, caches, enc_out, enc_mask,
+                                       independent_routing)
         token = np.argmax(logp, axis=-1)
         scores = np.where(finished, scores, scores + logp[np.arange(len(enc)), token])
         token = np.where(finished, config.pad_id, token).astype(np.int32)
@@ -235,9 +234,11 @@ def _greedy_reference(model, enc, max_length, use_cache, eos):
     return seqs[:, 1:], scores
 
 
-def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eos):
+def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eos,
+                    independent_routing):
     config = model.config
-    enc_out, enc_mask = model.encode(enc, training=False)  # once per input
+    enc_out, enc_mask = model.encode(enc, training=False,  # once per input
+                                     independent_routing=independent_routing)
     caches = model.init_cache(enc_out, max_length) if use_cache else None
     if caches is not None:
         from keras_moe.models.search import repeat_caches
@@ -249,7 +250,8 @@ def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eo
                             config.decoder_start_id)
     for t in range(max_length):
         flat = state.seqs.reshape(len(enc) * beams, -1)
-        logp, caches = _step_log_probs(model, flat, t, caches, enc_out, enc_mask)
+        logp, caches = _step_log_probs(model, flat, t, caches, enc_out, enc_mask,
+                                       independent_routing)
         parents = state.step(logp.reshape(len(enc), beams, -1))
         if caches is not None:
             caches = _reorder(caches, parents)

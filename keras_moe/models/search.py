@@ -11,7 +11,8 @@ XLA-compiled) and as one `jax.jit` on JAX. Its tokens equal
 then the lower token id).
 
 Each input is encoded once; its beams share the encoder outputs. Routing is
-independent per input by default (`keras_moe.route_each_sequence`): an
+independent per input by default (`independent_routing`, an argument of the
+call, not a process-wide mode): an
 input's output does not depend on what else is in the batch. MoE layers see
 one token per sequence at each decoding step and route each token alone, so
 nothing is dropped while decoding. A teacher-forced pass over the same tokens
@@ -20,12 +21,9 @@ gives the same logits only when it drops nothing either (an
 length).
 """
 
-import contextlib
-
 import keras
 from keras import ops
 
-from keras_moe.moe import route_each_sequence
 from keras_moe.validation import check_int
 
 # The compiled functions live on the model (outside Keras' attribute tracking),
@@ -52,7 +50,7 @@ def check_search_arguments(model, max_length, num_beams):
 
 
 def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=0.0,
-           eos_id=None):
+           eos_id=None, *, independent_routing=True):
     """Greedy search (one beam) or beam search, traceable by `tf.function` and `jax.jit`.
 
     Beam search keeps `num_beams` live hypotheses and, beside them, the
@@ -77,6 +75,10 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
             the vocabulary).
         length_penalty: alpha of the GNMT length normalisation (0: none).
         eos_id: end-of-sequence id; defaults to `model.config.eos_id`.
+        independent_routing: the MoE layers route each input apart from the
+            rest of the batch (default), so an output does not depend on the
+            other inputs; False: the layers' own `group_size`. Cached steps
+            route each token alone either way.
 
     Returns:
         `(tokens, scores, steps)`: int32 `[B, max_length]` (the tokens after the
@@ -95,7 +97,8 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
     """
     eos = model.config.eos_id if eos_id is None else eos_id
     tokens = ops.cast(encoder_input_tokens, "int32")
-    encoder_outputs, encoder_mask = model.encode(tokens, training=False)
+    encoder_outputs, encoder_mask = model.encode(tokens, training=False,
+                                                 independent_routing=independent_routing)
     caches = model.init_cache(encoder_outputs, max_length)
     if num_beams > 1:  # every beam of an input shares its encoding
         caches = repeat_caches(caches, num_beams)
@@ -260,10 +263,10 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
         max_length, num_beams, length_penalty, eos_id: as in `search`.
         jit_compile: TensorFlow only: compile the `tf.function` with XLA
             (JAX always compiles with XLA).
-        independent_routing: route each input's tokens apart from the other
-            inputs' (`keras_moe.route_each_sequence`), so an output does not
-            depend on the rest of the batch. False: the MoE layers' own
-            `group_size` (e.g. one group for the whole batch).
+        independent_routing: as in `search`: route each input's tokens apart
+            from the other inputs', so an output does not depend on the rest
+            of the batch. False: the MoE layers' own `group_size` (e.g. one
+            group for the whole batch).
 
     Returns:
         A callable `tokens -> (tokens, scores, steps)`.
@@ -300,10 +303,8 @@ def stateless_search(model, tokens, *search_args, state_mapping=None, independen
     left variables there, and initialising them on exit raised "already
     initialized". `independent_routing` is `compiled_search`'s.
     """
-    routing = route_each_sequence() if independent_routing else contextlib.nullcontext()
-    with routing, keras.StatelessScope(state_mapping=state_mapping,
-                                       initialize_variables=False):
-        return search(model, tokens, *search_args)
+    with keras.StatelessScope(state_mapping=state_mapping, initialize_variables=False):
+        return search(model, tokens, *search_args, independent_routing=independent_routing)
 
 
 def _compile(model, key):

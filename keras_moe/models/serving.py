@@ -15,9 +15,9 @@ whose SentencePiece ops live there) or serve it with TF Serving. Signatures:
   `max_input_length - 1` tokens and closed with EOS, as seqio's
   `append_eos_after_trim` does.
 
-Each request is routed apart from the others in its batch
-(`keras_moe.route_each_sequence`), so co-batched requests do not change each
-other's outputs.
+Each request is routed apart from the others in its batch (the search passes
+`independent_routing=True` to the model), so co-batched requests do not change
+each other's outputs.
 
 TF Serving's model server has the SentencePiece ops; `saved_model_cli`
 does not, so it runs SavedModels exported without a vocabulary.

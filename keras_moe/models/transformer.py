@@ -159,8 +159,12 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
 
     # ------------------------------------------------------------------ stacks
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
-               training=None):
-        """Encoder outputs `[B, L, d]` and the encoder token mask `[B, L]`."""
+               training=None, independent_routing=False):
+        """Encoder outputs `[B, L, d]` and the encoder token mask `[B, L]`.
+
+        `independent_routing`: the MoE layers route each sequence apart from
+        the rest of the batch (decoding and serving pass True; `MoeLayer`).
+        """
         tokens = check_token_ids(ops.cast(encoder_input_tokens, "int32"), self.config.vocab_size,
                                  "encoder_input_tokens")
         token_mask, attn_mask = self.encoder_masks(tokens, encoder_segment_ids)
@@ -168,7 +172,8 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         bias = self.encoder_position_bias(positions, positions) + _mask_to_bias(attn_mask)
         x = self.dropout(self.token_embedding(tokens), training=training)
         for layer in self.encoder_layers:
-            x = layer(x, bias, token_mask=token_mask, training=training)
+            x = layer(x, bias, token_mask=token_mask, training=training,
+                      independent_routing=independent_routing)
         x = self.dropout(self.encoder_norm(x), training=training)
         return x, token_mask
 
@@ -184,8 +189,10 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         return ops.cast(out, "float32")
 
     def decode(self, decoder_input_tokens, encoder_outputs, encoder_mask, decoder_segment_ids=None,
-               decoder_positions=None, encoder_segment_ids=None, training=None):
-        """Teacher-forced decoder: logits `[B, L_dec, vocab]`."""
+               decoder_positions=None, encoder_segment_ids=None, training=None,
+               independent_routing=False):
+        """Teacher-forced decoder: logits `[B, L_dec, vocab]` (`independent_routing`: as
+        in `encode`)."""
         tokens = check_token_ids(ops.cast(decoder_input_tokens, "int32"), self.config.vocab_size,
                                  "decoder_input_tokens")
         length = ops.shape(tokens)[1]
@@ -205,7 +212,7 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
         x = self.dropout(self.token_embedding(tokens), training=training)
         for layer in self.decoder_layers:
             x = layer(x, self_bias, encoder_outputs, cross_bias, token_mask=token_mask,
-                      training=training)
+                      training=training, independent_routing=independent_routing)
         x = self.dropout(self.decoder_norm(x), training=training)
         return self.logits(x)
 
