@@ -38,6 +38,8 @@ def mesh_for(devices, num_experts):
     """All devices on the "expert" axis up to the expert count, the rest on "data"."""
     if isinstance(num_experts, (list, tuple)):  # per sparse layer
         num_experts = min(num_experts)
+    if not num_experts:  # a dense model: every device on "data"
+        return {"data": devices, "expert": 1, "model": 1}
     expert = min(devices, num_experts)
     return {"data": devices // expert, "expert": expert, "model": 1}
 
@@ -84,6 +86,10 @@ def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
         "all_gather": collectives.get("all_gather"),
         "collectives": report["collectives"],
         "compile_seconds": report["compile_seconds"],
+        "bytes_accessed_per_chip": report.get("bytes_accessed_per_chip"),
+        "collective_bytes_per_chip": report.get("collective_bytes_per_chip"),
+        "model_flops_per_chip": report.get("model_flops_per_chip"),
+        "roofline": report.get("roofline"),
     }
 
 
@@ -139,6 +145,26 @@ def tpu_markdown_table(rows):
             f"{size(row['temp_bytes'])} | {size(row['peak_bytes'])} | "
             f"{size(row['hbm_bytes'])} | {fit} | "
             f"{'—' if row['all_to_all'] is None else row['all_to_all']} | {flops} |")
+    return "\n".join(lines)
+
+
+def roofline_markdown_table(rows):
+    """Each TPU row's roofline bound (keras_moe.training.roofline) and the MFU it allows."""
+    lines = ["| model | topology | TFLOP per chip (compiled / model) | HBM GB per chip | "
+             "ICI MB sent per chip | compute / HBM / ICI ms | bound ms | MFU at bound |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        roof = row.get("roofline")
+        if not roof:
+            continue
+        sent = sum((row.get("collective_bytes_per_chip") or {}).values())
+        lines.append(
+            f"| {row['model']} | {row['topology']} | {row['flops_per_chip'] / 1e12:.2f} / "
+            f"{roof['model_flops_per_chip'] / 1e12:.2f} | "
+            f"{(row['bytes_accessed_per_chip'] or 0) / 1e9:.1f} | {sent / 1e6:.1f} | "
+            f"{roof['compute_seconds'] * 1e3:.1f} / {roof['memory_seconds'] * 1e3:.1f} / "
+            f"{roof['ici_seconds'] * 1e3:.1f} | {roof['bound_seconds'] * 1e3:.1f} "
+            f"({roof['bound_by']}) | {roof['mfu_at_bound']:.0%} |")
     return "\n".join(lines)
 
 
@@ -332,6 +358,8 @@ def main(argv=None):
     common.write_result(args.output, payload)
     done = [r for r in rows if "unfinished_after_seconds" not in r]
     print(tpu_markdown_table(done) if args.topology else markdown_table(done))
+    if args.topology:
+        print(roofline_markdown_table(done))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import os
 import re
 import time
 
-from keras_moe.training import abstract_arrays
+from keras_moe.training import abstract_arrays, roofline
 
 # HBM per chip (GiB) by TPU generation, and the libtpu chip configuration a
 # slice of that generation runs with: v4 and v5p chips have two TensorCores
@@ -314,6 +314,10 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     report.update(_job_summary(config, devices, distribution, batch_size, feature_lengths,
                                target_platform))
     report.update(target_platform=target_platform, hbm_bytes=hbm, fits=_fits(report, hbm))
+    report["roofline"] = roofline.estimate(
+        report["flops_per_chip"], report.get("bytes_accessed_per_chip"),
+        report.get("collective_bytes_per_chip") or {}, generation,
+        report.get("model_flops_per_chip"))
     return report
 
 
@@ -465,7 +469,15 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     report.update(_memory_report(compiled, on_tpu))
     cost = _cost(compiled)
     report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
-    report["collectives"] = _count_collectives(compiled.as_text())
+    report["bytes_accessed_per_chip"] = (float(cost["bytes accessed"])
+                                         if "bytes accessed" in cost else None)
+    hlo = compiled.as_text()
+    report["collectives"] = _count_collectives(hlo)
+    report["collective_bytes_per_chip"] = roofline.collective_bytes(
+        hlo, len(distribution.device_mesh.devices.flat))
+    report["model_flops_per_chip"] = roofline.model_flops_per_step(
+        model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]
+    ) / len(distribution.device_mesh.devices.flat)
     return report
 
 
@@ -600,5 +612,7 @@ def format_report(report):
     if report["matmul_dtypes"]:
         lines.append("  matmuls by result type, as lowered: " + ", ".join(
             f"{k} {v}" for k, v in report["matmul_dtypes"].items()))
+    if report.get("generation"):
+        lines.extend(roofline.format_estimate(report.get("roofline")))
     lines.append(f"  compiled in {report['compile_seconds']} s")
     return "\n".join(lines)

@@ -82,6 +82,12 @@ def test_v5e_2x2_report(report):
     assert report["flops_per_chip"] > 0
     assert report["collectives"]["all_to_all"] >= 1
     assert 0 < report["peak_bytes"] < report["hbm_bytes"]
+    roof = report["roofline"]  # v5e's published peaks against the compiled program
+    assert roof["compute_seconds"] == pytest.approx(report["flops_per_chip"] / 197e12)
+    assert roof["bound_seconds"] == max(roof["compute_seconds"], roof["memory_seconds"],
+                                        roof["ici_seconds"])
+    assert report["collective_bytes_per_chip"]["all_to_all"] > 0 and roof["ici_seconds"] > 0
+    assert 0 < roof["mfu_at_bound"] <= 1
 
 
 def test_param_bytes_match_a_hand_count(report):
