@@ -63,13 +63,15 @@ def _group_size(rest):
         for axis in re.findall(r"'([^']+)'", named.group(2)):
             size *= int(sizes.get(axis, 1))
         return size
-    return 1
+    return None
 
 
-def collectives(hlo_text):
+def collectives(hlo_text, num_devices=1):
     """The collective instructions of `hlo_text` (a compiled program's `as_text()`).
 
     Asynchronous pairs (`all-gather-start` / `-done`) count once, at the start.
+    A collective without replica groups (`replica_groups={}`) spans all
+    `num_devices` devices.
     """
     out = []
     for line in hlo_text.splitlines():
@@ -84,7 +86,7 @@ def collectives(hlo_text):
             arrays = _ARRAY.findall(match.group("shape"))
             if len(arrays) >= 2:
                 result = shape_bytes("{}[{}]".format(*arrays[-1]))
-        n = _group_size(rest)
+        n = _group_size(rest) or num_devices
         share = (n - 1) / n if n > 1 else 0.0
         received = {"all-reduce": 2 * result * share, "collective-permute": float(result),
                     "reduce-scatter": float(result * (n - 1))}.get(kind, result * share)
@@ -93,10 +95,10 @@ def collectives(hlo_text):
     return out
 
 
-def summarize(hlo_text):
+def summarize(hlo_text, num_devices=1):
     """{kind: {"count": n, "received_bytes": per-device bytes}} over `hlo_text`."""
     summary = {kind: {"count": 0, "received_bytes": 0.0} for kind in KINDS}
-    for c in collectives(hlo_text):
+    for c in collectives(hlo_text, num_devices):
         summary[c.kind]["count"] += 1
         summary[c.kind]["received_bytes"] += c.received_bytes
     return summary

@@ -22,7 +22,8 @@ Assumptions, stated in every report:
 """
 
 import dataclasses
-import re
+
+from keras_moe.training import hlo_collectives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,95 +55,29 @@ CHIPS = {
                                            "ICI 800 GB/s bidirectional)"),
 }
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
-                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
-                "f8e4m3fn": 1, "f8e5m2": 1}
-# "%name = <result type> <op>(<operands>), <attributes>". Compiled modules print
-# operands without their types, so sizes come from the result type; an async
-# collective is counted at its "-done", whose result is the collective's result.
-_INSTRUCTION_RE = re.compile(
-    r"%([\w.\-]+) = (.*?) (all-to-all|ragged-all-to-all|all-gather|all-reduce|"
-    r"reduce-scatter|collective-permute)(-start|-done)?\(([^)]*)\)")
-_ARRAY_RE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
-_GROUPS_LIST_RE = re.compile(r"replica_groups=\{\{([\d,]*)\}")
-_GROUPS_IOTA_RE = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
-# replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: groups along the named axes.
-_GROUPS_MESH_RE = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
-
-
-def _array_bytes(text):
-    total = 0
-    for dtype, dims in _ARRAY_RE.findall(text):
-        if dtype not in _DTYPE_BYTES:
-            continue
-        size = 1
-        for d in filter(None, dims.split(",")):
-            size *= int(d)
-        total += size * _DTYPE_BYTES[dtype]
-    return total
-
-
-def _group_size(line, num_devices):
-    listed = _GROUPS_LIST_RE.search(line)
-    if listed:
-        return len(listed.group(1).split(","))
-    iota = _GROUPS_IOTA_RE.search(line)
-    if iota:
-        return int(iota.group(2))
-    mesh = _GROUPS_MESH_RE.search(line)
-    if mesh:
-        sizes = dict(re.findall(r"'([^']+)'=(\d+)", mesh.group(1)))
-        size = 1
-        for axis in re.findall(r"'([^']+)'", mesh.group(2)):
-            size *= int(sizes.get(axis, 1))
-        return size
-    return num_devices  # replica_groups={} or none: every device
-
-
-# Bytes a chip sends, as a multiple of the collective's per-chip result, for a group of n.
-_SHARE_OF_RESULT = {
-    "all-gather": lambda n: (n - 1) / n,       # its shard to each of the n - 1 others
-    "reduce-scatter": lambda n: n - 1,         # n - 1 of the n result-sized blocks
-    "all-reduce": lambda n: 2 * (n - 1) / n,   # a reduce-scatter, then an all-gather
-    "collective-permute": lambda n: 1,
-}
-
-
 def collective_bytes(hlo, num_devices):
-    """Bytes one chip must send per step for each kind of collective in `hlo`.
+    """Bytes one chip sends per step for each kind of collective in `hlo`.
+
+    A collective's bytes received per chip (`hlo_collectives`: what a
+    bandwidth-optimal algorithm moves) equal the bytes each chip sends.
 
     Args:
         hlo: the text of the compiled (partitioned) HLO module: shapes per chip.
         num_devices: the chips, for collectives over all of them.
 
     Returns:
-        {kind: bytes}, kinds with "-" as "_" (`all_to_all`, ...).
+        {kind: bytes} for the kinds present, "-" written "_" (`all_to_all`, ...).
 
     Example:
     >>> hlo = ("%a = bf16[4,8]{1,0} all-to-all(%x), replica_groups={{0,1,2,3}}\\n"
     ...        "%g = f32[8,16]{1,0} all-gather(%y), replica_groups=[1,4]<=[4]")
-    >>> collective_bytes(hlo, 4)  # 64 B x 3/4; a 128 B shard to 3 others
+    >>> collective_bytes(hlo, 4)  # 64 B x 3/4; 3 of the 4 shards of 128 B
     {'all_to_all': 48.0, 'all_gather': 384.0}
     """
-    started = {}  # async "-start" name -> its group size
     sent = {}
-    for line in hlo.splitlines():
-        match = _INSTRUCTION_RE.search(line)
-        if not match:
-            continue
-        name, result, kind, phase, operands = match.groups()
-        if phase == "-start":
-            started[name] = _group_size(line, num_devices)
-            continue
-        if phase == "-done":
-            n = started.get(operands.strip().lstrip("%"), num_devices)
-        else:
-            n = _group_size(line, num_devices)
-        if n <= 1:
-            continue
-        share = _SHARE_OF_RESULT.get(kind, lambda n: (n - 1) / n)(n)  # all-to-all
-        key = kind.replace("-", "_")
-        sent[key] = sent.get(key, 0.0) + _array_bytes(result) * share
+    for c in hlo_collectives.collectives(hlo, num_devices):
+        key = c.kind.replace("-", "_")
+        sent[key] = sent.get(key, 0.0) + c.received_bytes
     return sent
 
 

@@ -64,6 +64,7 @@ MODULES = [
     "keras_moe.training.mesh",
     "keras_moe.training.multihost",
     "keras_moe.training.placement",
+    "keras_moe.training.roofline",
     "keras_moe.training.run",
     "keras_moe.training.schedules",
     "keras_moe.training.sharded_checkpoint",
