@@ -20,9 +20,10 @@ Example (no mesh: one shard):
 >>> import numpy as np
 >>> x = np.arange(2 * 3 * 1, dtype="float32").reshape(2, 3, 1)
 >>> groups, mask, pad = to_local_groups(x, np.ones((2, 3)), "batch", shards=1, axes=())
->>> groups[..., 0].tolist()  # position-major: each position of both sequences in turn
+>>> np.asarray(groups)[..., 0].tolist()  # position-major: each position of both sequences
 [[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]]
->>> from_local_groups(groups, x, "batch", pad, shards=1, axes=()).tolist() == x.tolist()
+>>> y = from_local_groups(groups, x, "batch", pad, shards=1, axes=())
+>>> np.asarray(y).tolist() == x.tolist()
 True
 """
 
