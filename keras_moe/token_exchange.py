@@ -161,7 +161,8 @@ def note_choice(exchange, reason, shape=None):
     if (first and exchange == "gspmd" and _MODE == "auto"
             and mesh_shape.get("expert", 1) > 1):
         warnings.warn(f"MoE layer {layer}: expert_exchange='auto' falls back to GSPMD's "
-                      f"layout propagation ({reason}); expect all-gathers of tokens.",
+                      f"layout propagation ({reason}); it may all-gather tokens (keras-moe-compile "
+                      "counts the collectives).",
                       RuntimeWarning, stacklevel=3)
 
 
