@@ -103,6 +103,13 @@ def without_backend_state():
         global_state.set_global_attribute("uninitialized_variables", before)
 
 
+def current_layer_path():
+    """The name-scope path of the Keras layer being called ("" outside any layer)."""
+    from keras.src.backend.common import name_scope
+
+    return name_scope.current_path()
+
+
 def learning_rate_schedule(optimizer):
     """The optimizer's learning rate as given (a schedule stays a schedule)."""
     return getattr(optimizer, "_learning_rate", optimizer.learning_rate)

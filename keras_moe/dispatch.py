@@ -215,6 +215,10 @@ class GatherDispatcher(Dispatcher):
         expert_inputs = ops.reshape(
             expert_inputs, (plan.num_experts, plan.num_groups, plan.capacity, d_model)
         )
+        token_exchange.note_choice(
+            "gspmd", "dispatch='gather' fills expert slots by gather and scatter; the layout "
+            "constraints leave their movement to GSPMD (dispatch='einsum' exchanges by "
+            "all-to-all)", expert_inputs.shape)
         return sharding.with_logical_constraint(
             expert_inputs, ("expert", "batch", None, "embed")
         )
@@ -297,6 +301,9 @@ class DroplessDispatcher(Dispatcher):
             ops.broadcast_to(tokens, (ops.shape(tokens)[0], num_choices, d_model)),
             (-1, d_model))
         rows = _permute_rows(assignments, order, inverse)
+        token_exchange.note_choice(
+            "gspmd", "dispatch='dropless' sorts each device's tokens by expert; the layout "
+            "constraints leave their movement to GSPMD")
         outputs = experts(rows, group_sizes=group_sizes, training=training)
         outputs = ops.reshape(_permute_rows(outputs, inverse, order), (-1, num_choices, d_model))
         weight = ops.reshape(ops.cast(routing.combine_weight, outputs.dtype), (-1, num_choices, 1))

@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_moe import compat
 from keras_moe import dispatch as dispatch_lib
+from keras_moe import local_groups
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
@@ -77,8 +78,9 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         router: a `keras_moe.routing.Router`.
         experts: a `keras_moe.FeedForwardExperts` with the same `num_experts`.
         group_size: how tokens are grouped for routing (capacity is per group).
-            "batch" (default): all tokens of the call (on each replica) form
-            one group, ordered position-major (every sequence's token 0, then
+            "batch" (default): all tokens of the call (on each replica, or
+            each batch shard of a mesh: `keras_moe.local_groups`) form one
+            group, position-major (every sequence's token 0, then
             every token 1, ...), so in a causal layer no token's slot depends
             on a later position. When the batch size is unknown at trace time
             (TensorFlow `fit` on arrays or on a dataset without
@@ -255,6 +257,11 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             )
         if grouping == "sequence":
             return x, token_mask, 0
+        if grouping == "batch" or is_int(grouping):
+            axes, shards = local_groups.batch_shards(x)
+            if shards > 1:  # a mesh splits the batch: no group spans two of its shards
+                return local_groups.to_local_groups(x, token_mask, grouping, shards, axes,
+                                                    self.pad_to_group_size)
         if isinstance(grouping, tuple):  # each sequence cut into groups of N
             size = grouping[1]
             if x.shape[1] is None:
@@ -290,6 +297,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         """Inverse of `_to_groups` for the layer's outputs."""
         input_shape = ops.shape(inputs)
         d_model = inputs.shape[-1]
+        if grouping == "batch" or is_int(grouping):
+            axes, shards = local_groups.batch_shards(inputs)
+            if shards > 1:
+                return local_groups.from_local_groups(outputs, inputs, grouping, pad, shards, axes)
         # No -1 in these shapes: it cannot be inferred for 0 sequences or 0 positions.
         if grouping == "batch":
             outputs = ops.reshape(outputs, (inputs.shape[1], input_shape[0], d_model))

@@ -253,7 +253,7 @@ def configure_tpu_spmd(mesh_shape, rules=DEFAULT_RULES, device_ids=None):
     set_logical_axis_rules(rules)
 
 
-def _tf_mesh_split(x, logical_axes):
+def _tf_mesh_split(x, spec):
     import numpy as np
     from keras_moe import compat
 
@@ -261,7 +261,6 @@ def _tf_mesh_split(x, logical_axes):
 
     device_mesh, names = _TF_SPMD
     mesh_shape = dict(zip(names, device_mesh.shape))
-    spec = layouts.logical_to_mesh_axes(logical_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape))
     # mesh_split maps each tensor dim to one mesh dim: merge multi-axis
     # entries by permuting and reshaping the device mesh.
     groups = [layouts._as_mesh_axes(s) for s in spec]
@@ -278,6 +277,80 @@ def _tf_mesh_split(x, logical_axes):
     new_shape += [mesh_shape[a] for a in order[sum(len(g) for g in groups):]]
     mesh = np.transpose(device_mesh, perm).reshape(new_shape)
     return xla_sharding.mesh_split(x, mesh, mapping, use_sharding_op=True)
+
+
+def active_mesh_shape():
+    """Dict mesh axis -> size of the active mesh, or None when annotations are no-ops.
+
+    A mesh is active when rules are set and either a `keras.distribution`
+    distribution is set (JAX backend) or `configure_tpu_spmd` was called
+    (TensorFlow backend).
+
+    Example:
+    >>> active_mesh_shape() is None  # no mesh configured
+    True
+    """
+    if _ACTIVE_RULES is None:
+        return None
+    backend = keras.backend.backend()
+    if backend == "jax":
+        distribution = keras.distribution.distribution()
+        mesh = getattr(distribution, "device_mesh", None)
+        return None if mesh is None else dict(zip(mesh.axis_names, mesh.shape))
+    if backend == "tensorflow" and _TF_SPMD is not None:
+        return dict(zip(_TF_SPMD[1], _TF_SPMD[0].shape))
+    return None
+
+
+def batch_split(shape):
+    """How the active mesh splits the first (batch) dimension of a tensor of `shape`.
+
+    Args:
+        shape: the static shape of a tensor whose first dimension is tagged
+            "batch" (e.g. tokens `[batch, length, d_model]`).
+
+    Returns:
+        `(mesh_axes, shards)`: the mesh axes the rules lay the dimension out
+        over (a tuple, empty when it is not split) and the number of shards,
+        their sizes' product (1 without a mesh or for an unknown size).
+
+    Example:
+    >>> batch_split((8, 16, 32))  # no mesh configured
+    ((), 1)
+    """
+    mesh_shape = active_mesh_shape()
+    if mesh_shape is None or shape[0] is None:
+        return (), 1
+    logical = ("batch",) + (None,) * (len(shape) - 1)
+    entry = layouts.logical_to_mesh_axes(logical, _ACTIVE_RULES, mesh_shape, tuple(shape))[0]
+    axes = layouts._as_mesh_axes(entry)
+    shards = 1
+    for axis in axes:
+        shards *= mesh_shape[axis]
+    return axes, shards
+
+
+def with_mesh_constraint(x, spec):
+    """Constrains the layout of `x` to mesh axes `spec` when a mesh is active.
+
+    Args:
+        x: a tensor.
+        spec: one entry per dimension of `x`: None, a mesh axis name, or a
+            tuple of mesh axis names.
+
+    Example:
+    >>> import numpy as np
+    >>> x = np.ones((2, 3))
+    >>> with_mesh_constraint(x, (("data", "expert"), None)) is x  # no mesh configured
+    True
+    """
+    if active_mesh_shape() is None:
+        return x
+    spec = tuple(None if not layouts._as_mesh_axes(s) else s for s in spec)
+    if keras.backend.backend() == "tensorflow":
+        return _tf_mesh_split(x, spec)
+    mesh = keras.distribution.distribution().device_mesh
+    return keras.distribution.distribute_tensor(x, layouts._make_layout(spec, mesh))
 
 
 def with_logical_constraint(x, logical_axes):
@@ -297,24 +370,8 @@ def with_logical_constraint(x, logical_axes):
     >>> with_logical_constraint(x, ("batch", "embed")) is x
     True
     """
-    if _ACTIVE_RULES is None:
-        return x
-    backend = keras.backend.backend()
-    if backend == "jax":
-        distribution = keras.distribution.distribution()
-        if distribution is None:
-            return x
-        mesh = distribution.device_mesh
-
-        def constrain(t, axes):
-            layout = layouts.tensor_layout(axes, mesh, _ACTIVE_RULES, tuple(t.shape))
-            return keras.distribution.distribute_tensor(t, layout)
-
-        mesh_shape = dict(zip(mesh.axis_names, mesh.shape))
-    elif backend == "tensorflow" and _TF_SPMD is not None:
-        constrain = _tf_mesh_split
-        mesh_shape = dict(zip(_TF_SPMD[1], _TF_SPMD[0].shape))
-    else:
+    mesh_shape = active_mesh_shape()
+    if mesh_shape is None:
         return x
     logical_axes = tuple(logical_axes)
     spec = layouts.logical_to_mesh_axes(logical_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape))
@@ -323,5 +380,7 @@ def with_logical_constraint(x, logical_axes):
         # (expert dim replicated, group dim over every device), then reshard
         # it to experts. Without the first step XLA may all-gather the
         # tokens instead of exchanging them with an all-to-all.
-        x = constrain(x, tuple(None if a == "expert" else a for a in logical_axes))
-    return constrain(x, logical_axes)
+        token_axes = tuple(None if a == "expert" else a for a in logical_axes)
+        x = with_mesh_constraint(x, layouts.logical_to_mesh_axes(
+            token_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape)))
+    return with_mesh_constraint(x, spec)

@@ -21,9 +21,15 @@ The mode (`set_expert_exchange`):
 The all-to-all needs: the JAX backend with a mesh from
 `keras_moe.sharding.configure_mesh`, an `expert` axis of size > 1 dividing `E`,
 and a group count `G` that the rules split over the token axes with `expert`
-last (the `DEFAULT_RULES` split it over `("data", "expert")`). With
-`group_size="batch"` there is one group, which cannot be split: use "sequence"
-or an integer group size for expert parallelism.
+last (the `DEFAULT_RULES` split it over `("data", "expert")`). Routing groups
+are local to the batch's shards (`keras_moe.local_groups`), so the group count
+divides over them whenever the mesh splits the batch; a batch too small to
+split is one group, which cannot be split.
+
+"auto" does not fall back in silence: on a mesh, each MoE layer's choice and
+its reason are recorded when the layer is traced (`exchange_choices`; the
+compile tool and the training job's start-up print them), and a fallback to
+GSPMD on a mesh with an `expert` axis also warns.
 
 Example (a no-op without a mesh):
 >>> import numpy as np
@@ -32,12 +38,16 @@ Example (a no-op without a mesh):
 True
 """
 
+import warnings
+
 import keras
 
-from keras_moe import layouts, sharding
+from keras_moe import compat, layouts, sharding
 
 EXPERT_EXCHANGES = ("auto", "all_to_all", "gspmd")
 _MODE = "auto"
+# MoE layer path -> its exchange choice, recorded while layers are traced on a mesh.
+_CHOICES = {}
 
 # Logical axes of an expert buffer [E, G, C, d] in each layout.
 _TOKEN_LAYOUT = (None, "batch", None, "embed")
@@ -101,8 +111,59 @@ def exchange_plan(shape):
         return None, (f"the rules lay the {shape[1]} groups out as {token[1]!r} among tokens "
                       f"and {expert[1]!r} among experts; the all-to-all needs the token "
                       "layout to be the expert layout's axes followed by 'expert' (the group "
-                      "count must divide over them; group_size='batch' gives one group)")
+                      "count must divide over them; a batch the mesh cannot split is one "
+                      "group_size='batch' group)")
     return (mesh.backend_mesh, token_groups, expert_groups), None
+
+
+def exchange_choices():
+    """How each MoE layer traced on a mesh moves its expert buffers, and why.
+
+    Filled when layers are called (traced) under a mesh, from the last
+    `clear_exchange_choices()`; empty without a mesh.
+
+    Returns:
+        A list, by layer path, of dicts: `layer` (its name-scope path),
+        `exchange` ("all_to_all": two `jax.lax.all_to_all` per forward pass;
+        "gspmd": left to the compiler's layout propagation), `reason`, and
+        `buffer` (the expert buffers' shape `[E, G, C, d]`, or None).
+
+    Example:
+    >>> clear_exchange_choices(); exchange_choices()
+    []
+    """
+    return [dict(layer=layer, **choice) for layer, choice in sorted(_CHOICES.items())]
+
+
+def clear_exchange_choices():
+    """Forgets the choices `exchange_choices` returns."""
+    _CHOICES.clear()
+
+
+def note_choice(exchange, reason, shape=None):
+    """Records a MoE layer's exchange on an active mesh (`exchange_choices`).
+
+    Called where the buffers move: `to_experts`, and the dispatchers that do
+    not use it. Without a mesh it does nothing.
+
+    Args:
+        exchange: "all_to_all" or "gspmd".
+        reason: why, in words.
+        shape: the expert buffers' shape `[E, G, C, d]`, if there are any.
+    """
+    mesh_shape = sharding.active_mesh_shape()
+    if mesh_shape is None:
+        return
+    layer = compat.current_layer_path() or "<no layer>"
+    first = _CHOICES.get(layer, {}).get("reason") != reason
+    _CHOICES[layer] = {"exchange": exchange, "reason": reason,
+                       "buffer": None if shape is None else list(shape)}
+    if (first and exchange == "gspmd" and _MODE == "auto"
+            and mesh_shape.get("expert", 1) > 1):
+        warnings.warn(f"MoE layer {layer}: expert_exchange='auto' falls back to GSPMD's "
+                      f"layout propagation ({reason}); it may all-gather tokens (keras-moe-compile "
+                      "counts the collectives).",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _exchange(x, to_expert_layout):
@@ -112,11 +173,18 @@ def _exchange(x, to_expert_layout):
         if _MODE == "all_to_all":
             raise ValueError(f"expert_exchange='all_to_all' cannot move expert buffers of "
                              f"shape {tuple(x.shape)}: {reason}.")
+        if to_expert_layout:
+            note_choice("gspmd", reason, x.shape)
         return None
     import jax
     from jax.sharding import PartitionSpec as P
 
     mesh, token_groups, expert_groups = plan
+    if to_expert_layout:
+        note_choice("all_to_all", (
+            f"expert_exchange={_MODE!r}: the {x.shape[1]} routing groups are split over "
+            f"{token_groups} with the tokens and over {expert_groups or 'no axis'} with the "
+            "experts, so one all-to-all over 'expert' moves them each way"), x.shape)
     token_spec = P(None, _as_spec_entry(token_groups))
     expert_spec = P("expert", _as_spec_entry(expert_groups))
     if to_expert_layout:

@@ -283,7 +283,9 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         topology), `error` (the compiler's RESOURCE_EXHAUSTED message when it
         does not fit), `flops_per_chip` (cost_analysis of the partitioned
         program: one chip's FLOPs per step), `collectives` (instruction counts
-        in the compiled HLO), `compile_seconds`.
+        in the compiled HLO), `moe_exchange` (how each MoE layer moves its
+        expert buffers and why: `keras_moe.token_exchange.exchange_choices`),
+        `compile_seconds`.
 
     Raises:
         CompileOnlyError: unknown topology, missing libtpu, train.mesh_shape whose
@@ -443,6 +445,8 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     import jax
     import numpy as np
 
+    from keras_moe import token_exchange
+
     model, optimizer = _abstract_model(config, distribution, gin_configurables, dtype_policy)
     state, state_bytes = _abstract_state(model, optimizer, distribution)
     batch = _abstract_batch(distribution, batch_size, feature_lengths)
@@ -450,12 +454,14 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
         "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
         "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
         "compute_dtype": model.compute_dtype, "matmul_dtypes": None, **state_bytes,
-        "error": None,
+        "error": None, "moe_exchange": None,
     }
     t0 = time.time()
+    token_exchange.clear_exchange_choices()
     try:
         # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
         lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
+        report["moe_exchange"] = token_exchange.exchange_choices()
         # As written, before the compiler's own precision choices (the TPU's
         # default precision runs float32 matmuls as bfloat16 passes either way).
         report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
@@ -609,6 +615,9 @@ def format_report(report):
     if report["collectives"] is not None:
         lines.append("  collectives: " + ", ".join(
             f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items()))
+    if report.get("moe_exchange"):
+        lines.append("  MoE expert exchange, per layer:")
+        lines.extend(f"    {line}" for line in format_exchange_choices(report["moe_exchange"]))
     if report["matmul_dtypes"]:
         lines.append("  matmuls by result type, as lowered: " + ", ".join(
             f"{k} {v}" for k, v in report["matmul_dtypes"].items()))
@@ -616,3 +625,20 @@ def format_report(report):
         lines.extend(roofline.format_estimate(report.get("roofline")))
     lines.append(f"  compiled in {report['compile_seconds']} s")
     return "\n".join(lines)
+
+
+def format_exchange_choices(choices):
+    """One line per MoE layer of `keras_moe.token_exchange.exchange_choices()`: its exchange and why.
+
+    Example:
+    >>> format_exchange_choices([{"layer": "encoder/moe", "exchange": "all_to_all",
+    ...                           "reason": "16 groups", "buffer": [16, 16, 20, 64]}])
+    ['encoder/moe: all-to-all, buffers [16, 16, 20, 64] (16 groups)']
+    """
+    lines = []
+    for choice in choices:
+        exchange = {"all_to_all": "all-to-all", "gspmd": "GSPMD"}.get(choice["exchange"],
+                                                                       choice["exchange"])
+        buffer = f", buffers {choice['buffer']}" if choice.get("buffer") else ""
+        lines.append(f"{choice['layer']}: {exchange}{buffer} ({choice['reason']})")
+    return lines

@@ -135,3 +135,38 @@ def shard_report(model):
                  else tuple(variable.shape))
         rows.append((f"{variable.path} {key}", tuple(variable.shape), local))
     return rows
+
+
+def exchange_report(model, batch_size, feature_lengths):
+    """Lines saying how each MoE layer of `model` moves its expert buffers on the mesh, and why.
+
+    Traces the model's training forward pass once over an abstract global
+    batch laid out as the data is (`jax.eval_shape`: nothing is computed),
+    which records each MoE layer's choice (`keras_moe.token_exchange`).
+
+    Args:
+        model: a T5-family model built under the mesh.
+        batch_size: the global batch (`train.batch_size`).
+        feature_lengths: `{"inputs": n, "targets": m}`.
+
+    Returns:
+        one line per MoE layer (`compile_only.format_exchange_choices`).
+    """
+    import jax
+
+    from keras_moe import token_exchange
+    from keras_moe.training import compile_only
+
+    distribution = keras.distribution.distribution()
+    inputs = compile_only._abstract_batch(distribution, batch_size, feature_lengths)[0]
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def forward(trainable, non_trainable, inputs):
+        return model.stateless_call(trainable, non_trainable, inputs, training=True)[0]
+
+    token_exchange.clear_exchange_choices()
+    jax.eval_shape(forward, trainable, non_trainable, inputs)
+    choices = token_exchange.exchange_choices()
+    token_exchange.clear_exchange_choices()
+    return compile_only.format_exchange_choices(choices)

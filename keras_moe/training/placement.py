@@ -41,6 +41,10 @@ class StrategyPlacement:
         """None: a strategy replicates every weight."""
         return None
 
+    def exchange_report(self, model, batch_size, feature_lengths):
+        """No lines: each replica routes its own batch to its own copy of every expert."""
+        return []
+
     def describe(self):
         return f"strategy {self.name} ({type(self.strategy).__name__}, {self.replicas} replica(s))"
 
@@ -78,6 +82,12 @@ class MeshPlacement:
         from keras_moe.training import mesh as mesh_lib
 
         return mesh_lib.shard_report(model)
+
+    def exchange_report(self, model, batch_size, feature_lengths):
+        """Lines naming each MoE layer's expert exchange and why (`mesh.exchange_report`)."""
+        from keras_moe.training import mesh as mesh_lib
+
+        return mesh_lib.exchange_report(model, batch_size, feature_lengths)
 
     def describe(self):
         return f"device mesh {self.mesh_shape} (keras.distribution)"

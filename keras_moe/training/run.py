@@ -235,6 +235,9 @@ class Run:
             self.shards = self.placement.shard_report(self.model)
             for name, full, local in self.shards or ():
                 log(f"  {name}: {full} -> {local} on one device")
+            for line in self.placement.exchange_report(self.model, c.batch_size,
+                                                       c.feature_lengths):
+                log(f"  MoE exchange {line}")
             self.manager, self.backup_dir, self.resumed, self.start_step = stages.resume(
                 self.model, self.model_dir, c.keep_checkpoints, c.init_checkpoint, c.model,
                 sharded=self.process_count > 1, primary=self.chief)

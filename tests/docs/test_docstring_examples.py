@@ -32,6 +32,7 @@ MODULES = [
     "keras_moe.gin_config",
     "keras_moe.layers",
     "keras_moe.layouts",
+    "keras_moe.local_groups",
     "keras_moe.metrics",
     "keras_moe.models.attention",
     "keras_moe.models.blocks",

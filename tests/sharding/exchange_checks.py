@@ -24,11 +24,11 @@ from keras_moe.training import abstract_arrays, hlo_collectives  # noqa: E402
 E, D, F = 8, 16, 32
 
 
-def make_layer(group_size="sequence"):
+def make_layer(group_size="sequence", pad_to_group_size=False):
     return keras_moe.MoeLayer(
         keras_moe.SwitchRouter(num_experts=E), keras_moe.FeedForwardExperts(num_experts=E, d_ff=F),
         group_size=group_size, dispatch="einsum", train_capacity_factor=1.0,
-        track_metrics=False)
+        track_metrics=False, pad_to_group_size=pad_to_group_size)
 
 
 def loss_and_grads(layer, x):
@@ -65,14 +65,55 @@ def numerics():
                                               for a, b in zip(grads, g_ref)),
                          "grad_scale": scale}
             if mode == "all_to_all":
-                try:
-                    make_layer(group_size="batch")(x)
+                try:  # 3 sequences: the mesh cannot split them, one "batch" group
+                    make_layer(group_size="batch")(x[:3])
                     out["batch_group_error"] = None
                 except ValueError as e:
                     out["batch_group_error"] = str(e)
         finally:
             sharding.clear_mesh()
             token_exchange.set_expert_exchange("auto")
+    return out
+
+
+def local_groups():
+    """"batch" and integer groups on meshes that split the batch 8 ways, against the
+    layer without a mesh applied to each shard's 2 sequences (16 x 12 tokens)."""
+    x = np.random.default_rng(2).normal(size=(16, 12, D)).astype("float32")
+    shards = np.split(x, 8)
+    out = {}
+    # 24 tokens per shard: 8 divides them; 40 pads each shard to one group.
+    for group_size in ("batch", 8, 40):
+        keras.utils.set_random_seed(3)
+        reference = make_layer(group_size, pad_to_group_size=True)
+        reference.build(x.shape)
+        weights = reference.get_weights()
+        per_shard = np.concatenate([np.asarray(reference(s, training=True)) for s in shards])
+        whole = np.asarray(reference(x, training=True))  # one device's grouping of all 16
+        for mesh in ({"data": 2, "expert": 4}, {"data": 8}, {"expert": 8}):
+            sharding.configure_mesh(mesh)
+            token_exchange.clear_exchange_choices()
+            try:
+                layer = make_layer(group_size, pad_to_group_size=True)
+                layer.build(x.shape)
+                layer.set_weights(weights)
+                y = np.asarray(jax.jit(lambda x: layer(x, training=True))(x))
+                choices = token_exchange.exchange_choices()
+            finally:
+                sharding.clear_mesh()
+            out[f"{group_size} {mesh}"] = {
+                "max_diff_per_shard": float(np.abs(y - per_shard).max()),
+                "max_diff_whole": float(np.abs(y - whole).max()),
+                "dropped_per_shard": int(np.all(per_shard == 0, axis=-1).sum()),
+                "exchanges": [c["exchange"] for c in choices]}
+    sharding.configure_mesh({"data": 2, "expert": 4})
+    try:
+        make_layer(group_size=16)(x)  # 24 tokens per shard
+        out["indivisible_error"] = None
+    except ValueError as e:
+        out["indivisible_error"] = str(e)
+    finally:
+        sharding.clear_mesh()
     return out
 
 
@@ -114,4 +155,5 @@ def tpu_collectives():
 
 if __name__ == "__main__":
     assert keras.backend.backend() == "jax" and len(jax.devices()) == 8, jax.devices()
-    print("RESULT " + json.dumps({"numerics": numerics(), "tpu": tpu_collectives()}))
+    print("RESULT " + json.dumps({"numerics": numerics(), "local_groups": local_groups(),
+                                  "tpu": tpu_collectives()}))

@@ -60,6 +60,28 @@ def test_all_to_all_refuses_a_single_group_by_name(exchange_result):
     assert "group_size='batch'" in message
 
 
+LOCAL_CASES = [f"{group} {mesh}" for group in ("batch", 8, 40)
+               for mesh in ({"data": 2, "expert": 4}, {"data": 8}, {"expert": 8})]
+
+
+@pytest.mark.parametrize("case", LOCAL_CASES)
+def test_groups_on_a_mesh_are_each_shards_local_batch(exchange_result, case):
+    res = exchange_result["local_groups"][case]
+    # The same numbers as the layer without a mesh applied to each shard's 2 sequences...
+    assert res["max_diff_per_shard"] < 1e-5, res
+    if not case.startswith("8 "):
+        # ...which differ from one group of all 16 (8-token groups never crossed shards).
+        assert res["dropped_per_shard"] > 0 and res["max_diff_whole"] > 1e-2, res
+    expected = "gspmd" if "expert" not in case else "all_to_all"
+    assert res["exchanges"] == [expected], res
+
+
+def test_an_integer_group_that_does_not_divide_a_shard_is_refused(exchange_result):
+    message = exchange_result["local_groups"]["indivisible_error"]
+    assert message and "`group_size`=16" in message and "24 tokens" in message
+    assert "8 shards" in message and "pad_to_group_size=True" in message
+
+
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="expert_exchange.*all_to_all"):
         token_exchange.set_expert_exchange("alltoall")

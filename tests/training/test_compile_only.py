@@ -17,7 +17,8 @@ from tests.training.helpers import REPO, run_cli
 
 MODULE = "keras_moe.training.compile_cli"
 FILES = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin"]
-BINDINGS = ['SwitchFeedForward.group_size = "sequence"', "BATCH_SIZE = 8",
+# The default routing groups (group_size="batch"): one per shard of the batch.
+BINDINGS = ["BATCH_SIZE = 8",
             'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
             'train.mesh_shape = {"data": 1, "expert": 4, "model": 1}']
 # What the CLI would set itself (it re-executes without them); set here so the
@@ -88,6 +89,28 @@ def test_v5e_2x2_report(report):
                                         roof["ici_seconds"])
     assert report["collective_bytes_per_chip"]["all_to_all"] > 0 and roof["ici_seconds"] > 0
     assert 0 < roof["mfu_at_bound"] <= 1
+
+
+def test_default_groups_stay_on_their_chip_and_the_exchange_is_reported(report):
+    # group_size="batch" on the mesh is each chip's 2 sequences: no token is
+    # all-gathered (one group of the global batch compiled to 23 all-gathers), and
+    # each MoE layer's buffers move by the all-to-all: 2 forward + 2 backward.
+    assert report["collectives"]["all_gather"] == 0, report["collectives"]
+    assert report["collectives"]["all_to_all"] == 4 * 2
+    layers = {c["layer"]: c for c in report["moe_exchange"]}
+    assert sorted(layers) == ["decoder_layer_1/ffn", "encoder_layer_1/ffn"]
+    # [E, G, C, d]: 4 groups (one per chip) of 2 x 32 encoder and 2 x 8 decoder tokens,
+    # capacity 1.25 x tokens / 8 experts (at least min_expert_capacity 4).
+    assert layers["encoder_layer_1/ffn"]["buffer"] == [8, 4, 10, 64]
+    assert layers["decoder_layer_1/ffn"]["buffer"] == [8, 4, 4, 64]
+    for choice in layers.values():
+        assert choice["exchange"] == "all_to_all"
+        assert "4 routing groups are split over ('expert',)" in choice["reason"]
+    from keras_moe.training import compile_only
+
+    text = compile_only.format_report(report)
+    assert "MoE expert exchange, per layer:" in text
+    assert "encoder_layer_1/ffn: all-to-all, buffers [8, 4, 10, 64]" in text
 
 
 def test_param_bytes_match_a_hand_count(report):
