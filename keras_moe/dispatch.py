@@ -28,7 +28,7 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
-from keras_moe import sharding, token_exchange
+from keras_moe import dropless_exchange, sharding, token_exchange
 
 DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
 
@@ -285,6 +285,10 @@ class DroplessDispatcher(Dispatcher):
         return group_size
 
     def apply(self, x, routing, experts, training=None):
+        layout, reason = dropless_exchange.plan(routing.num_experts, x.shape[0])
+        if layout is not None:
+            y = dropless_exchange.apply(x, routing, experts, layout, training)
+            return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
         d_model = x.shape[-1]
         num_experts = routing.num_experts
         num_choices = routing.expert_index.shape[-1]
@@ -302,8 +306,8 @@ class DroplessDispatcher(Dispatcher):
             (-1, d_model))
         rows = _permute_rows(assignments, order, inverse)
         token_exchange.note_choice(
-            "gspmd", "dispatch='dropless' sorts each device's tokens by expert; the layout "
-            "constraints leave their movement to GSPMD")
+            "gspmd", "dispatch='dropless' sorts each device's tokens by expert and the "
+            f"experts' weights are gathered to every device ({reason})")
         outputs = experts(rows, group_sizes=group_sizes, training=training)
         outputs = ops.reshape(_permute_rows(outputs, inverse, order), (-1, num_choices, d_model))
         weight = ops.reshape(ops.cast(routing.combine_weight, outputs.dtype), (-1, num_choices, 1))

@@ -42,7 +42,7 @@ KERNELS = ("auto", "ragged_dot", "megablox")
 MAX_ROW_TILE = 128
 
 
-def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False):
+def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False, per_device=False):
     """Rows of `x`, sorted by group, times their group's matrix in `w`.
 
     Args:
@@ -54,6 +54,9 @@ def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False):
             "megablox". The TensorFlow backend accepts "auto" only.
         interpret: with the megablox kernel, run the Pallas kernel in the
             interpreter (any platform, slow: for tests on CPU).
+        per_device: `x` and `w` are one device's blocks (inside
+            `jax.shard_map`): the megablox kernel runs on them as they are
+            instead of slicing the rows over the configured mesh.
 
     Returns:
         `[N, n]`, 0 for rows past `sum(group_sizes)`.
@@ -79,7 +82,8 @@ def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False):
         if kernel == "auto":
             kernel = "megablox" if sharding.accelerator_platform() == "tpu" else "ragged_dot"
         if kernel == "megablox":
-            return _megablox_grouped_matmul(x, w, group_sizes, interpret=interpret)
+            return _megablox_grouped_matmul(x, w, group_sizes, interpret=interpret,
+                                            per_device=per_device)
         return _jax_grouped_matmul(x, w, group_sizes)
     raise NotImplementedError(
         f"dispatch='dropless' runs on the tensorflow and jax backends, not {backend!r}; "
@@ -145,7 +149,7 @@ def megablox_tiling(rows, k, n):
     return tm, tile, tile
 
 
-def _megablox_grouped_matmul(x, w, group_sizes, interpret=False):
+def _megablox_grouped_matmul(x, w, group_sizes, interpret=False, per_device=False):
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.megablox import gmm
@@ -157,7 +161,7 @@ def _megablox_grouped_matmul(x, w, group_sizes, interpret=False):
     num_rows, k = x.shape
     n = w.shape[-1]
     sizes = jnp.asarray(group_sizes).astype(jnp.int32)
-    mesh = _jax_mesh()
+    mesh = None if per_device else _jax_mesh()
     shards = 1 if mesh is None else mesh.devices.size
     tm = megablox_tiling(-(-num_rows // shards), k, n)[0]
     local_rows = _round_up(-(-num_rows // shards), tm)
