@@ -14,8 +14,11 @@ moves one fails there, by name, instead of somewhere deep in a training run.
   `learning_rate_schedule` (`Optimizer._learning_rate`),
   `without_backend_state` (drops what a `StatelessScope` leaves in Keras's
   global list of variables to initialise).
-- gin: `gin_macro_names` / `gin_macro_references` / `gin_macro_value` (`gin.config._CONFIG`),
-  `gin_import_hook` (wraps `ParseContext.process_import`).
+- gin: `gin_macro_names` / `gin_macro_references` / `gin_macro_value` /
+  `gin_bound_parameters` (`gin.config._CONFIG`), `gin_called_configurables`
+  (`gin.config._OPERATIVE_CONFIG`), `gin_import_hook` (wraps
+  `ParseContext.process_import`), `gin_binding_hook` (wraps `gin.config.bind_parameter`
+  as the parser calls it).
 - TensorFlow: `tf_xla_sharding`, `tf_tpu_ops`, `tf_in_xla_context`,
   `tf_collective_health_timeout`, `tf_runtime_started` (`tensorflow.python.*`).
 
@@ -167,6 +170,52 @@ def gin_macro_value(name):
     import gin.config
 
     return gin.config._CONFIG[(name, "gin.macro")].get("value")
+
+
+def gin_bound_parameters():
+    """`{(scope, selector): [parameter, ...]}` of every parsed binding of a configurable
+    (macros left out); `selector` is the configurable's full name, e.g.
+    `("encoder", "keras_moe.SwitchFeedForward")`."""
+    import gin.config
+
+    return {key: sorted(values) for key, values in gin.config._CONFIG.items()
+            if key[1] != "gin.macro" and values}
+
+
+def gin_called_configurables():
+    """`{(scope, selector), ...}` of the configurables gin has called since the config
+    was last cleared; `scope` is the scope active at the call ("" for none)."""
+    import gin.config
+
+    with gin.config._OPERATIVE_CONFIG_LOCK:
+        return set(gin.config._OPERATIVE_CONFIG)
+
+
+@contextlib.contextmanager
+def gin_binding_hook(intercept):
+    """While active, `intercept(scope, selector, name, value)` sees each binding the gin
+    parser makes before gin does; a True return takes the binding out of gin's config.
+
+    Args:
+        intercept: `intercept(scope, selector, name, value) -> bool`; `selector` as
+            written in the file ("T5Config" or "keras_moe.models.T5Config").
+    """
+    import gin.config
+
+    original = gin.config.bind_parameter
+
+    def hooked(binding_key, value):
+        if isinstance(binding_key, (list, tuple)) and len(binding_key) == 3:
+            scope, selector, name = binding_key
+            if selector != "gin.macro" and intercept(scope, selector, name, value):
+                return None
+        return original(binding_key, value)
+
+    gin.config.bind_parameter = hooked
+    try:
+        yield
+    finally:
+        gin.config.bind_parameter = original
 
 
 @contextlib.contextmanager

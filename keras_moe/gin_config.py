@@ -242,7 +242,7 @@ def _configured_model():
 
 
 def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_unknown=False,
-              check_required=True, clear=True):
+              check_required=True, clear=True, check_unread=True):
     """Parses gin files, then bindings, with errors that name what is wrong.
 
     Args:
@@ -259,6 +259,13 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
         check_required: raise if a macro is still `%gin.REQUIRED`.
         clear: start from an empty gin config, so a notebook's second call does
             not inherit the first one's bindings; False adds to the config.
+        check_unread: once the model's `T5Config` is made, refuse bindings of
+            its configurables that nothing read (`keras_moe.gin_unread`), e.g.
+            `SwitchFeedForward.num_experts` on a GShard model.
+
+    Gin files from before the sparse-FFN spec (flat `T5Config.moe_type`,
+    `T5Config.num_experts`, ... fields, as old `operative_config.gin` files
+    hold them) are translated to the spec (`keras_moe.models.flat_moe_gin`).
 
     Returns:
         the `T5Config` bound to `build_model.config` (what `build_model()`
@@ -266,7 +273,8 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
 
     Raises:
         GinConfigError: a file not found or invalid, a refused import, a bad
-            binding, or a required macro left unbound.
+            binding, a required macro left unbound, or a binding of the model
+            that nothing read.
 
     Example:
     >>> config = parse_gin("switch_tiny.gin", "SwitchFeedForward.num_experts = 4")
@@ -279,6 +287,8 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
     import gin
 
     import keras_moe.models.gin_configurables  # noqa: F401  (T5Config, build_model)
+    from keras_moe import compat
+    from keras_moe.models import flat_moe_gin
 
     files = _as_list(files, "files", "a gin file name or path (str or os.PathLike), "
                                      "or a list of them")
@@ -287,7 +297,8 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
     if clear:
         gin.clear_config()
     add_search_paths()  # includes name files relative to the gin folders
-    with imports_allowed(allowed_imports):
+    flat_fields = flat_moe_gin.FlatFieldBindings()
+    with imports_allowed(allowed_imports), compat.gin_binding_hook(flat_fields.intercept):
         for path in paths:
             try:
                 gin.parse_config_file(path, skip_unknown=skip_unknown)
@@ -297,6 +308,7 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
                 raise GinConfigError(f"bad gin file {path}: {e}") from None
         for binding in _binding_lines(bindings):
             _parse_binding(binding, files, skip_unknown)
+    flat_moe_gin.apply(flat_fields)
     _refuse_unread_retired_macros(paths)
     missing = unbound_required_macros() if check_required else []
     if missing:
@@ -305,4 +317,9 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
             f"or with --gin_bindings='{missing[0]} = ...'.")
     if finalize:
         gin.finalize()
-    return _configured_model()
+    config = _configured_model()
+    if check_unread and config is not None:
+        from keras_moe import gin_unread
+
+        gin_unread.refuse_unread_model_bindings(config)
+    return config

@@ -105,6 +105,37 @@ def test_gin_macros_and_the_import_hook():
         gin.clear_config()
 
 
+def test_gin_bindings_calls_and_the_binding_hook():
+    import keras_moe.models.gin_configurables  # noqa: F401  (T5Config, SwitchFeedForward)
+
+    gin.clear_config()
+    try:
+        seen = []
+
+        def intercept(scope, selector, name, value):
+            seen.append((scope, selector, name, value))
+            return name == "moe_type"
+
+        with compat.gin_binding_hook(intercept):
+            gin.parse_config("T5Config.moe_type = 'switch'\nenc/SwitchFeedForward.d_ff = 8\n"
+                             "T5Config.d_model = 16\nMACRO = 1")
+        assert seen == [("", "T5Config", "moe_type", "switch"),
+                        ("enc", "SwitchFeedForward", "d_ff", 8), ("", "T5Config", "d_model", 16)]
+        assert compat.gin_bound_parameters() == {
+            ("enc", "keras_moe.SwitchFeedForward"): ["d_ff"],
+            ("", "keras_moe.models.T5Config"): ["d_model"]}  # moe_type was taken out
+        gin.parse_config("T5Config.d_ff = 3")  # the hook is gone
+        assert len(seen) == 3
+        assert compat.gin_called_configurables() == set()
+        gin.parse_config("T5Config.sparse_ffn = @enc/SwitchFeedForward\n"
+                         "SwitchFeedForward.num_experts = 2")
+        gin.get_configurable("T5Config")()
+        assert compat.gin_called_configurables() == {
+            ("", "keras_moe.models.T5Config"), ("enc", "keras_moe.SwitchFeedForward")}
+    finally:
+        gin.clear_config()
+
+
 def test_tensorflow_internals():
     assert callable(compat.tf_xla_sharding().mesh_split)
     assert callable(compat.tf_tpu_ops().all_to_all)

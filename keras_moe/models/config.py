@@ -256,14 +256,72 @@ class T5Config:
     @classmethod
     def from_dict(cls, values):
         """The config of `to_dict()`'s output, also of one saved with the flat MoE
-        fields that the sparse-FFN spec replaced."""
-        values = dict(values)
-        if any(name in values for name in sparse_ffn_lib.FLAT_FIELDS):
-            values["sparse_ffn"] = sparse_ffn_lib.spec_from_flat_fields(values)
-        return cls(**values)
+        fields that the sparse-FFN spec replaced (see `upgrade_flat_moe_fields`)."""
+        return cls(**upgrade_flat_moe_fields(values))
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
+
+
+def _has_sparse_layers(values):
+    fields = {f.name: f.default for f in dataclasses.fields(T5Config)}
+    fields.update(values)
+    for side in SIDES:
+        layers = fields[f"{side}_sparse_layers"]
+        num, step = fields[f"num_{side}_layers"], fields[f"{side}_sparse_step"]
+        if layers is not None:
+            if len(layers):
+                return True
+        elif not (is_int(num) and is_int(step)) or sparse_layers_from_step(num, step):
+            return True  # an invalid count: T5Config names it
+    return False
+
+
+def upgrade_flat_moe_fields(values):
+    """`T5Config` fields with the flat MoE fields of a config from before the
+    sparse-FFN spec (`moe_type`, `num_experts`, `aux_loss_factor`, ...; see
+    `sparse_ffn.FLAT_FIELDS`) replaced by the `sparse_ffn` spec they made.
+
+    A model without sparse layers gets no spec, whatever MoE fields it carries
+    (a dense config then could hold `moe_type="switch"` with `num_experts=0`).
+    Used for saved JSON configs (`T5Config.from_dict`) and for gin files
+    (`keras_moe.models.flat_moe_gin`).
+
+    Args:
+        values: a dict of `T5Config` fields, maybe with flat MoE fields.
+
+    Returns:
+        a new dict without the flat fields; with `sparse_ffn` when it had any.
+
+    Raises:
+        ValueError: the flat fields together with a sparse FFN spec.
+
+    Example:
+    >>> old = dict(d_ff=64, activation="relu", encoder_sparse_step=2, moe_type="switch",
+    ...            num_experts=4, aux_loss_factor=0.01)
+    >>> new = upgrade_flat_moe_fields(old)
+    >>> sorted(new), new["sparse_ffn"]["class_name"]
+    (['activation', 'd_ff', 'encoder_sparse_step', 'sparse_ffn'], 'keras_moe>SwitchFeedForward')
+    >>> upgrade_flat_moe_fields(dict(moe_type="switch", num_experts=0))  # dense
+    {'sparse_ffn': None}
+    """
+    values = dict(values)
+    flat = [name for name in sparse_ffn_lib.FLAT_FIELDS if name in values]
+    if not flat:
+        return values
+    given = [f"{side}sparse_ffn" for side in ("", "encoder_", "decoder_")
+             if values.get(f"{side}sparse_ffn") is not None]
+    if given:
+        raise ValueError(f"the config has both `{given[0]}` and the flat MoE fields {flat} "
+                         "that `sparse_ffn` replaced; give the sparse FFN's arguments in its "
+                         "spec only.")
+    if _has_sparse_layers(values):
+        values["sparse_ffn"] = sparse_ffn_lib.spec_from_flat_fields(values)
+    else:
+        for name in flat:
+            del values[name]
+        values["sparse_ffn"] = None
+    return values
 
 
 def count_params(config):

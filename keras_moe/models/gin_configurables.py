@@ -26,7 +26,16 @@ T5Config = gin.external_configurable(config_lib.T5Config, name="T5Config",
 build_model = gin.external_configurable(builder.build_model, name="build_model",
                                         module="keras_moe.models")
 
-for _layer in (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.MoeLayer,
-               keras_moe.FeedForwardExperts, keras_moe.SwitchRouter, keras_moe.Top2Router,
-               keras_moe.TopKRouter, keras_moe.ExpertChoiceRouter):
+_LAYERS = (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.MoeLayer,
+           keras_moe.FeedForwardExperts, keras_moe.SwitchRouter, keras_moe.Top2Router,
+           keras_moe.TopKRouter, keras_moe.ExpertChoiceRouter)
+for _layer in _LAYERS:
     gin.external_configurable(_layer, module="keras_moe")
+
+# The configurables a model's architecture is made of, by gin's full names: gin
+# calls every one a model uses while it makes the `T5Config` (the sparse FFN's
+# spec is made from its layer then), so once the config exists a binding of one
+# that no call read configures nothing (`keras_moe.gin_unread`).
+# `build_model` is left out: the job calls it later.
+MODEL_SELECTORS = ("keras_moe.models.T5Config",) + tuple(
+    f"keras_moe.{layer.__name__}" for layer in _LAYERS)

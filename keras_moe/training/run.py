@@ -221,7 +221,14 @@ class Run:
         data_lib.get_task(c.task)  # Unknown task names fail here, before the model is built.
 
     def build(self):
-        """The model (on the mesh, if any), resumed from the model dir or initialised."""
+        """The model (on the mesh, if any), resumed from the model dir or initialised.
+
+        Once it is built, a gin binding of the model's configurables that it did
+        not read is refused (`keras_moe.gin_unread`), before any data is read or
+        anything is written.
+        """
+        from keras_moe import gin_unread
+        from keras_moe.models.config import T5Config
         from keras_moe.training import stages
         from keras_moe.training.trainer import build_compiled_model, dtype_policy_scope
 
@@ -231,6 +238,9 @@ class Run:
             with self.placement.scope():
                 self.model = build_compiled_model(c.optimizer, c.jit_compile,
                                                   c.steps_per_execution, c.model)
+                config = getattr(self.model, "config", None)
+                gin_unread.refuse_unread_model_bindings(
+                    config if isinstance(config, T5Config) else None)
                 self.model.optimizer.build(self.model.trainable_variables)
             self.shards = self.placement.shard_report(self.model)
             for name, full, local in self.shards or ():

@@ -1,6 +1,7 @@
 """The training CLI's errors, and the deadline-bounded line reader of the subprocess tests."""
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -31,14 +32,19 @@ def test_line_wait_fails_at_its_deadline_on_a_silent_process():
     (["--gin_bindings=BATCH_SIZ = 4"], "macro 'BATCH_SIZ' is not defined"),
     (["--gin_bindings=MIXTURE_OR_TASK_NAME = 'no_such_task'"], "no_such_task"),
     (["--gin_file=missing_run.gin"], "missing_run.gin"),
+    # A binding nothing reads: the command line as a user types it.
+    (shlex.split("--gin_bindings='encoder/SwitchFeedForward.batch_prioritized_routing = True'"),
+     "`encoder/SwitchFeedForward.batch_prioritized_routing` was bound but the model's sparse "
+     "layer is SwitchFeedForward; nothing read it."),
 ])
-def test_cli_errors_name_the_problem_and_write_nothing(tmp_path, extra, message):
+def test_cli_errors_name_the_problem_and_write_nothing(tmp_path, capsys, extra, message):
     from keras_moe.training import cli
 
     model_dir = tmp_path / "run"
     files = [] if any(e.startswith("--gin_file") for e in extra) else ["--gin_file=tiny_local.gin"]
     code = cli.main(files + extra + [f"--model_dir={model_dir}"])
     assert code == 2
+    assert message in capsys.readouterr().err
     assert not model_dir.exists() or os.listdir(model_dir) == []
 
 
