@@ -46,7 +46,8 @@ KNOWN_TOPOLOGIES = ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:8x8", "v6e:2x2", "v6e:
                     "v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4")
 _TOPOLOGY_RE = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+)+)$")
 # "<shape> all-to-all(...)" is an instruction; "%all-to-all.3" a use of one.
-COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+COLLECTIVES = ("all-to-all", "ragged-all-to-all", "all-gather", "all-reduce", "reduce-scatter",
+               "collective-permute")
 GIB = 2 ** 30
 
 

@@ -20,7 +20,8 @@ Example:
 import re
 from typing import NamedTuple
 
-KINDS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+KINDS = ("all-to-all", "ragged-all-to-all", "all-gather", "all-reduce", "reduce-scatter",
+         "collective-permute")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _INSTRUCTION = re.compile(

@@ -153,7 +153,89 @@ def tpu_collectives():
     return out
 
 
+def _dropless_layer(k):
+    return keras_moe.MoeLayer(keras_moe.TopKRouter(E, k=k), keras_moe.FeedForwardExperts(E, F),
+                              dispatch="dropless", track_metrics=False)
+
+
+def _dropless_run(layer, x):
+    """Outputs, losses and gradients (weights, then x) of sum(y^2), float64."""
+    state = [v.value for v in layer.non_trainable_variables]
+
+    def loss(weights, x):
+        y, _, losses = layer.stateless_call(weights, state, x, training=True,
+                                            return_losses=True)
+        return jax.numpy.sum(y * y), (y, losses)
+
+    (_, (y, losses)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+        [v.value for v in layer.trainable_variables], x)
+    return (np.asarray(y, "float64"), np.asarray(losses, "float64"),
+            [np.asarray(g, "float64") for g in (*grads[0], grads[1])])
+
+
+def dropless():
+    """Dropless with the experts split over 'expert' (data=2, expert=4) against the same
+    layer without a mesh: outputs and gradients of all 16 sequences, and the aux and z
+    losses of each shard's own 2 sequences (its "batch" group), averaged."""
+    x = np.random.default_rng(4).normal(size=(16, 12, D)).astype("float32")
+    out = {}
+    for k in (1, 2):
+        keras.utils.set_random_seed(5)
+        reference = _dropless_layer(k)
+        reference.build(x.shape)
+        weights = reference.get_weights()
+        y_ref, _, g_ref = _dropless_run(reference, x)
+        losses_ref = np.mean([_dropless_run(reference, s)[1] for s in np.split(x, 8)], axis=0)
+        sharding.configure_mesh({"data": 2, "expert": 4})
+        token_exchange.clear_exchange_choices()
+        try:
+            layer = _dropless_layer(k)
+            layer.build(x.shape)
+            layer.set_weights(weights)
+            y, losses, grads = _dropless_run(layer, x)
+            choices = token_exchange.exchange_choices()
+        finally:
+            sharding.clear_mesh()
+        out[f"top{k}"] = {
+            "max_y_diff": float(np.abs(y - y_ref).max()),
+            "y_scale": float(np.abs(y_ref).max()),
+            "max_loss_diff": float(np.abs(losses - losses_ref).max()),
+            "max_grad_diff": max(float(np.abs(a - b).max()) for a, b in zip(grads, g_ref)),
+            "grad_scale": max(float(np.abs(g).max()) for g in g_ref),
+            "exchanges": [c["exchange"] for c in choices]}
+    return out
+
+
+def dropless_tpu_collectives():
+    """The dropless layer with its experts split over v5e:2x2's 4 chips, forward and backward."""
+    from keras_moe.training.compile_only import topology_devices
+
+    distribution = sharding.configure_mesh({"data": 1, "expert": 4},
+                                           devices=topology_devices("v5e:2x2"))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            layer = _dropless_layer(1)
+            layer.build((8, 32, D))
+        mesh = distribution.device_mesh
+        weights = abstract_arrays.abstract_variables(layer.trainable_variables, distribution)
+        state = [abstract_arrays.abstract_array(v.shape, v.dtype, mesh)
+                 for v in layer.non_trainable_variables]
+        x = abstract_arrays.abstract_array((8, 32, D), "float32", mesh,
+                                           jax.sharding.PartitionSpec("expert"))
+
+        def backward(weights, state, x):
+            def loss(w, x):
+                return jax.numpy.sum(layer.stateless_call(w, state, x, training=True)[0] ** 2)
+            return jax.grad(loss, argnums=(0, 1))(weights, x)
+
+        hlo = jax.jit(backward).lower(weights, state, x).compile().as_text()
+        return [c._asdict() for c in hlo_collectives.collectives(hlo, 4)]
+    finally:
+        sharding.clear_mesh()
+
+
 if __name__ == "__main__":
     assert keras.backend.backend() == "jax" and len(jax.devices()) == 8, jax.devices()
     print("RESULT " + json.dumps({"numerics": numerics(), "local_groups": local_groups(),
-                                  "tpu": tpu_collectives()}))
+                                  "tpu": tpu_collectives(), "dropless": dropless(),
+                                  "dropless_tpu": dropless_tpu_collectives()}))

@@ -86,3 +86,25 @@ def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="expert_exchange.*all_to_all"):
         token_exchange.set_expert_exchange("alltoall")
     assert token_exchange.get_expert_exchange() == "auto"
+
+
+@pytest.mark.parametrize("router", ["top1", "top2"])
+def test_dropless_with_sharded_experts_matches_the_layer_without_a_mesh(exchange_result, router):
+    """Rows travel to their experts' devices and back: outputs, gradients and losses as on one
+    device (a row at the wrong expert, or lost, moves an output by O(scale))."""
+    res = exchange_result["dropless"][router]
+    assert res["exchanges"] == ["all_to_all"]  # the row exchange, not gathered weights
+    assert res["y_scale"] > 0.1 and res["grad_scale"] > 1.0
+    assert res["max_y_diff"] < 1e-5 * res["y_scale"] * 10
+    assert res["max_grad_diff"] < 1e-5 * res["grad_scale"]
+    assert res["max_loss_diff"] < 1e-6
+
+
+def test_dropless_on_tpu_moves_rows_by_ragged_all_to_all_and_gathers_no_weight(exchange_result):
+    kinds = _kinds(exchange_result["dropless_tpu"])
+    # Forward: rows out and back; backward: their transposes. The small all-to-alls are the
+    # per-expert row counts and offsets.
+    assert kinds.count("ragged-all-to-all") == 4
+    assert "all-gather" not in kinds
+    small = [c for c in exchange_result["dropless_tpu"] if c["kind"] == "all-to-all"]
+    assert small and all(c["result_bytes"] <= 64 for c in small)
