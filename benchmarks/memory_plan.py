@@ -192,7 +192,8 @@ def _parser():
     parser.add_argument("--dtype_policy", default=None,
                         help="float32, mixed_bfloat16 or bfloat16 (default: the job's "
                              "train.dtype_policy, float32)")
-    parser.add_argument("--run_file", default=RUN_FILE)
+    parser.add_argument("--run_file", default=RUN_FILE,
+                        help='gin run file before each model file ("" for none)')
     parser.add_argument("--bindings", action="append", help="gin bindings after the files")
     parser.add_argument("--timeout", type=int, default=3600,
                         help="seconds per compile; one that runs longer is recorded as "
@@ -221,7 +222,7 @@ def _run_child(args, name, kind, target):
                TPU_WORKER_HOSTNAMES="localhost")
     if kind == "devices":  # before jax starts its CPU backend in the child
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target}"
-    gin_files = [args.run_file, f"models/{name}.gin"]
+    gin_files = [f for f in (args.run_file, f"models/{name}.gin") if f]
     command = [sys.executable, os.path.abspath(__file__), "--child", f"--{kind}={target}",
                *[f"--gin_file={f}" for f in gin_files],
                *[f"--{k}={getattr(args, k)}" for k in
@@ -239,8 +240,12 @@ def _run_child(args, name, kind, target):
                 "dtype_policy": args.dtype_policy, "unfinished_after_seconds": args.timeout,
                 "command": " ".join(sys.argv)}
     lines = [l for l in done.stdout.splitlines() if l.startswith("PLAN ")]
-    if done.returncode or not lines:
-        raise RuntimeError(f"{name} on {where} failed:\n{done.stderr[-3000:]}")
+    if done.returncode or not lines:  # recorded, so the other rows are still written
+        print(f"{name:18s} {where}: FAILED\n{done.stderr[-3000:]}", flush=True)
+        return {"model": name, "topology": target if kind == "topology" else None,
+                "devices": target if kind == "devices" else None, "batch": [args.batch_size],
+                "dtype_policy": args.dtype_policy, "failed": done.stderr[-2000:],
+                "command": " ".join(sys.argv)}
     row = json.loads(lines[-1][len("PLAN "):])
     row["model"], row["command"] = name, " ".join(["python benchmarks/memory_plan.py",
                                                    *sys.argv[1:]])
@@ -356,7 +361,7 @@ def main(argv=None):
     if not args.topology:
         payload["chips_gib"] = CHIPS
     common.write_result(args.output, payload)
-    done = [r for r in rows if "unfinished_after_seconds" not in r]
+    done = [r for r in rows if "unfinished_after_seconds" not in r and "failed" not in r]
     print(tpu_markdown_table(done) if args.topology else markdown_table(done))
     if args.topology:
         print(roofline_markdown_table(done))

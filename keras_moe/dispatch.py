@@ -75,6 +75,11 @@ class Dispatcher:
         """Slots per expert per group: the router's `expert_capacity` (see it)."""
         return router.expert_capacity(group_size, capacity_factor, min_expert_capacity)
 
+    def apply_and_report(self, x, routing, experts, training=None):
+        """`(apply(...), kept)`: the outputs and which assignments were computed
+        (`routing.kept`, less any the dispatcher itself dropped)."""
+        return self.apply(x, routing, experts, training), routing.kept
+
     def apply(self, x, routing, experts, training=None):
         """Outputs `[G, S, d]` of the `experts` layer for group tokens `x` routed by `routing`."""
         plan = self.plan(routing)
@@ -269,6 +274,13 @@ class DroplessDispatcher(Dispatcher):
     name = "dropless"
     drops_tokens = False
 
+    def __init__(self, buffer_factor=None):
+        if buffer_factor is not None and not (
+                isinstance(buffer_factor, (int, float)) and buffer_factor > 0):
+            raise ValueError(f"`dropless_buffer_factor` must be None or a number > 0, "
+                             f"got {buffer_factor!r}.")
+        self.buffer_factor = buffer_factor
+
     def check(self, router, experts):
         if not router.picks_experts_per_token:
             raise ValueError(
@@ -284,11 +296,19 @@ class DroplessDispatcher(Dispatcher):
         # A token takes at most one slot of an expert: a group's size is room for all.
         return group_size
 
-    def apply(self, x, routing, experts, training=None):
+    def apply_and_report(self, x, routing, experts, training=None):
         layout, reason = dropless_exchange.plan(routing.num_experts, x.shape[0])
-        if layout is not None:
-            y = dropless_exchange.apply(x, routing, experts, layout, training)
-            return sharding.with_logical_constraint(y, ("batch", "length", "embed"))
+        if layout is None:
+            return self._gathered_weights(x, routing, experts, training, reason), routing.kept
+        y, kept = dropless_exchange.apply(x, routing, experts, layout, training,
+                                          self.buffer_factor)
+        return sharding.with_logical_constraint(y, ("batch", "length", "embed")), kept
+
+    def apply(self, x, routing, experts, training=None):
+        return self.apply_and_report(x, routing, experts, training)[0]
+
+    def _gathered_weights(self, x, routing, experts, training, reason):
+        """Every device sorts its own rows; sharded experts' weights are gathered."""
         d_model = x.shape[-1]
         num_experts = routing.num_experts
         num_choices = routing.expert_index.shape[-1]
@@ -405,12 +425,16 @@ def _weighted_gather_with_gather_gradient(slots, token_weight, token_slot, slot_
     return combine(slots, token_weight, slot_weight)
 
 
-def get_dispatcher(mode):
+def get_dispatcher(mode, dropless_buffer_factor=None):
     """Returns the dispatcher for `mode` ("einsum", "gather", "dropless" or "auto").
 
     "auto" picks einsum on TPU and gather everywhere else; "dropless" is
     refused on TPU with the TensorFlow backend (its grouped matmul needs
     dynamic shapes there); on JAX it runs on TPU with the megablox kernel.
+
+    `dropless_buffer_factor`: the dropless dispatcher's receive buffer with
+    experts split over a mesh (`keras_moe.dropless_exchange`); only with
+    mode "dropless".
 
     Example:
     >>> get_dispatcher("gather").name
@@ -418,6 +442,9 @@ def get_dispatcher(mode):
     """
     if mode not in DISPATCH_MODES:
         raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {mode!r}.")
+    if dropless_buffer_factor is not None and mode != "dropless":
+        raise ValueError("`dropless_buffer_factor` sizes the dropless dispatcher's receive "
+                         f"buffer; it needs dispatch='dropless', got dispatch={mode!r}.")
     platform = sharding.accelerator_platform()
     if mode == "auto":
         mode = "einsum" if platform == "tpu" else "gather"
@@ -428,5 +455,5 @@ def get_dispatcher(mode):
                 "is the megablox kernel; TensorFlow's needs shapes that depend on the "
                 "routing, which TPUs do not compile): set KERAS_BACKEND=jax, or use "
                 "dispatch='einsum' (or 'auto') with a capacity factor.")
-        return DroplessDispatcher()
+        return DroplessDispatcher(dropless_buffer_factor)
     return EinsumDispatcher() if mode == "einsum" else GatherDispatcher()

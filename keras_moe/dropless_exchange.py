@@ -15,10 +15,14 @@ The row exchange, per platform:
   semantics as one `jax.lax.all_to_all` of buffers padded to the worst case
   (all of a device's rows to one peer), for testing on emulated devices.
 
-The receive buffer holds the worst case, `P` blocks of a device's `A`
-assignments each, so nothing is ever dropped; the grouped matmul runs over
-that buffer with the received rows' group sizes (rows past them give 0), and
-the compiler counts its FLOPs by the buffer's rows (docs/dropless.md).
+By default the receive buffer holds the worst case, `P` times a device's
+`A` assignments, so nothing is ever dropped; the grouped matmul runs over the
+whole buffer (rows past the received ones give 0) and the compiler counts its
+FLOPs by the buffer's rows. `MoeLayer(dropless_buffer_factor=f)` sizes it
+`ceil(f * A)` rows instead (MaxText's ragged buffer factor): a receiver takes
+its senders' rows in sender order until it is full, and the rows that find no
+room are dropped like over-capacity tokens (output 0; the layer's
+`dropped_fraction` counts them). docs/dropless.md has the measurements.
 
 Needs the JAX backend, a mesh from `keras_moe.sharding.configure_mesh` with
 an `expert` axis of size > 1 dividing the expert count, groups the mesh
@@ -30,6 +34,8 @@ Example (without a mesh there is nothing to plan):
 >>> plan(num_experts=8, num_groups=4)[0] is None
 True
 """
+
+import math
 
 from keras import ops
 
@@ -51,51 +57,102 @@ def plan(num_experts, num_groups):
     return (mesh, token_axes), None
 
 
-def _exchange_rows(rows, offsets, send_sizes, recv_sizes, their_offsets, block, to_peers):
-    """Rows to (or back from) the peers on the `expert` axis, in blocks of `block` rows.
+def buffer_rows(assignments, peers, buffer_factor):
+    """Rows of a device's receive buffer: the worst case `peers * assignments` (every peer
+    sends all its rows here), or `ceil(buffer_factor * assignments)` rows, at most that.
 
-    to_peers: `rows` [A, d] sorted by destination; peer p's rows start at
-        `offsets[p]`, `send_sizes[p]` of them; returns [P * block, d], block s
-        holding the `recv_sizes[s]` rows from peer s.
-    back: `rows` [P * block, d] in that block layout; returns [A, d], each
-        row back where it started (`their_offsets[s]`: where peer s's rows
-        to me started in its sorted rows).
+    Example:
+    >>> buffer_rows(100, 8, None), buffer_rows(100, 8, 1.25), buffer_rows(100, 8, 20.0)
+    (800, 125, 800)
     """
+    worst = peers * assignments
+    if buffer_factor is None:
+        return worst
+    return min(worst, math.ceil(buffer_factor * assignments))
+
+
+def _block_rows(rows, starts, sizes, block):
+    """[P, block, d]: block p holds `rows[starts[p] : starts[p] + sizes[p]]`, zeros after."""
+    import jax.numpy as jnp
+
+    index = starts[:, None] + jnp.arange(block)[None, :]
+    valid = jnp.arange(block)[None, :] < sizes[:, None]
+    return jnp.where(valid[..., None], rows[jnp.clip(index, 0, rows.shape[0] - 1)], 0)
+
+
+def _locate(starts, sizes, count):
+    """For rows 0..count-1 laid out as consecutive runs (run p: `sizes[p]` rows from
+    `starts[p]`): each row's run, its index in the run, and whether it is in one."""
+    import jax.numpy as jnp
+
+    runs = sizes.shape[0]
+    r = jnp.arange(count)
+    run = jnp.searchsorted(jnp.cumsum(sizes), r, side="right")
+    inside = run < runs
+    run = jnp.minimum(run, runs - 1)
+    return run, r - starts[run], inside
+
+
+def _to_peers(rows, route, buffer):
+    """My rows (sorted by peer) into the peers' receive buffers; mine `[buffer, d]`, rows
+    from peer s at `route["accept_offsets"][s]`, `route["accepted"][s]` of them."""
     import jax
     import jax.numpy as jnp
 
-    peers = send_sizes.shape[0]
-    me = jax.lax.axis_index("expert")
-    d = rows.shape[-1]
     if sharding.accelerator_platform() == "tpu":
-        if to_peers:
-            out = jnp.zeros((peers * block, d), rows.dtype)
-            return jax.lax.ragged_all_to_all(
-                rows, out, offsets, send_sizes, jnp.full((peers,), me * block, jnp.int32),
-                recv_sizes, axis_name="expert")
-        out = jnp.zeros((block, d), rows.dtype)
+        out = jnp.zeros((buffer, rows.shape[-1]), rows.dtype)
         return jax.lax.ragged_all_to_all(
-            rows, out, jnp.arange(peers, dtype=jnp.int32) * block, recv_sizes, their_offsets,
-            send_sizes, axis_name="expert")
-    # Worst-case padded blocks and one all-to-all: the same result, dense.
-    if to_peers:
-        index = offsets[:, None] + jnp.arange(block)[None, :]  # [P, block]
-        valid = jnp.arange(block)[None, :] < send_sizes[:, None]
-        blocks = jnp.where(valid[..., None], rows[jnp.clip(index, 0, rows.shape[0] - 1)], 0)
-        moved = jax.lax.all_to_all(blocks, "expert", 0, 0, tiled=True)
-        return moved.reshape(peers * block, d)
-    moved = jax.lax.all_to_all(rows.reshape(peers, block, d), "expert", 0, 0, tiled=True)
-    # moved[p, i]: my i-th row sent to peer p, back; my sorted row r came from peer p.
-    r = jnp.arange(block)
-    ends = jnp.cumsum(send_sizes)
-    peer = jnp.searchsorted(ends, r, side="right")
-    inside = peer < peers
-    peer = jnp.minimum(peer, peers - 1)
-    back = moved[peer, jnp.clip(r - offsets[peer], 0, block - 1)]
-    return jnp.where(inside[:, None], back, 0)
+            rows, out, route["offsets"], route["send"], route["land_offsets"],
+            route["accepted"], axis_name="expert")
+    # XLA:CPU has no ragged all-to-all: worst-case blocks, one all_to_all, then compaction.
+    block = rows.shape[0]
+    moved = jax.lax.all_to_all(_block_rows(rows, route["offsets"], route["send"], block),
+                               "expert", 0, 0, tiled=True)
+    source, index, inside = _locate(route["accept_offsets"], route["accepted"], buffer)
+    picked = moved[source, jnp.clip(index, 0, block - 1)]
+    return jnp.where(inside[:, None], picked, 0)
 
 
-def apply(x, routing, experts, layout, training=None):
+def _from_peers(results, route, num_rows):
+    """Inverse of `_to_peers`: each result row back to the device (and row) it came from;
+    rows that found no room come back 0."""
+    import jax
+    import jax.numpy as jnp
+
+    if sharding.accelerator_platform() == "tpu":
+        out = jnp.zeros((num_rows, results.shape[-1]), results.dtype)
+        return jax.lax.ragged_all_to_all(
+            results, out, route["accept_offsets"], route["accepted"], route["their_offsets"],
+            route["send"], axis_name="expert")
+    blocks = _block_rows(results, route["accept_offsets"], route["accepted"], num_rows)
+    moved = jax.lax.all_to_all(blocks, "expert", 0, 0, tiled=True)
+    peer, index, inside = _locate(route["offsets"], route["want"], num_rows)
+    inside = inside & (index < route["send"][peer])
+    return jnp.where(inside[:, None], moved[peer, jnp.clip(index, 0, num_rows - 1)], 0)
+
+
+def _route(counts, buffer):
+    """Sizes and offsets of both exchanges from my rows per (peer, local expert) `counts`.
+
+    Each receiver takes its senders' rows in sender order until its buffer is full."""
+    import jax
+    import jax.numpy as jnp
+
+    want = counts.sum(axis=1)  # rows I would send each peer
+    offsets = jnp.cumsum(want) - want  # where they start in my sorted rows
+    recv_counts = jax.lax.all_to_all(counts, "expert", 0, 0, tiled=True)  # [P, E_local]
+    offered = recv_counts.sum(axis=1)
+    accepted = jnp.clip(buffer - (jnp.cumsum(offered) - offered), 0, offered)
+    accept_offsets = jnp.cumsum(accepted) - accepted
+    mine = jnp.stack([accepted, accept_offsets], axis=1)
+    told = jax.lax.all_to_all(mine, "expert", 0, 0, tiled=True)  # what each peer took of mine
+    their_offsets = jax.lax.all_to_all(offsets[:, None], "expert", 0, 0, tiled=True)[:, 0]
+    return {"want": want, "offsets": offsets, "recv_counts": recv_counts,
+            "accepted": accepted, "accept_offsets": accept_offsets, "send": told[:, 0],
+            "land_offsets": told[:, 1], "their_offsets": their_offsets}
+
+
+def apply(x, routing, experts, layout, training=None, buffer_factor=None):
     """The dropless layer's outputs `[G, S, d]`, experts computed where they live.
 
     Args:
@@ -104,6 +161,13 @@ def apply(x, routing, experts, layout, training=None):
         experts: a `FeedForwardExperts` whose weights are split over `expert`.
         layout: `plan`'s `(jax mesh, token axes)`.
         training: whether the layer is training (expert dropout is refused).
+        buffer_factor: the receive buffer in multiples of a device's own
+            assignments (`buffer_rows`); None: the worst case, nothing dropped.
+
+    Returns:
+        `(outputs [G, S, d], kept [G, S, K])`: `kept` is the routing's, less
+        the assignments that found no room in their expert's device's buffer
+        (their combine weight counts for nothing: output 0, as a dropped token).
     """
     import jax
     import jax.numpy as jnp
@@ -120,34 +184,24 @@ def apply(x, routing, experts, layout, training=None):
     local_experts = num_experts // peers
     kernels = list(experts.trainable_variables)
     token_spec = P(token_axes if len(token_axes) > 1 else token_axes[0])
-    expert_spec = P("expert")
 
     def local(x, expert_index, kept, combine_weight, *kernel_values):
         groups, length, d = x.shape
         choices = expert_index.shape[-1]
-        tokens = x.reshape(groups * length, d)
         expert = jnp.where(kept > 0, expert_index, num_experts).reshape(-1)  # [A]
         assignments = expert.shape[0]
+        buffer = buffer_rows(assignments, peers, buffer_factor)
         order = jnp.argsort(expert, stable=True)
-        rows = tokens[order // choices]
+        rows = x.reshape(groups * length, d)[order // choices]
         counts = jnp.bincount(expert, length=num_experts + 1)[:num_experts].astype(jnp.int32)
-        counts = counts.reshape(peers, local_experts)
-        send_sizes = counts.sum(axis=1)
-        offsets = jnp.cumsum(send_sizes) - send_sizes
-        # The histogram first: what each peer sends me, per local expert.
-        recv_counts = jax.lax.all_to_all(counts, "expert", 0, 0, tiled=True)
-        recv_sizes = recv_counts.sum(axis=1)
-        their_offsets = jax.lax.all_to_all(offsets[:, None], "expert", 0, 0, tiled=True)[:, 0]
-        received = _exchange_rows(rows, offsets, send_sizes, recv_sizes, their_offsets,
-                                  assignments, to_peers=True)
-        # Each received row's local expert: blocks by sender, sorted by expert inside.
-        position = jnp.arange(assignments)
-        ends = jnp.cumsum(recv_counts, axis=1)  # [P, E_local]
-        row_expert = jax.vmap(lambda e: jnp.searchsorted(e, position, side="right"))(ends)
-        row_expert = row_expert.reshape(-1)  # local_experts where no row arrived
+        route = _route(counts.reshape(peers, local_experts), buffer)
+        received = _to_peers(rows, route, buffer)
+        # Each received row's local expert: runs by sender, sorted by expert inside.
+        source, index, inside = _locate(route["accept_offsets"], route["accepted"], buffer)
+        ends = jnp.cumsum(route["recv_counts"], axis=1)[source]  # [B, E_local]
+        row_expert = jnp.where(inside, jnp.sum(index[:, None] >= ends, axis=1), local_experts)
         by_expert = jnp.argsort(row_expert, stable=True)
-        undo = jnp.argsort(by_expert)
-        sizes = recv_counts.sum(axis=0)
+        sizes = jnp.bincount(row_expert, length=local_experts + 1)[:local_experts]
         weights = dict(zip((id(v) for v in kernels), kernel_values))
 
         def project(a, w):
@@ -155,17 +209,20 @@ def apply(x, routing, experts, layout, training=None):
 
         computed = experts.feed_forward(received[by_expert], project, training,
                                         kernel=lambda variable: weights[id(variable)])
-        returned = _exchange_rows(computed[undo], offsets, send_sizes, recv_sizes,
-                                  their_offsets, assignments, to_peers=False)
-        outputs = returned[jnp.argsort(order)].reshape(groups * length, choices, d)
+        returned = _from_peers(computed[jnp.argsort(by_expert)], route, assignments)
+        peer, index, inside = _locate(route["offsets"], route["want"], assignments)
+        taken = (inside & (index < route["send"][peer])).astype(kept.dtype)
+        undo = jnp.argsort(order)
+        outputs = returned[undo].reshape(groups * length, choices, d)
         weight = combine_weight.reshape(groups * length, choices, 1).astype(outputs.dtype)
-        return jnp.sum(outputs * weight, axis=1).reshape(groups, length, d)
+        y = jnp.sum(outputs * weight, axis=1).reshape(groups, length, d)
+        return y, kept * taken[undo].reshape(kept.shape)
 
     values = [ops.cast(v.value, x.dtype) for v in kernels]
     run = jax.shard_map(
         local, mesh=mesh,
-        in_specs=(token_spec, token_spec, token_spec, token_spec, *[expert_spec] * len(values)),
-        out_specs=token_spec, check_vma=False)
+        in_specs=(token_spec, token_spec, token_spec, token_spec, *[P("expert")] * len(values)),
+        out_specs=(token_spec, token_spec), check_vma=False)
     token_exchange.note_choice(
         "ragged_all_to_all" if sharding.accelerator_platform() == "tpu" else "all_to_all",
         "dispatch='dropless' with experts split over 'expert': each device's rows go to the "

@@ -103,7 +103,13 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         dispatch: "auto" (einsum on TPU, gather elsewhere), "einsum", "gather",
             or "dropless": no capacity, nothing dropped, each expert computes
             exactly its tokens (token-choice routers; not on TPU or under XLA;
-            the capacity factors are then unused).
+            the capacity factors are then unused). With the experts split over
+            a JAX mesh's "expert" axis, rows travel to their experts' devices
+            (`keras_moe.dropless_exchange`).
+        dropless_buffer_factor: with dispatch="dropless" and experts split
+            over a mesh: each device's receive buffer in multiples of its own
+            token-expert assignments; rows past it are dropped and counted in
+            `dropped_fraction`. None (default): the worst case, nothing dropped.
         aux_loss_factor: weight of the load-balancing loss, >= 0 (Switch: 1e-2).
         z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
         causal: True for layers in a causal decoder; refuses routers that look
@@ -132,7 +138,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                  train_capacity_factor=1.25, eval_capacity_factor=2.0,
                  min_expert_capacity=4, dispatch="auto", aux_loss_factor=1e-2,
                  z_loss_factor=1e-3, causal=False, track_metrics=True,
-                 return_metrics=False, metrics_prefix=None, **kwargs):
+                 return_metrics=False, metrics_prefix=None, dropless_buffer_factor=None,
+                 **kwargs):
         super().__init__(**kwargs)
         if isinstance(router, dict):
             router = keras.saving.deserialize_keras_object(router)
@@ -175,7 +182,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                 "the whole group, so later tokens decide which earlier ones are dropped; it "
                 "cannot be used in a causal layer (causal=True)."
             )
-        self.dispatcher = dispatch_lib.get_dispatcher(dispatch)
+        self.dispatcher = dispatch_lib.get_dispatcher(dispatch, dropless_buffer_factor)
+        self.dropless_buffer_factor = dropless_buffer_factor
         self.dispatcher.check(router, experts)
         self.router = router
         self.experts = experts
@@ -352,7 +360,9 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if self.z_loss_factor:
             self.add_loss(self.z_loss_factor * routing.z_loss)
 
-        outputs = self.dispatcher.apply(groups, routing, self.experts, training)
+        outputs, kept = self.dispatcher.apply_and_report(groups, routing, self.experts, training)
+        if kept is not routing.kept:  # the dispatcher dropped some: the metrics count them
+            routing = routing._replace(kept=kept)
 
         outputs = self._from_groups(outputs, inputs, grouping, pad)
         outputs = ops.cast(outputs, self.compute_dtype)
@@ -394,6 +404,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             eval_capacity_factor=self.eval_capacity_factor,
             min_expert_capacity=self.min_expert_capacity,
             dispatch=self.dispatch,
+            dropless_buffer_factor=self.dropless_buffer_factor,
             aux_loss_factor=self.aux_loss_factor,
             z_loss_factor=self.z_loss_factor,
             causal=self.causal,

@@ -49,6 +49,7 @@ MODULES = [
     "keras_moe.models.serving",
     "keras_moe.models.sparse_ffn",
     "keras_moe.models.transformer",
+    "keras_moe.dropless_exchange",
     "keras_moe.moe",
     "keras_moe.router_losses",
     "keras_moe.routing.base",

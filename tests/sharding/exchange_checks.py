@@ -153,9 +153,9 @@ def tpu_collectives():
     return out
 
 
-def _dropless_layer(k):
+def _dropless_layer(k, **kwargs):
     return keras_moe.MoeLayer(keras_moe.TopKRouter(E, k=k), keras_moe.FeedForwardExperts(E, F),
-                              dispatch="dropless", track_metrics=False)
+                              dispatch="dropless", track_metrics=False, **kwargs)
 
 
 def _dropless_run(layer, x):
@@ -203,6 +203,25 @@ def dropless():
             "max_grad_diff": max(float(np.abs(a - b).max()) for a, b in zip(grads, g_ref)),
             "grad_scale": max(float(np.abs(g).max()) for g in g_ref),
             "exchanges": [c["exchange"] for c in choices]}
+    # A receive buffer of 0.6 x a device's rows: the rows past it are dropped, counted.
+    keras.utils.set_random_seed(5)
+    reference = _dropless_layer(1, return_metrics=True, dropless_buffer_factor=0.6)
+    reference.build(x.shape)
+    y_ref = np.asarray(reference(x)[0])
+    sharding.configure_mesh({"data": 2, "expert": 4})
+    try:
+        layer = _dropless_layer(1, return_metrics=True, dropless_buffer_factor=0.6)
+        layer.build(x.shape)
+        layer.set_weights(reference.get_weights())
+        y, stats = jax.jit(lambda x: layer(x, training=True))(x)
+    finally:
+        sharding.clear_mesh()
+    y = np.asarray(y)
+    zero = np.all(y == 0, axis=-1)
+    out["buffer_0.6"] = {
+        "zero_fraction": float(zero.mean()),
+        "dropped_fraction": float(stats["dropped_fraction"]),
+        "max_diff_of_the_others": float(np.abs(y - y_ref)[~zero].max())}
     return out
 
 

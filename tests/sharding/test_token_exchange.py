@@ -100,6 +100,13 @@ def test_dropless_with_sharded_experts_matches_the_layer_without_a_mesh(exchange
     assert res["max_loss_diff"] < 1e-6
 
 
+def test_a_dropless_receive_buffer_drops_what_does_not_fit_and_counts_it(exchange_result):
+    res = exchange_result["dropless"]["buffer_0.6"]
+    assert 0.05 < res["zero_fraction"] < 0.9  # 0.6 x the rows cannot hold all of them
+    assert abs(res["dropped_fraction"] - res["zero_fraction"]) < 1e-6
+    assert res["max_diff_of_the_others"] < 1e-4
+
+
 def test_dropless_on_tpu_moves_rows_by_ragged_all_to_all_and_gathers_no_weight(exchange_result):
     kinds = _kinds(exchange_result["dropless_tpu"])
     # Forward: rows out and back; backward: their transposes. The small all-to-alls are the
