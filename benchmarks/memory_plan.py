@@ -219,7 +219,9 @@ def _run_child(args, name, kind, target):
     """One compile in a child process: its row, or a row saying it did not finish."""
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
                TF_CPP_MIN_LOG_LEVEL="3", TPU_SKIP_MDS_QUERY="1",
-               TPU_WORKER_HOSTNAMES="localhost")
+               TPU_WORKER_HOSTNAMES="localhost",
+               # Compile-only: another process (a test, a second benchmark) may hold libtpu.
+               ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     if kind == "devices":  # before jax starts its CPU backend in the child
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target}"
     gin_files = [f for f in (args.run_file, f"models/{name}.gin") if f]

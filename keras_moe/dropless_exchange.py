@@ -9,11 +9,12 @@ sends the results back the same way; no expert weight moves. A histogram
 so both sides know the sizes.
 
 The row exchange, per platform:
-- TPU: `jax.lax.ragged_all_to_all`: each chunk of rows lands in the peer's
-  receive buffer at the block of its sender; only the routed rows move.
-- elsewhere (XLA:CPU does not implement ragged-all-to-all): the same
-  semantics as one `jax.lax.all_to_all` of buffers padded to the worst case
-  (all of a device's rows to one peer), for testing on emulated devices.
+- TPU: `jax.lax.ragged_all_to_all`: each device's chunk of rows lands in the
+  peer's receive buffer where the peer said (senders' chunks one after the
+  other, in sender order); only the routed rows move.
+- elsewhere (XLA:CPU does not implement ragged-all-to-all): the same result
+  from one `jax.lax.all_to_all` of blocks padded to the worst case (all of a
+  device's rows to one peer), for testing on emulated devices.
 
 By default the receive buffer holds the worst case, `P` times a device's
 `A` assignments, so nothing is ever dropped; the grouped matmul runs over the
