@@ -8,7 +8,8 @@ token, so the search runs as one `tf.function` on TensorFlow (optionally
 XLA-compiled) and as one `jax.jit` on JAX. Its tokens equal
 `keras_moe.models.decoding`'s eager float64 reference loop and HF
 `generate(num_beams=...)` (same candidate order: ties go to the lower beam,
-then the lower token id).
+then the lower token id; with a length penalty, HF's tokens need
+`length_normalizer="hf"`: the default, "gnmt", ranks as T5X does).
 
 Each input is encoded once; its beams share the encoder outputs. Routing is
 independent per input by default (`independent_routing`, an argument of the
