@@ -70,16 +70,23 @@ def _reorder(caches, index):
     return out
 
 
-def _normalizer(length, length_penalty):
-    return ((5.0 + length) / 6.0) ** length_penalty if length_penalty else 1.0
+def _normalizer(length, length_penalty, length_normalizer):
+    if not length_penalty:
+        return 1.0
+    if length_normalizer == "hf":
+        return float(length) ** length_penalty
+    return ((5.0 + length) / 6.0) ** length_penalty
 
 
 class _ReferenceBeams:
     """Beam-search bookkeeping in float64 NumPy: `num_beams` live hypotheses and
     the `num_beams` best finished ones per example (see `search.search`)."""
 
-    def __init__(self, batch, beams, max_length, length_penalty, eos, start_id):
+    def __init__(self, batch, beams, max_length, length_penalty, eos, start_id,
+                 length_normalizer="gnmt"):
         self.beams, self.max_length, self.alpha, self.eos = beams, max_length, length_penalty, eos
+        self.kind = length_normalizer
+        self.stopped = np.zeros(batch, bool)  # done examples take no new hypotheses
         self.seqs = np.full((batch, beams, 1), start_id, np.int32)
         self.scores = np.full((batch, beams), -np.inf)
         self.scores[:, 0] = 0.0
@@ -98,11 +105,10 @@ class _ReferenceBeams:
                 beam, token = divmod(int(index), vocab)
                 seq = np.append(self.seqs[b, beam], token)
                 if token == self.eos:
-                    if rank < k:
+                    if rank < k and not self.stopped[b]:
                         length = len(seq) - 1  # EOS included, start token not
                         self.finished[b].append(
-                            (cand[b, index] / _normalizer(length, self.alpha), cand[b, index],
-                             seq))
+                            (cand[b, index] / self.normalizer(length), cand[b, index], seq))
                 elif len(live) < k:
                     live.append((beam, seq, cand[b, index]))
             self.finished[b] = sorted(self.finished[b], key=lambda f: -f[0])[:k]
@@ -113,15 +119,22 @@ class _ReferenceBeams:
         self.scores = np.array(new_scores)
         return np.array(parents).reshape(-1)
 
+    def normalizer(self, length):
+        return _normalizer(length, self.alpha, self.kind)
+
     def done(self):
+        """Marks the examples that are done after this step; True once all are."""
         length = self.seqs.shape[-1] - 1
         for b, finished in enumerate(self.finished):
             best = self.scores[b, 0]
-            bound = max(best / _normalizer(self.max_length, self.alpha),
-                        best / _normalizer(length, self.alpha))
-            if len(finished) < self.beams or finished[-1][0] < bound:
-                return False
-        return True
+            if self.kind == "hf":  # HF's early_stopping=False: the best live beam as it is
+                bound = best / self.normalizer(length)
+            else:  # the best any live beam can still rank, at any length up to max_length
+                bound = max(best / self.normalizer(self.max_length),
+                            best / self.normalizer(length))
+            if len(finished) == self.beams and finished[-1][0] >= bound:
+                self.stopped[b] = True
+        return bool(self.stopped.all())
 
     def best(self):
         """Tokens `[B, T]` (after the start token, 0-padded) and scores `[B]` of the best
@@ -130,8 +143,9 @@ class _ReferenceBeams:
         tokens = np.zeros((len(self.finished), length), np.int32)
         scores = np.zeros(len(self.finished))
         for b, finished in enumerate(self.finished):
-            live = [(self.scores[b, i] / _normalizer(length, self.alpha), self.scores[b, i],
-                     self.seqs[b, i]) for i in range(self.beams)]
+            live = [] if self.stopped[b] else [
+                (self.scores[b, i] / self.normalizer(length), self.scores[b, i], self.seqs[b, i])
+                for i in range(self.beams)]
             pool = finished + live  # finished first: they win ties
             _, scores[b], seq = max(pool, key=lambda h: h[0])  # max keeps the first of ties
             tokens[b, :len(seq) - 1] = seq[1:]
@@ -140,7 +154,8 @@ class _ReferenceBeams:
 
 def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
              length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
-             compiled=True, jit_compile=False, independent_routing=True):
+             compiled=True, jit_compile=False, independent_routing=True,
+             length_normalizer="gnmt"):
     """Decodes output token ids for a batch of inputs.
 
     Args:
@@ -149,9 +164,8 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
         max_length: most tokens to produce, >= 1.
         method: "greedy" or "beam".
         num_beams: beams for beam search, >= 1 and at most half the vocabulary.
-        length_penalty: alpha of the GNMT length normalisation
-            `score / ((5 + len) / 6) ** alpha` used to rank the beams
-            (0 = plain log-probability).
+        length_penalty: alpha of the length normalisation that ranks the
+            beams (0 = plain log-probability; see `length_normalizer`).
         use_cache: keep keys/values between steps (True) or recompute the
             whole prefix at every step (False; slower, for checking).
         eos_id: end-of-sequence id; defaults to `model.config.eos_id` (1).
@@ -163,6 +177,12 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
             batch (default), so its output does not depend on the other
             inputs: the MoE layers are called with `independent_routing=True`
             (see `keras_moe.MoeLayer`). False: the MoE layers' own `group_size`.
+        length_normalizer: how `length_penalty` ranks beams of `len` tokens
+            (EOS included). "gnmt" (default): `score / ((5 + len) / 6) ** alpha`,
+            GNMT's and T5X's, so models trained there decode as in T5X. "hf":
+            `score / len ** alpha` with HF's default early stopping, the tokens
+            of HF transformers' `generate(num_beams=..., length_penalty=alpha)`
+            (see `keras_moe.models.search.search`).
 
     Returns:
         int32 `[B, T]` with `T <= max_length`: the tokens after the start
@@ -177,17 +197,19 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     >>> tokens.dtype, tokens.shape[0], tokens.shape[1] <= 8  # [B, T <= max_length]
     (dtype('int32'), 1, True)
     """
-    from keras_moe.models.search import check_search_arguments, compiled_search
+    from keras_moe.models.search import (check_length_normalizer, check_search_arguments,
+                                         compiled_search)
 
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
     beams = 1 if method == "greedy" else num_beams
     check_search_arguments(model, max_length, beams)
+    check_length_normalizer(length_normalizer)
     eos = model.config.eos_id if eos_id is None else eos_id
     enc = np.asarray(ops.convert_to_numpy(encoder_input_tokens)).astype(np.int32)
     if compiled and use_cache:
         run = compiled_search(model, max_length, beams, length_penalty, eos, jit_compile,
-                              independent_routing)
+                              independent_routing, length_normalizer)
         tokens, scores, steps = (ops.convert_to_numpy(t) for t in run(enc))
         tokens = np.asarray(tokens)[:, :int(steps)]
         if return_scores:
@@ -198,7 +220,7 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
                                            independent_routing)
     else:
         tokens, scores = _beam_reference(model, enc, max_length, beams, length_penalty,
-                                         use_cache, eos, independent_routing)
+                                         use_cache, eos, independent_routing, length_normalizer)
     if return_scores:
         return tokens, scores
     return tokens
@@ -235,7 +257,7 @@ def _greedy_reference(model, enc, max_length, use_cache, eos, independent_routin
 
 
 def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eos,
-                    independent_routing):
+                    independent_routing, length_normalizer="gnmt"):
     config = model.config
     enc_out, enc_mask = model.encode(enc, training=False,  # once per input
                                      independent_routing=independent_routing)
@@ -247,7 +269,7 @@ def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eo
     enc_out = ops.repeat(enc_out, beams, axis=0)
     enc_mask = ops.repeat(enc_mask, beams, axis=0)
     state = _ReferenceBeams(len(enc), beams, max_length, length_penalty, eos,
-                            config.decoder_start_id)
+                            config.decoder_start_id, length_normalizer)
     for t in range(max_length):
         flat = state.seqs.reshape(len(enc) * beams, -1)
         logp, caches = _step_log_probs(model, flat, t, caches, enc_out, enc_mask,

@@ -8,7 +8,8 @@ token, so the search runs as one `tf.function` on TensorFlow (optionally
 XLA-compiled) and as one `jax.jit` on JAX. Its tokens equal
 `keras_moe.models.decoding`'s eager float64 reference loop and HF
 `generate(num_beams=...)` (same candidate order: ties go to the lower beam,
-then the lower token id).
+then the lower token id; with a length penalty, HF's tokens need
+`length_normalizer="hf"`: the default, "gnmt", ranks as T5X does).
 
 Each input is encoded once; its beams share the encoder outputs. Routing is
 independent per input by default (`independent_routing`, an argument of the
@@ -31,11 +32,33 @@ from keras_moe.validation import check_int
 _CACHE_ATTRIBUTE = "_keras_moe_compiled_searches"
 
 
-def length_normalizer(length, length_penalty):
-    """GNMT length normalisation `((5 + length) / 6) ** length_penalty` (1 when 0)."""
+LENGTH_NORMALIZERS = ("gnmt", "hf")
+
+
+def check_length_normalizer(length_normalizer):
+    """Raises ValueError naming `length_normalizer` unless it is "gnmt" or "hf"."""
+    if not isinstance(length_normalizer, str) or length_normalizer not in LENGTH_NORMALIZERS:
+        raise ValueError(f"`length_normalizer` must be one of {LENGTH_NORMALIZERS}, "
+                         f"got {length_normalizer!r}.")
+
+
+def length_divisor(length, length_penalty, length_normalizer="gnmt"):
+    """What a hypothesis' log-probability is divided by to rank it (1 when `length_penalty` is 0).
+
+    "gnmt" (GNMT, T5X): `((5 + length) / 6) ** length_penalty`; "hf" (HF
+    transformers): `length ** length_penalty`. `length` counts the output
+    tokens, EOS included, the decoder start token not.
+
+    Example:
+    >>> float(length_divisor(7, 1.0)), float(length_divisor(7, 1.0, "hf"))
+    (2.0, 7.0)
+    """
     if not length_penalty:
         return 1.0
-    return ((5.0 + ops.cast(length, "float32")) / 6.0) ** length_penalty
+    length = ops.cast(length, "float32")
+    if length_normalizer == "hf":
+        return length ** length_penalty
+    return ((5.0 + length) / 6.0) ** length_penalty
 
 
 def check_search_arguments(model, max_length, num_beams):
@@ -50,7 +73,7 @@ def check_search_arguments(model, max_length, num_beams):
 
 
 def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=0.0,
-           eos_id=None, *, independent_routing=True):
+           eos_id=None, length_normalizer="gnmt", *, independent_routing=True):
     """Greedy search (one beam) or beam search, traceable by `tf.function` and `jax.jit`.
 
     Beam search keeps `num_beams` live hypotheses and, beside them, the
@@ -60,9 +83,18 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
     beams are ranked; an EOS among the first `num_beams` of them finishes a
     hypothesis (HF's and fairseq's rule), the best `num_beams` others stay
     live. An example is done when its finished set is full and no live
-    hypothesis can still beat its worst one. The result is the best of the
-    finished and live hypotheses by `score / ((5 + length) / 6) **
-    length_penalty` (length counts EOS).
+    hypothesis can still beat its worst one; from then on it takes no new
+    hypotheses. The result is the best of the finished and (for an example
+    not done) live hypotheses by `score / length_divisor(length)`, length
+    counting EOS: `((5 + length) / 6) ** length_penalty` with
+    `length_normalizer="gnmt"` (the default, GNMT's and T5X's, so T5X-trained
+    models decode as there), `length ** length_penalty` with "hf" (HF
+    transformers' `generate(num_beams=..., length_penalty=...)`). "gnmt" stops
+    an example only once no live hypothesis can win even at `max_length`;
+    "hf" follows HF's default `early_stopping=False`: it compares the best
+    live hypothesis at its current length, so it can stop an example whose
+    live beams would later have won, as HF does. At `length_penalty=0` both
+    are the plain log-probability and give the same tokens.
 
     Greedy search takes the most likely token; a sequence that emitted EOS is
     padded until every sequence has.
@@ -73,8 +105,9 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
         max_length: most tokens to produce (a Python int: it sizes the cache).
         num_beams: beams per example (a Python int; 1 = greedy; at most half
             the vocabulary).
-        length_penalty: alpha of the GNMT length normalisation (0: none).
+        length_penalty: alpha of the length normalisation (0: none).
         eos_id: end-of-sequence id; defaults to `model.config.eos_id`.
+        length_normalizer: "gnmt" (default) or "hf", as above.
         independent_routing: the MoE layers route each input apart from the
             rest of the batch (default), so an output does not depend on the
             other inputs; False: the layers' own `group_size`. Cached steps
@@ -95,6 +128,7 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
     >>> tuple(tokens.shape), tuple(scores.shape)
     ((1, 8), (1,))
     """
+    check_length_normalizer(length_normalizer)
     eos = model.config.eos_id if eos_id is None else eos_id
     tokens = ops.cast(encoder_input_tokens, "int32")
     encoder_outputs, encoder_mask = model.encode(tokens, training=False,
@@ -105,7 +139,7 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
         encoder_mask = ops.repeat(encoder_mask, num_beams, axis=0)
     loop = _GreedyLoop if num_beams == 1 else _BeamLoop
     return loop(model, caches, encoder_mask, ops.shape(tokens)[0], max_length, num_beams,
-                length_penalty, eos).run()
+                length_penalty, eos, length_normalizer).run()
 
 
 def repeat_caches(caches, beams):
@@ -118,12 +152,13 @@ class _Loop:
     """The while loop shared by greedy and beam search: state, cache plumbing, stop rule."""
 
     def __init__(self, model, caches, encoder_mask, batch, max_length, beams, length_penalty,
-                 eos):
+                 eos, length_normalizer):
         self.model, self.encoder_mask = model, encoder_mask
         self.cross = [cache["cross"] for cache in caches]
         self.flat_self = tuple(t for cache in caches for t in cache["self"])
         self.batch, self.max_length, self.beams = batch, max_length, beams
         self.length_penalty, self.eos = length_penalty, eos
+        self.length_normalizer = length_normalizer
         self.config = model.config
         self.positions = ops.arange(max_length, dtype="int32")
 
@@ -184,27 +219,39 @@ class _GreedyLoop(_Loop):
 
 class _BeamLoop(_Loop):
     # live seqs [B, K, T], live scores [B, K], finished seqs [B, K, T],
-    # finished scores [B, K] (raw) and their normalised ranking scores [B, K]
-    num_state = 5
+    # finished scores [B, K] (raw), their normalised ranking scores [B, K]
+    # and whether each example is done [B]
+    num_state = 6
 
     def initial_state(self):
         b, k, t = self.batch, self.beams, self.max_length
         only_first = ops.where(ops.equal(ops.arange(k), 0), 0.0, float("-inf"))
         empty = ops.full((b, k), float("-inf"), "float32")
         return (ops.zeros((b, k, t), "int32"), ops.zeros((b, k), "float32") + only_first,
-                ops.zeros((b, k, t), "int32"), empty, empty)
+                ops.zeros((b, k, t), "int32"), empty, empty, ops.zeros((b,), "bool"))
 
-    def done(self, seqs, scores, finished_seqs, finished_scores, finished_ranks):
-        # Live scores only fall; the normaliser is monotonic in the length, so
-        # a live beam ranks at most its score over the larger of today's and the
-        # longest length's normaliser (scores are <= 0).
+    def done(self, *state):
+        return state[-1]
+
+    def divisor(self, length):
+        return length_divisor(length, self.length_penalty, self.length_normalizer)
+
+    def can_stop(self, length, scores, finished_ranks):
+        """Whether no live hypothesis (the best scores `scores[:, 0]` at `length`
+        tokens) is to beat the worst finished one."""
         best = scores[:, 0]
-        bound = ops.maximum(best / length_normalizer(self.max_length, self.length_penalty),
-                            best)
+        if self.length_normalizer == "hf":
+            # HF's heuristic (early_stopping=False): the best live beam as it is now.
+            bound = best / self.divisor(length)
+        else:
+            # Live scores only fall; the normaliser is monotonic in the length, so
+            # a live beam ranks at most its score over the larger of today's and the
+            # longest length's normaliser (scores are <= 0).
+            bound = ops.maximum(best / self.divisor(self.max_length), best)
         return ops.greater_equal(finished_ranks[:, -1], bound)
 
     def advance(self, step, logits, state, flat):
-        seqs, scores, finished_seqs, finished_scores, finished_ranks = state
+        seqs, scores, finished_seqs, finished_scores, finished_ranks, done = state
         b, k, t = self.batch, self.beams, self.max_length
         vocab = self.config.vocab_size
         logp = ops.reshape(ops.log_softmax(logits, axis=-1), (b, k, vocab))
@@ -217,10 +264,12 @@ class _BeamLoop(_Loop):
         cand_seqs = self.write(cand_seqs, step, token)
         is_eos = ops.equal(token, self.eos)
 
-        # Finished: EOS among the first k candidates, merged with the earlier ones.
-        first_k = ops.less(ops.arange(2 * k), k)[None, :]
+        # Finished: EOS among the first k candidates of an example not done,
+        # merged with the earlier ones.
+        first_k = ops.logical_and(ops.less(ops.arange(2 * k), k)[None, :],
+                                  ops.logical_not(done)[:, None])
         new_scores = ops.where(ops.logical_and(is_eos, first_k), cand_scores, float("-inf"))
-        new_ranks = new_scores / length_normalizer(step + 1, self.length_penalty)
+        new_ranks = new_scores / self.divisor(step + 1)
         finished_ranks, pick = ops.top_k(
             ops.concatenate([finished_ranks, new_ranks], axis=1), k)
         finished_scores = ops.take_along_axis(
@@ -235,11 +284,13 @@ class _BeamLoop(_Loop):
             ops.arange(b)[:, None] * k + ops.take_along_axis(beam, pick, axis=1), (-1,))
         flat = tuple(ops.take(c, cache_rows, axis=0) for c in flat)
         last = ops.reshape(ops.take_along_axis(token, pick, axis=1), (-1,))
-        return last, (seqs, scores, finished_seqs, finished_scores, finished_ranks), flat
+        # Done stays done ("hf"'s bound can rise again as the length grows).
+        done = ops.logical_or(done, self.can_stop(step + 1, scores, finished_ranks))
+        return last, (seqs, scores, finished_seqs, finished_scores, finished_ranks, done), flat
 
     def result(self, steps, state):
-        seqs, scores, finished_seqs, finished_scores, finished_ranks = state
-        live_ranks = scores / length_normalizer(steps, self.length_penalty)
+        seqs, scores, finished_seqs, finished_scores, finished_ranks, done = state
+        live_ranks = ops.where(done[:, None], float("-inf"), scores / self.divisor(steps))
         ranks = ops.concatenate([finished_ranks, live_ranks], axis=1)  # ties: finished
         best = ops.cast(ops.argmax(ranks, axis=-1), "int32")[:, None]
         all_seqs = ops.concatenate([finished_seqs, seqs], axis=1)
@@ -249,7 +300,7 @@ class _BeamLoop(_Loop):
 
 
 def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=None,
-                    jit_compile=False, independent_routing=True):
+                    jit_compile=False, independent_routing=True, length_normalizer="gnmt"):
     """`search` compiled for the backend, cached per model and options.
 
     The function takes int `[B, L]` encoder tokens and returns `search`'s
@@ -267,6 +318,7 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
             from the other inputs', so an output does not depend on the rest
             of the batch. False: the MoE layers' own `group_size` (e.g. one
             group for the whole batch).
+        length_normalizer: "gnmt" (default) or "hf", as in `search`.
 
     Returns:
         A callable `tokens -> (tokens, scores, steps)`.
@@ -282,8 +334,9 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     (2, 8)
     """
     check_search_arguments(model, max_length, num_beams)
-    key = (max_length, num_beams, float(length_penalty), eos_id, bool(jit_compile),
-           bool(independent_routing))
+    check_length_normalizer(length_normalizer)
+    key = (max_length, num_beams, float(length_penalty), eos_id, length_normalizer,
+           bool(jit_compile), bool(independent_routing))
     functions = model.__dict__.get(_CACHE_ATTRIBUTE)
     if functions is None:
         functions = {}
@@ -308,8 +361,7 @@ def stateless_search(model, tokens, *search_args, state_mapping=None, independen
 
 
 def _compile(model, key):
-    max_length, num_beams, length_penalty, eos_id, jit_compile, independent_routing = key
-    options = (max_length, num_beams, length_penalty, eos_id)
+    *options, jit_compile, independent_routing = key  # options: `search`'s, in order
 
     def run(tokens):
         return stateless_search(model, tokens, *options,

@@ -27,7 +27,8 @@ import keras
 from keras import ops
 
 from keras_moe.models.decoding import METHODS
-from keras_moe.models.search import check_search_arguments, stateless_search
+from keras_moe.models.search import (check_length_normalizer, check_search_arguments,
+                                     stateless_search)
 from keras_moe.validation import check_int
 
 
@@ -45,7 +46,8 @@ def _sentencepiece_model(vocabulary):
 
 
 def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_length=64,
-                       method="greedy", num_beams=4, length_penalty=0.0, eos_id=None):
+                       method="greedy", num_beams=4, length_penalty=0.0, eos_id=None,
+                       length_normalizer="gnmt"):
     """Writes `model`'s search as a SavedModel with token and text signatures.
 
     Args:
@@ -58,8 +60,11 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
         max_length: most output tokens, >= 1.
         method: "greedy" or "beam".
         num_beams: beams of beam search, >= 1.
-        length_penalty: GNMT length-penalty alpha of beam search.
+        length_penalty: length-penalty alpha of beam search.
         eos_id: end-of-sequence id; defaults to `model.config.eos_id`.
+        length_normalizer: "gnmt" (default, T5X's `((5 + len) / 6) ** alpha`)
+            or "hf" (HF transformers' `len ** alpha`); see
+            `keras_moe.models.decoding.generate`.
 
     Returns:
         `path`.
@@ -88,6 +93,7 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
     beams = 1 if method == "greedy" else num_beams
     check_search_arguments(model, max_length, beams)
+    check_length_normalizer(length_normalizer)
     import tensorflow as tf
 
     config = model.config
@@ -96,7 +102,7 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
     def generate_ids(encoder_input_tokens):
         inputs = _fit_to_length(encoder_input_tokens, max_input_length, config.pad_id, eos_id)
         tokens, scores, _ = stateless_search(model, inputs, max_length, beams, length_penalty,
-                                             eos_id)
+                                             eos_id, length_normalizer)
         return {"output_tokens": tokens, "scores": scores}
 
     archive = keras.export.ExportArchive()

@@ -260,15 +260,17 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
     # ------------------------------------------------------------------ API
     def generate(self, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
                  length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
-                 compiled=True, jit_compile=False):
-        """Decodes token ids `[B, <= max_length]` (see `keras_moe.models.decoding.generate`)."""
+                 compiled=True, jit_compile=False, length_normalizer="gnmt"):
+        """Decodes token ids `[B, <= max_length]` (see `keras_moe.models.decoding.generate`;
+        `length_normalizer="hf"` ranks beams as HF transformers does)."""
         from keras_moe.models import decoding
 
         return decoding.generate(self, encoder_input_tokens, max_length=max_length,
                                  method=method, num_beams=num_beams,
                                  length_penalty=length_penalty, use_cache=use_cache,
                                  eos_id=eos_id, return_scores=return_scores,
-                                 compiled=compiled, jit_compile=jit_compile)
+                                 compiled=compiled, jit_compile=jit_compile,
+                                 length_normalizer=length_normalizer)
 
     def export_for_serving(self, path, vocabulary=None, **kwargs):
         """Writes a TensorFlow SavedModel of the compiled search with token and text

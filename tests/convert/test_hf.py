@@ -227,3 +227,52 @@ def test_beam_search_matches_hf_generate(case, num_beams, tmp_path):
         pad = lambda t: np.pad(t, ((0, 0), (0, n - t.shape[1])))  # noqa: E731
         np.testing.assert_array_equal(pad(tokens), pad(want), err_msg=f"compiled={compiled}")
         np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-4, atol=1e-4)
+
+
+# Random inputs: at length_penalty 1.0, "gnmt" and HF's ranking disagree on some of them
+# in every case below (so the test fails if "hf" ranked as "gnmt" does).
+_RNG = np.random.default_rng(0)
+HF_PENALTY_INPUTS = np.zeros((24, 10), np.int64)
+for _row, _n in enumerate(_RNG.integers(1, 10, len(HF_PENALTY_INPUTS))):
+    HF_PENALTY_INPUTS[_row, :_n] = _RNG.integers(2, 12, _n)
+    HF_PENALTY_INPUTS[_row, _n] = 1
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+@pytest.mark.parametrize("case", sorted(BEAM_CASES))
+def test_hf_length_normalizer_matches_hf_generate(case, num_beams, tmp_path):
+    """length_normalizer="hf" against HF's beam search with a length penalty: HF ranks a
+    hypothesis of L tokens (EOS included, start token not) by score / L ** alpha and
+    stops taking hypotheses once its best live beam at its current length cannot beat
+    its worst finished one (early_stopping=False, the default). "gnmt" is not HF's."""
+    hf = _likely_eos(BEAM_CASES[case](), blend=0.97)
+    hf.save_pretrained(str(tmp_path))
+    ours = from_hf(str(tmp_path))
+    enc = HF_PENALTY_INPUTS
+    gnmt_differs = 0
+    for alpha in (1.0, 0.6):
+        with torch.no_grad():
+            out = hf.generate(
+                input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0),
+                max_new_tokens=9, do_sample=False, num_beams=num_beams, length_penalty=alpha,
+                decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, min_new_tokens=0,
+                output_scores=True, return_dict_in_generate=True)
+        want = out.sequences.numpy()[:, 1:]
+        want[np.cumsum(want == 1, axis=1) - (want == 1) > 0] = 0  # HF pads with EOS, we with 0
+        pad = lambda t: np.pad(t, ((0, 0), (0, 9 - t.shape[1])))  # noqa: E731
+        for compiled in (True, False):
+            tokens, scores = ours.generate(enc, max_length=9, method="beam",
+                                           num_beams=num_beams, length_penalty=alpha,
+                                           length_normalizer="hf", compiled=compiled,
+                                           return_scores=True)
+            message = f"alpha={alpha} compiled={compiled}"
+            np.testing.assert_array_equal(pad(tokens), pad(want), err_msg=message)
+            ended = (tokens == 1).any(axis=1)
+            length = np.where(ended, (tokens == 1).argmax(axis=1) + 1, tokens.shape[1])
+            # HF's sequences_scores are the normalised scores; ours the log-probabilities
+            np.testing.assert_allclose(scores / length ** alpha, out.sequences_scores.numpy(),
+                                       rtol=1e-4, atol=1e-4, err_msg=message)
+        gnmt = ours.generate(enc, max_length=9, method="beam", num_beams=num_beams,
+                             length_penalty=alpha, compiled=False)
+        gnmt_differs += (pad(gnmt) != pad(want)).any(axis=1).sum()
+    assert gnmt_differs > 0

@@ -31,11 +31,11 @@ def _boost(model, amount):
     model.eos_boost.assign(np.eye(8, dtype="float32")[EOS] * amount)
 
 
-@pytest.mark.parametrize("method, length_penalty", [("greedy", 0.0), ("beam", 0.0),
-                                                    ("beam", 0.8)])
-def test_compiled_search_equals_the_eager_reference(model, method, length_penalty):
+@pytest.mark.parametrize("method, length_penalty, normalizer", [
+    ("greedy", 0.0, "gnmt"), ("beam", 0.0, "gnmt"), ("beam", 0.8, "gnmt"), ("beam", 0.8, "hf")])
+def test_compiled_search_equals_the_eager_reference(model, method, length_penalty, normalizer):
     kwargs = dict(max_length=10, method=method, num_beams=3, length_penalty=length_penalty,
-                  return_scores=True)
+                  length_normalizer=normalizer, return_scores=True)
     end_steps = set()
     for amount in EOS_BOOSTS:
         _boost(model, amount)
@@ -49,8 +49,10 @@ def test_compiled_search_equals_the_eager_reference(model, method, length_penalt
         for row in np.where(ended)[0]:  # padding follows EOS
             assert (reference[row, first[row] + 1:] == 0).all()
     _boost(model, 0.0)
-    # The sweep exercised EOS: rows ended at the first step, later, and never.
-    assert 0 in end_steps and 10 in end_steps and end_steps - {0, 10}, end_steps
+    # The sweep exercised EOS: rows ended at the first step (except with "hf", whose
+    # len ** 0.8 ranks a lone EOS below every longer output here), later, and never.
+    assert 0 in end_steps or normalizer == "hf", end_steps
+    assert 10 in end_steps and end_steps - {0, 10}, end_steps
 
 
 def test_xla_gives_the_same_tokens(model):
@@ -111,6 +113,12 @@ def test_compiled_search_rejects_bad_arguments(model):
         compiled_search(model, max_length=0)
     with pytest.raises(ValueError, match="`num_beams`"):
         compiled_search(model, max_length=4, num_beams=2.5)
+    with pytest.raises(ValueError, match=r"`length_normalizer` must be one of \('gnmt', 'hf'\)"):
+        compiled_search(model, max_length=4, num_beams=2, length_normalizer="HF")
+    for compiled in (True, False):
+        with pytest.raises(ValueError, match="`length_normalizer`.*got 't5x'"):
+            generate(model, INPUTS, max_length=4, method="beam", num_beams=2,
+                     length_normalizer="t5x", compiled=compiled)
 
 
 def test_a_model_that_decoded_can_be_garbage_collected():
@@ -135,11 +143,11 @@ CHAIN = {0: {2: 0.45, 1: 0.30, 3: 0.25},   # start: A, EOS, B
          7: {5: 0.34, 6: 0.33, 7: 0.33}, 1: {1: 1.0}}
 
 
-def _chain_model():
+def _chain_model(chain=CHAIN):
     keras.utils.set_random_seed(0)
     model = EncoderDecoder(tiny_switch_config(vocab_size=8))
     table = np.full((8, 8), 1e-9)
-    for last, nxt in CHAIN.items():
+    for last, nxt in chain.items():
         for token, p in nxt.items():
             table[last, token] = p
     logits = ops.convert_to_tensor(np.log(table).astype("float32"))
@@ -240,3 +248,30 @@ def test_an_input_decodes_the_same_beside_a_longer_input(method):
         tokens, scores = generate(model, batch, **kwargs)
         np.testing.assert_array_equal(tokens[0][:alone_tokens.shape[1]], alone_tokens[0])
         np.testing.assert_allclose(scores[0], alone_scores[0], rtol=1e-5)
+
+
+# Start: EOS (.5), B (.3) or A (.2); B -> EOS; A -> A for ever.
+LONG_CHAIN = {0: {1: 0.5, 3: 0.3, 2: 0.2}, 3: {1: 1.0}, 2: {2: 1.0},
+              **{t: {1: 1.0} for t in (1, 4, 5, 6, 7)}}
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_each_length_normalizer_ranks_and_stops_as_its_library(compiled):
+    """Two beams, length_penalty 1. Step 0 finishes EOS (log .5 = -0.693); step 1
+    finishes B EOS (log .3 = -1.204, 2 tokens) and leaves A A (log .2 = -1.609) live.
+    "gnmt": B EOS ranks -1.204 / (7/6) = -1.032 and A^6 -1.609 / (11/6) = -0.878,
+    so EOS (-0.693) wins. "hf": B EOS ranks -0.602; A A at its current length,
+    -1.609 / 2 = -0.805, cannot beat the worst finished (-0.693), so the input is
+    done, as HF's default early stopping has it, and B EOS wins, although A^6 would
+    have ranked -1.609 / 6 = -0.268. One model, so the compiled functions are
+    cached apart per normaliser."""
+    model = _chain_model(LONG_CHAIN)
+    want = {"gnmt": ([EOS], np.log(0.5)), "hf": ([3, EOS], np.log(0.3))}
+    for normalizer, (tokens_want, score_want) in want.items():
+        tokens, scores = generate(model, np.array([[5, 1]]), max_length=6, method="beam",
+                                  num_beams=2, length_penalty=1.0, compiled=compiled,
+                                  length_normalizer=normalizer, return_scores=True)
+        np.testing.assert_array_equal(tokens[0, :len(tokens_want)], tokens_want,
+                                      err_msg=normalizer)
+        assert (tokens[0, len(tokens_want):] == 0).all(), (normalizer, tokens)
+        np.testing.assert_allclose(scores, [score_want], rtol=1e-5, err_msg=normalizer)

@@ -109,6 +109,8 @@ def test_export_rejects_bad_arguments(tmp_path):
         export_for_serving(model, str(tmp_path), method="sample")
     with pytest.raises(ValueError, match="`vocabulary`"):
         export_for_serving(model, str(tmp_path), vocabulary=object())
+    with pytest.raises(ValueError, match="`length_normalizer`.*'gnmt', 'hf'"):
+        export_for_serving(model, str(tmp_path), length_normalizer="t5")
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +178,24 @@ def test_export_of_a_never_called_model_names_the_ways_out(tmp_path):
     served = tf.saved_model.load(str(tmp_path / "logits"))
     np.testing.assert_allclose(served.serve(inputs).numpy(), np.asarray(model(inputs)),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_export_ranks_beams_with_the_chosen_length_normalizer(tmp_path):
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(4)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=8, min_expert_capacity=32))
+    requests = np.random.default_rng(0).integers(2, 8, (12, 6)).astype("int32")
+    requests[:, -1] = 1
+    hf = dict(max_length=MAX_LENGTH, method="beam", num_beams=2, length_penalty=1.0)
+    path = export_for_serving(model, str(tmp_path / "hf"), max_input_length=6,
+                              length_normalizer="hf", **hf)
+    tokens, scores = _serve(tf.saved_model.load(path).signatures["generate_ids"], requests)
+    want, want_scores = model.generate(requests, return_scores=True, length_normalizer="hf",
+                                       **hf)
+    np.testing.assert_array_equal(tokens[:, :want.shape[1]], want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+    gnmt = model.generate(requests, **hf)
+    width = max(want.shape[1], gnmt.shape[1])
+    pad = lambda t: np.pad(t, ((0, 0), (0, width - t.shape[1])))  # noqa: E731
+    assert (pad(gnmt) != pad(want)).any()  # the export did not rank as "gnmt" does
