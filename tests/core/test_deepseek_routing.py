@@ -112,19 +112,19 @@ def test_sigmoid_scores_and_their_load_balancing_loss(rng):
         flat.router_probs, np.array([[0, 1, 2, 3]]), np.ones((1, 4)))) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("kwargs,argument", [
-    (dict(score_function="relu"), "score_function"),
-    (dict(routed_scaling_factor=0.0), "routed_scaling_factor"),
-    (dict(n_group=3), "n_group"),
-    (dict(n_group=0), "n_group"),
-    (dict(n_group=4, topk_group=5), "topk_group"),
-    (dict(n_group=4, topk_group=0), "topk_group"),
-    (dict(k=3, n_group=4, topk_group=1), "`k`.*kept groups.*= 2"),
-    (dict(bias_update_rate=-1e-3, selection_bias=True), "bias_update_rate"),
-    (dict(bias_update_rate=1e-3), "bias_update_rate.*selection_bias"),
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(score_function="relu"), "`score_function` must be one of"),
+    (dict(routed_scaling_factor=0.0), "`routed_scaling_factor` must be a number > 0"),
+    (dict(n_group=3), "`n_group` must divide num_experts \\(8\\)"),
+    (dict(n_group=0), "`n_group` must be an integer >= 1"),
+    (dict(n_group=4, topk_group=5), "`topk_group` must be <= n_group \\(4\\)"),
+    (dict(n_group=4, topk_group=0), "`topk_group` must be an integer >= 1"),
+    (dict(k=3, n_group=4, topk_group=1), "`k` must be <= the experts of the kept groups.*= 2"),
+    (dict(bias_update_rate=-1e-3, selection_bias=True), "`bias_update_rate` must be a number"),
+    (dict(bias_update_rate=1e-3), "`bias_update_rate` > 0 .* needs `selection_bias=True`"),
 ])
-def test_invalid_arguments_are_named(kwargs, argument):
-    with pytest.raises(ValueError, match=argument):
+def test_invalid_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         keras_moe.TopKRouter(8, **{"k": 2, **kwargs})
 
 
