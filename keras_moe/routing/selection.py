@@ -14,7 +14,7 @@ from keras_moe import expert_parallel
 
 
 def group_limited_top_k(scores, k, n_group, topk_group):
-    """Indices [..., k] of the top-k scores [..., E] among the best `topk_group` of `n_group` groups.
+    """Indices [..., k] of the top-k scores [..., E] in the best `topk_group` of `n_group` groups.
 
     A group's score is the sum of its two highest scores (its only score when
     a group holds one expert). With `topk_group == n_group` this is plain top-k.
@@ -30,8 +30,8 @@ def group_limited_top_k(scores, k, n_group, topk_group):
 
     Example:
     >>> import numpy as np
-    >>> scores = np.array([[0.9, 0.0, 0.5, 0.5, 0.8, 0.1]], "float32")  # groups {0,1} {2,3} {4,5}
-    >>> np.asarray(group_limited_top_k(scores, 2, n_group=3, topk_group=1)).tolist()  # sums .9, 1, .9
+    >>> scores = np.array([[0.9, 0.0, 0.5, 0.5, 0.8, 0.1]], "float32")  # groups of 2 experts
+    >>> np.asarray(group_limited_top_k(scores, 2, n_group=3, topk_group=1)).tolist()  # .9, 1, .9
     [[2, 3]]
     """
     num_experts = scores.shape[-1]

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 routing: sigmoid scores, group-limited top-k, scaled weights, loss-free bias balancing.
+"""DeepSeek-V3 routing: sigmoid scores, group-limited top-k, scaled weights, bias balancing.
 
 The router is checked against HF transformers' DeepseekV3TopkRouter (torch, CPU)
 on the same random weights and bias, and the bias updates against a float64
