@@ -13,9 +13,18 @@ Conventions (all tensors are token-major, `K` routing choices per token):
   is real (not padding), else 0.0.
 - `combine_weight[g, s, k]`: the weight of that expert's output in the
   token's output; exactly 0 where not kept.
+
+Scores are the softmax or the sigmoid of the logits (`score_function`);
+`selection.py` holds DeepSeek-V3's group-limited top-k and the loss-free
+balancing bias update that `TopKRouter` composes.
 """
 
-from keras_moe.routing.base import Router, RoutingInstructions, default_router_initializer
+from keras_moe.routing.base import (
+    SCORE_FUNCTIONS,
+    Router,
+    RoutingInstructions,
+    default_router_initializer,
+)
 from keras_moe.routing.expert_choice import ExpertChoiceRouter
 from keras_moe.routing.token_choice import (
     NORMALIZE_GATES,
@@ -27,7 +36,7 @@ from keras_moe.routing.token_choice import (
 )
 
 __all__ = [
-    "ExpertChoiceRouter", "NORMALIZE_GATES", "Router", "RoutingInstructions",
+    "ExpertChoiceRouter", "NORMALIZE_GATES", "Router", "RoutingInstructions", "SCORE_FUNCTIONS",
     "SECOND_EXPERT_POLICIES", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
     "default_router_initializer",
 ]

@@ -13,8 +13,9 @@ import keras
 from keras import ops
 
 from keras_moe import router_losses
-from keras_moe.validation import check_int
+from keras_moe.validation import check_int, is_number
 
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 class RoutingInstructions(NamedTuple):
     """Everything a dispatcher and the MoE layer need from routing.
@@ -24,7 +25,9 @@ class RoutingInstructions(NamedTuple):
         position: int32 [G, S, K] slot in the expert's buffer.
         combine_weight: float32 [G, S, K], 0 where not kept.
         kept: float32 [G, S, K], 1 where the assignment is dispatched.
-        router_probs: float32 [G, S, E].
+        router_probs: float32 [G, S, E], the scores as a distribution over
+            experts: the softmax itself, or the sigmoid scores divided by
+            their sum (what the load-balancing loss and metrics read).
         router_logits: float32 [G, S, E].
         aux_loss: float32 scalar, unscaled load-balancing loss.
         z_loss: float32 scalar, unscaled router z-loss.
@@ -74,6 +77,9 @@ class Router(keras.layers.Layer):
     each token gets, and adds what every router reports (logits, z-loss,
     capacity). Token-choice routers share `TokenChoiceRouter.assign()` and
     implement only which choices ask for a slot and their combine weights.
+    The scores are the softmax of the logits (Switch, GShard) or their sigmoid
+    (DeepSeek-V3: each expert's affinity on its own); combine weights come
+    from the scores and are multiplied by `routed_scaling_factor`.
     The layer defaults to `dtype="float32"`, so
     under a `mixed_bfloat16` policy its matmul and softmax still run in float32
     (the Switch paper's selective precision). Pass another `dtype` only to
@@ -89,6 +95,10 @@ class Router(keras.layers.Layer):
             experts (see `default_router_initializer`).
         use_bias: whether the projection has a bias.
         seed: seed for jitter and random routing decisions.
+        score_function: "softmax" (default) or "sigmoid", how logits become
+            the scores that select experts and weight their outputs.
+        routed_scaling_factor: number > 0 multiplying every combine weight
+            (DeepSeek-V3 uses 2.5 with normalised top-k weights); 1 by default.
     """
 
     is_causal_safe = True  # False when a token's routing depends on later tokens
@@ -102,6 +112,8 @@ class Router(keras.layers.Layer):
         kernel_initializer=None,
         use_bias=False,
         seed=None,
+        score_function="softmax",
+        routed_scaling_factor=1.0,
         **kwargs,
     ):
         kwargs.setdefault("dtype", "float32")
@@ -109,6 +121,14 @@ class Router(keras.layers.Layer):
         check_int("num_experts", num_experts)
         if not (isinstance(jitter_noise, (int, float)) and 0.0 <= jitter_noise < 1.0):
             raise ValueError(f"`jitter_noise` must be in [0, 1), got {jitter_noise!r}.")
+        if score_function not in SCORE_FUNCTIONS:
+            raise ValueError(
+                f"`score_function` must be one of {SCORE_FUNCTIONS}, got {score_function!r}.")
+        if not is_number(routed_scaling_factor) or not routed_scaling_factor > 0:
+            raise ValueError(
+                f"`routed_scaling_factor` must be a number > 0, got {routed_scaling_factor!r}.")
+        self.score_function = score_function
+        self.routed_scaling_factor = float(routed_scaling_factor)
         self.num_experts = num_experts
         self.jitter_noise = float(jitter_noise)
         self.kernel_initializer = keras.initializers.get(
@@ -201,14 +221,18 @@ class Router(keras.layers.Layer):
                 no capacity. None: `capacity` for every group.
         """
         logits = ops.cast(logits, "float32")
-        probs = ops.softmax(logits, axis=-1)
+        scores = self.scores(logits)
         mask = ops.cast(token_mask, "float32")
         expert_index, position, kept, combine_weight, aux_loss = self.assign(
-            probs, mask, capacity, training, group_capacity=group_capacity)
+            scores, mask, capacity, training, group_capacity=group_capacity)
+        combine_weight = ops.cast(combine_weight, "float32") * kept
+        if self.routed_scaling_factor != 1.0:
+            combine_weight = combine_weight * self.routed_scaling_factor
+        probs = self.expert_probabilities(scores)
         return RoutingInstructions(
             expert_index=ops.cast(expert_index, "int32"),
             position=ops.cast(position, "int32"),
-            combine_weight=ops.cast(combine_weight, "float32") * kept,
+            combine_weight=combine_weight,
             kept=kept,
             router_probs=probs,
             router_logits=logits,
@@ -218,8 +242,36 @@ class Router(keras.layers.Layer):
             num_experts=self.num_experts,
         )
 
+    def scores(self, logits):
+        """Float32 scores [G, S, E] of float32 logits: their softmax or sigmoid."""
+        if self.score_function == "sigmoid":
+            return ops.sigmoid(logits)
+        return ops.softmax(logits, axis=-1)
+
+    def expert_probabilities(self, scores):
+        """The scores [G, S, E] as a distribution over experts.
+
+        The softmax already is one; sigmoid scores are divided by their sum
+        over experts. The load-balancing loss takes its `P_e` from these (as
+        DeepSeek-V3's sequence-wise balance loss does), so the loss keeps its
+        meaning and its minimum under sigmoid scores.
+
+        Example:
+        >>> import numpy as np
+        >>> router = Router(num_experts=2, score_function="sigmoid")
+        >>> np.asarray(router.expert_probabilities(np.array([[[0.6, 0.2]]], "float32"))).round(2)
+        array([[[0.75, 0.25]]], dtype=float32)
+        """
+        if self.score_function == "sigmoid":
+            return scores / ops.maximum(ops.sum(scores, axis=-1, keepdims=True), 1e-9)
+        return scores
+
     def assign(self, probs, token_mask, capacity, training, group_capacity=None):
-        """The routing decision of probabilities [G, S, E] and a float mask [G, S].
+        """The routing decision of scores [G, S, E] and a float mask [G, S].
+
+        `probs` are the router's scores (`scores()`: probabilities under the
+        softmax, per-expert sigmoids otherwise); `expert_probabilities(probs)`
+        gives them as a distribution over experts.
 
         `capacity` is the static buffer size per expert; `group_capacity`,
         when given, an int32 [G] of the slots each group may fill (at most
@@ -241,5 +293,7 @@ class Router(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             use_bias=self.use_bias,
             seed=self.seed,
+            score_function=self.score_function,
+            routed_scaling_factor=self.routed_scaling_factor,
         )
         return config

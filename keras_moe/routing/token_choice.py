@@ -8,8 +8,9 @@ import keras
 from keras import ops
 
 from keras_moe import router_losses
+from keras_moe.routing import selection
 from keras_moe.routing.base import Router
-from keras_moe.validation import check_int
+from keras_moe.validation import check_int, is_number
 
 SECOND_EXPERT_POLICIES = ("all", "random", "threshold")
 NORMALIZE_GATES = ("before_capacity", "after_capacity")
@@ -76,7 +77,8 @@ class TokenChoiceRouter(Router):
     first choice before any second choice; tokens in sequence order, or by
     router confidence with `batch_prioritized_routing`) until their capacity is
     full. Subclasses implement `num_choices`, `choices_asking` (which of the K
-    choices ask for a slot) and `combine_weights`.
+    choices ask for a slot) and `combine_weights`; `select` (which K experts,
+    by default the K best scores) may be overridden too.
 
     Example (a top-2 router whose second choice asks only when it is at least
     half as likely as the first):
@@ -101,14 +103,20 @@ class TokenChoiceRouter(Router):
     def assign(self, probs, token_mask, capacity, training, group_capacity=None):
         if group_capacity is not None:
             capacity = ops.reshape(group_capacity, (-1, 1, 1))
-        gates, expert_index = ops.top_k(probs, self.num_choices())
+        gates, expert_index = self.select(probs, token_mask, training)
         active = self.choices_asking(gates, token_mask, training)
-        aux = router_losses.load_balancing_loss(probs, expert_index[..., 0], token_mask)
-        order = _priority_order(probs, token_mask, self.batch_prioritized_routing)
+        distribution = self.expert_probabilities(probs)
+        aux = router_losses.load_balancing_loss(distribution, expert_index[..., 0], token_mask)
+        order = _priority_order(distribution, token_mask, self.batch_prioritized_routing)
         position, kept = _keep_within_capacity(
             expert_index, active, self.num_experts, capacity, order
         )
         return expert_index, position, kept, self.combine_weights(gates, kept), aux
+
+    def select(self, scores, token_mask, training):
+        """`(gates, expert_index)`, both [G, S, K]: each token's K experts, best
+        first, and their scores."""
+        return ops.top_k(scores, self.num_choices())
 
     def choices_asking(self, gates, token_mask, training):
         """Float [G, S, K]: 1 where a choice asks for a slot (real tokens only)."""
@@ -121,19 +129,42 @@ class TokenChoiceRouter(Router):
 
 @keras.saving.register_keras_serializable(package="keras_moe")
 class TopKRouter(TokenChoiceRouter):
-    """Token-choice router: each token picks its `k` highest-probability experts.
+    """Token-choice router: each token picks its `k` highest-scoring experts.
 
-    Combine weights are the router probabilities of the chosen experts
-    (optionally renormalised over the k choices). Experts take assignments in
-    priority order until their capacity is full; the rest are dropped.
+    Combine weights are the scores of the chosen experts (optionally
+    renormalised over the k choices, then multiplied by
+    `routed_scaling_factor`). Experts take assignments in priority order until
+    their capacity is full; the rest are dropped.
+
+    With `n_group > 1` the selection is group-limited (DeepSeek-V3): the
+    experts form `n_group` groups of consecutive indices, each token keeps the
+    `topk_group` groups whose two best scores sum highest and picks its k
+    experts among theirs. With `selection_bias=True` a non-trainable float32
+    per-expert bias (`expert_bias`, DeepSeek-V3's `e_score_correction_bias`)
+    is added to the scores for the selection only, in training and inference
+    alike; the combine weights use the unbiased scores. With
+    `bias_update_rate > 0` every training call (`training=True`, as in
+    `model.fit`) moves it by `rate * sign(mean_load - load)` after selecting,
+    where `load` counts each expert's choices over the global batch
+    (loss-free balancing, Wang et al., arXiv 2408.15664). Inference never
+    moves it, and it is saved with the router's weights.
 
     Args:
         num_experts: number of experts.
-        k: experts per token, 1 <= k <= num_experts.
-        normalize_top_k: renormalise the k chosen probabilities to sum to 1.
+        k: experts per token, 1 <= k <= num_experts (and at most the experts
+            of the `topk_group` kept groups).
+        normalize_top_k: renormalise the k chosen scores to sum to 1.
         batch_prioritized_routing: serve tokens by router confidence rather
             than sequence order when filling capacity (Riquelme et al., V-MoE).
-        **kwargs: see `Router`.
+        n_group: number of expert groups, dividing `num_experts`; 1 (default)
+            turns group-limited selection off.
+        topk_group: groups each token picks from, 1 <= topk_group <= n_group;
+            defaults to `n_group` (no limit).
+        selection_bias: keep the per-expert selection bias `expert_bias`.
+        bias_update_rate: the loss-free balancing step, >= 0 (DeepSeek-V3:
+            1e-3); 0 (default) never updates the bias. > 0 needs
+            `selection_bias=True`.
+        **kwargs: see `Router` (`score_function`, `routed_scaling_factor`, ...).
 
     Example:
     >>> import numpy as np
@@ -142,29 +173,92 @@ class TopKRouter(TokenChoiceRouter):
     >>> routing = router.route(logits, np.ones((1, 8)), capacity=4)
     >>> tuple(routing.expert_index.shape)
     (1, 8, 2)
+
+    A DeepSeek-V3-style router: sigmoid scores, 4 groups of 2 experts of which
+    each token keeps 2, normalised and scaled weights, loss-free balancing:
+    >>> router = TopKRouter(num_experts=8, k=2, score_function="sigmoid",
+    ...                     normalize_top_k=True, routed_scaling_factor=2.5, n_group=4,
+    ...                     topk_group=2, selection_bias=True, bias_update_rate=1e-3)
+    >>> logits = router(np.random.rand(1, 8, 16).astype("float32"))
+    >>> routing = router.route(logits, np.ones((1, 8)), capacity=8)
+    >>> bool(np.allclose(np.sum(routing.combine_weight, -1), 2.5))
+    True
+    >>> groups = np.asarray(routing.expert_index) // 2  # each token's experts span <= 2 groups
+    >>> max(len(set(token)) for token in groups[0].tolist()) <= 2
+    True
     """
 
     def __init__(self, num_experts, k=1, normalize_top_k=False,
-                 batch_prioritized_routing=False, **kwargs):
+                 batch_prioritized_routing=False, n_group=1, topk_group=None,
+                 selection_bias=False, bias_update_rate=0.0, **kwargs):
         super().__init__(num_experts, **kwargs)
         check_int("k", k)
         if k > num_experts:
             raise ValueError(
                 f"`k` must be <= num_experts ({num_experts}), got k={k}."
             )
+        check_int("n_group", n_group)
+        if num_experts % n_group:
+            raise ValueError(
+                f"`n_group` must divide num_experts ({num_experts}), got n_group={n_group}.")
+        if topk_group is None:
+            topk_group = n_group
+        check_int("topk_group", topk_group)
+        if topk_group > n_group:
+            raise ValueError(
+                f"`topk_group` must be <= n_group ({n_group}), got topk_group={topk_group}.")
+        eligible = topk_group * (num_experts // n_group)
+        if k > eligible:
+            raise ValueError(
+                f"`k` must be <= the experts of the kept groups, topk_group * num_experts / "
+                f"n_group = {eligible}, got k={k}.")
+        if not is_number(bias_update_rate) or bias_update_rate < 0:
+            raise ValueError(
+                f"`bias_update_rate` must be a number >= 0, got {bias_update_rate!r}.")
+        if bias_update_rate > 0 and not selection_bias:
+            raise ValueError(
+                f"`bias_update_rate` > 0 ({bias_update_rate}) needs `selection_bias=True`.")
         self.k = k
         self.normalize_top_k = bool(normalize_top_k)
         self.batch_prioritized_routing = bool(batch_prioritized_routing)
+        self.n_group = n_group
+        self.topk_group = topk_group
+        self.selection_bias = bool(selection_bias)
+        self.bias_update_rate = float(bias_update_rate)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        if self.selection_bias:
+            # Only the first replica's update is kept: every replica computes
+            # the same one from the global counts.
+            self.expert_bias = self.add_weight(
+                name="expert_bias", shape=(self.num_experts,), initializer="zeros",
+                dtype="float32", trainable=False, autocast=False,
+                aggregation="only_first_replica")
 
     def num_choices(self):
         return self.k
+
+    def select(self, scores, token_mask, training):
+        if not self.selection_bias and self.topk_group == self.n_group:
+            return super().select(scores, token_mask, training)
+        choice_scores = scores
+        if self.selection_bias:
+            choice_scores = scores + ops.convert_to_tensor(self.expert_bias)
+        expert_index = selection.group_limited_top_k(
+            choice_scores, self.k, self.n_group, self.topk_group)
+        if training and self.bias_update_rate > 0:
+            counts = selection.expert_counts(expert_index, token_mask, self.num_experts)
+            self.expert_bias.assign(selection.balancing_bias_step(
+                ops.convert_to_tensor(self.expert_bias), counts, self.bias_update_rate))
+        return ops.take_along_axis(scores, expert_index, axis=-1), expert_index
 
     def choices_asking(self, gates, token_mask, training):
         return ops.broadcast_to(token_mask[..., None], ops.shape(gates))
 
     def combine_weights(self, gates, kept):
         if self.normalize_top_k:
-            return gates / ops.maximum(ops.sum(gates, axis=-1, keepdims=True), 1e-9)
+            return _normalized(gates)
         return gates
 
     def get_config(self):
@@ -173,6 +267,10 @@ class TopKRouter(TokenChoiceRouter):
             k=self.k,
             normalize_top_k=self.normalize_top_k,
             batch_prioritized_routing=self.batch_prioritized_routing,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            selection_bias=self.selection_bias,
+            bias_update_rate=self.bias_update_rate,
         )
         return config
 

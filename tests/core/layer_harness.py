@@ -1,7 +1,8 @@
 """One check for every registered keras_moe layer, in the spirit of keras-hub's `run_layer_test`.
 
-`CASES` maps each registered layer's name ("keras_moe>Class") to how to build
-and call a small instance and what it must produce. `check_layer` then checks,
+`CASES` maps each registered layer's name ("keras_moe>Class", or
+"keras_moe>Class:configuration" for further configurations of one class) to
+how to build and call a small instance and what it must produce. `check_layer` then checks,
 on whichever backend runs it: output shapes, trainable / non-trainable weight
 counts, `get_config` -> `from_config` giving an equal config and the same
 outputs with the same weights, and a `.keras` round trip of a model holding the
@@ -61,6 +62,13 @@ CASES = {
     "keras_moe>TopKRouter": Case(
         lambda: routing.TopKRouter(4, k=3, use_bias=True),
         lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 2),
+    # DeepSeek-V3 routing: sigmoid scores, group-limited top-k, scaled weights and
+    # the loss-free balancing bias (one non-trainable weight, moved by training).
+    "keras_moe>TopKRouter:deepseek_v3": Case(
+        lambda: routing.TopKRouter(8, k=2, score_function="sigmoid", normalize_top_k=True,
+                                   routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                                   selection_bias=True, bias_update_rate=1e-3),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 8), 1, 1),
     "keras_moe>SwitchRouter": Case(
         lambda: routing.SwitchRouter(4, jitter_noise=0.1),
         lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, 4), 1),
@@ -76,6 +84,14 @@ CASES = {
                                    group_size="sequence", dispatch="dropless",
                                    track_metrics=False),
         lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 3),
+    "keras_moe>MoeLayer:deepseek_v3": Case(
+        lambda: keras_moe.MoeLayer(
+            routing.TopKRouter(8, k=2, score_function="sigmoid", normalize_top_k=True,
+                               routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                               selection_bias=True, bias_update_rate=1e-3),
+            keras_moe.FeedForwardExperts(8, 8, activation="gated-silu"), dispatch="dropless",
+            track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4, 1),
     "keras_moe>SwitchFeedForward": Case(
         lambda: keras_moe.SwitchFeedForward(4, 8, activation="gated-gelu", track_metrics=False),
         lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4),
@@ -105,6 +121,11 @@ CASES = {
                      _tokens(rng, 2, 5, D), np.zeros((1, 2, 3, 5), "float32")],
         (2, 3, D), 14),
 }
+
+
+def case_classes():
+    """The registered class names the cases cover (a configuration suffix dropped)."""
+    return sorted({name.split(":")[0] for name in CASES})
 
 
 def registered_layers():

@@ -54,6 +54,7 @@ MODULES = [
     "keras_moe.router_losses",
     "keras_moe.routing.base",
     "keras_moe.routing.expert_choice",
+    "keras_moe.routing.selection",
     "keras_moe.routing.token_choice",
     "keras_moe.sharding",
     "keras_moe.startup",

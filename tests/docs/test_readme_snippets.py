@@ -41,11 +41,22 @@ def run_python(code, timeout, env=None):
 
 
 def test_the_blocks_this_file_runs_are_the_ones_in_the_docs():
-    assert len(code_blocks(README, "python")) == 2
+    assert len(code_blocks(README, "python")) == 3
     assert len(code_blocks(README, "bash")) == 2
     assert len(code_blocks(SHARDING, "python")) == 2
     assert len(code_blocks(SERVING, "python")) == 1
     assert not code_blocks(SERVING, "bash")
+
+
+def test_readme_deepseek_v3_router():
+    block = code_blocks(README, "python")[1]
+    out = run_python(block + (
+        "import numpy as np\n"
+        "x = np.random.default_rng(0).normal(size=(2, 16, 32)).astype('float32')\n"
+        "y = moe(x, training=True)\n"
+        "moved = float(np.abs(router.expert_bias.numpy()).max())\n"
+        "print('shape', tuple(y.shape), 'moved', round(moved, 6))\n"), timeout=300)
+    assert "shape (2, 16, 32) moved 0.001" in out, out
 
 
 def test_readme_layer_quick_start():
@@ -61,7 +72,7 @@ def test_readme_layer_quick_start():
 
 @pytest.mark.slow
 def test_readme_notebook_quick_start():
-    block = code_blocks(README, "python")[1]
+    block = code_blocks(README, "python")[2]
     out = run_python(block + (
         "loss = history.history['loss']\n"
         "router = [k for k in history.history if k.endswith('/dropped_fraction')]\n"

@@ -112,3 +112,21 @@ def test_expert_choice_cannot_be_the_decoders():
         parse_gin(["tiny.gin"], TINY + GENERAL + [
             "T5Config.sparse_ffn = @MoeLayer", "MoeLayer.router = @ExpertChoiceRouter()",
             "ExpertChoiceRouter.num_experts = 4"])
+
+
+def test_deepseek_v3_router_through_a_general_moe_layer():
+    model, encoder, decoder = _model(GENERAL + [
+        "T5Config.sparse_ffn = @MoeLayer", "MoeLayer.router = @TopKRouter()",
+        "MoeLayer.dispatch = 'dropless'", "TopKRouter.num_experts = 4", "TopKRouter.k = 2",
+        "TopKRouter.score_function = 'sigmoid'", "TopKRouter.normalize_top_k = True",
+        "TopKRouter.routed_scaling_factor = 2.5", "TopKRouter.n_group = 2",
+        "TopKRouter.topk_group = 1", "TopKRouter.selection_bias = True",
+        "TopKRouter.bias_update_rate = 0.001"])
+    expected = dict(k=2, score_function="sigmoid", normalize_top_k=True,
+                    routed_scaling_factor=2.5, n_group=2, topk_group=1, selection_bias=True,
+                    bias_update_rate=0.001)
+    again = EncoderDecoder.from_config(model.get_config())
+    for layer in (encoder, decoder, again.encoder_layers[1].ffn):
+        config = layer.router.get_config()
+        assert {name: config[name] for name in expected} == expected
+    assert [w.name for w in encoder.router.non_trainable_weights] == ["expert_bias"]
