@@ -148,6 +148,7 @@ class TrainConfig:
         if self.backup_every is not None:
             check_int("train.backup_every", self.backup_every, 1, TrainingConfigError)
         mesh_lib.check_mesh(self.mesh_shape, self.logical_axis_rules, self.strategy)
+        mesh_lib.check_batch_splits(self.mesh_shape, self.logical_axis_rules, self.batch_size)
 
 
 class Run:
@@ -206,8 +207,8 @@ class Run:
             raise TrainingConfigError(
                 f"BATCH_SIZE={c.batch_size} is not divisible by the {self.replicas} replicas "
                 f"of train.strategy={c.strategy!r}.")
-        log(f"{self.placement.describe()}; global batch {c.batch_size} = "
-            f"{c.batch_size // self.replicas} per replica; dtype policy {c.dtype_policy}")
+        log(f"{self.placement.describe()}; {self.placement.batch_layout(c.batch_size)}; "
+            f"dtype policy {c.dtype_policy}")
         shard_ids, num_shards, rows = self.input_plan
         if self.process_count > 1 or num_shards > 1:
             log(f"process {self.process_index} of {self.process_count}: input shards "
