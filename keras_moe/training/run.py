@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.errors import TrainingConfigError, TrainingInterrupted
 from keras_moe.training.log import log
 from keras_moe.validation import check_int
 
@@ -317,9 +317,14 @@ class Run:
         if self.eval_start is None:  # resumed, or no summary data: nothing built the metrics
             stages.build_metrics(self.model, self.first_batch)
         skip = self.resumed["batches_consumed"] if self.resumed else 0
-        self.train_seconds = stages.fit(
-            self.model, self._recorded_train_dataset, self.start_step, skip, c.train_steps,
-            c.steps_per_epoch, callbacks, verbose, c.strategy, c.collective_timeout)
+        try:
+            self.train_seconds = stages.fit(
+                self.model, self._recorded_train_dataset, self.start_step, skip, c.train_steps,
+                c.steps_per_epoch, callbacks, verbose, c.strategy, c.collective_timeout)
+        except KeyboardInterrupt:
+            latest = self.manager.latest()
+            raise TrainingInterrupted(int(self.model.optimizer.iterations.numpy()),
+                                      latest["path"] if latest else None) from None
 
     def summarize(self):
         """The end loss, the expert-load plot and summary.json; returns the `TrainSummary`."""
