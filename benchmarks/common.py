@@ -7,6 +7,15 @@ import statistics
 import time
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# `--smoke` runs write here (git-ignored), never over the committed results.
+SMOKE_DIR = os.path.join(RESULTS_DIR, "smoke")
+
+
+def use_smoke_results():
+    """Sends this process's result files to `results/smoke/`: a `--smoke` run checks that
+    a benchmark runs, and its tiny numbers must not replace the committed ones."""
+    global RESULTS_DIR
+    RESULTS_DIR = SMOKE_DIR
 
 
 def environment():

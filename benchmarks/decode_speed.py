@@ -64,6 +64,9 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         args.batch_sizes, args.new_tokens, args.inputs = [2], [4], 8
         args.vocab_size, args.experts, args.repeats, args.beams = 300, 4, 1, 2
     for name in ("batch_sizes", "new_tokens"):

@@ -120,6 +120,9 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = parser.parse_args(argv)
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         args.tokens, args.experts, args.d_model, args.d_ff = [256], [2, 4], 16, 32
         args.seq_len, args.repeats = 64, 2
     rows = run(args.tokens, args.experts, args.d_model, args.d_ff, args.capacity_factor,

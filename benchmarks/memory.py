@@ -84,6 +84,9 @@ def main(argv=None):
                                      args.seq_len, args.capacity_factor)))
         return
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         args.tokens, args.experts, args.d_model, args.d_ff, args.seq_len = [256], 4, 16, 32, 64
     from benchmarks import common
 

@@ -338,6 +338,9 @@ def main(argv=None):
     if args.topology and args.devices:
         parser.error("give --devices (CPU devices) or --topology (TPU slices), not both")
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         args.run_file, args.models = "runs/tiny_local.gin", ["switch_tiny"]
         if not args.topology:
             args.devices = [2, 4]

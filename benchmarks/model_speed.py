@@ -101,6 +101,9 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         args.batch_size, args.inputs, args.targets, args.vocab_size = 2, 16, 8, 300
         args.experts, args.repeats = 4, 2
     capacity = int(np.ceil(args.capacity_factor * args.inputs / args.experts))

@@ -220,6 +220,9 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         args.tokens, args.seq_len, args.experts, args.d_model, args.d_ff = 256, 64, [4], 16, 32
         args.repeats = 2
     rows = run(args)

@@ -134,6 +134,9 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
     if args.smoke:  # tiny defaults; arguments given explicitly still win
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         p.set_defaults(inputs=32, batch_size=2, steps=4, eval_every=2, eval_batches=1,
                        d_model=16, d_ff=32, num_heads=2, layers=2, experts=[2],
                        table1_experts=2, table1_cf=[1.0, 2.0], timing_repeats=2,

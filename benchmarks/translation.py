@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
     if args.smoke:
+        from benchmarks.common import use_smoke_results
+
+        use_smoke_results()  # results/smoke/, not the committed files
         if args.task == "bible_x2en":
             args.task = FALLBACK_TASK
         args.inputs, args.targets, args.batch_size = 32, 16, 4

@@ -1,5 +1,7 @@
 """Router statistics: what fraction was dropped, how load is spread, how sure the router is."""
 
+import warnings
+
 import keras
 from keras import ops
 
@@ -123,3 +125,111 @@ def update_metric_trackers(trackers, stats):
         weight = ops.cast(stats["num_tokens"] > 0, "float32")
     for name, tracker in trackers.items():
         tracker.update_state(stats[name], sample_weight=weight)
+
+
+def hold_router_stats(layer, stats):
+    """Keeps `stats` of `layer`'s latest call for its model to aggregate.
+
+    Stored outside Keras' attribute tracking: the tensors belong to one trace.
+    """
+    object.__setattr__(layer, "_pending_router_stats", stats)
+
+
+def update_router_trackers(model):
+    """Adds each MoE layer's latest held statistics to its metric trackers.
+
+    Called by `RouterMetricsMixin.compute_loss`, which runs in the same trace as
+    the forward pass and, on JAX, where the trainer maps the metric variables.
+    Each held statistic is used once.
+
+    Args:
+        model: a Keras model whose MoE layers were claimed by `claim_router_metrics`.
+    """
+    from keras_moe import compat
+
+    for layer in compat.sublayers(model):
+        stats = getattr(layer, "_pending_router_stats", None)
+        trackers = getattr(layer, "_trackers", None)
+        if stats is None or not trackers:
+            continue
+        hold_router_stats(layer, None)
+        stats = {name: ops.stop_gradient(value) for name, value in stats.items()}
+        update_metric_trackers(trackers, stats)
+
+
+def claim_router_metrics(model):
+    """Marks `model`'s MoE layers so that they hold their statistics for the model
+    instead of updating their trackers inside `call`."""
+    from keras_moe import compat
+
+    for layer in compat.sublayers(model):
+        if getattr(layer, "_trackers", None):
+            object.__setattr__(layer, "_router_metrics_claimed", True)
+
+
+class RouterMetricsMixin:
+    """Puts the MoE layers' router statistics (`track_metrics=True`) in `fit`'s
+    and `evaluate`'s logs on every backend.
+
+    The layers hold each call's statistics and the model adds them to the
+    layers' `Mean` trackers in `compute_loss`, outside the layers' `call`
+    (a tracker updated inside `call` is lost under JAX's stateless `fit`).
+    `EncoderDecoder` uses it; mix it in before `keras.Model` in your own model.
+
+    Example:
+    >>> import keras
+    >>> import numpy as np
+    >>> import keras_moe
+    >>> class Model(RouterMetricsMixin, keras.Model):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.moe = keras_moe.SwitchFeedForward(num_experts=2, d_ff=8, name="moe")
+    ...     def call(self, x, training=None):
+    ...         return x + self.moe(x, training=training)
+    >>> model = Model()
+    >>> model.compile("sgd", "mse")
+    >>> x = np.ones((4, 3, 8), "float32")
+    >>> history = model.fit(x, x, epochs=1, verbose=0).history
+    >>> "moe/dropped_fraction" in history
+    True
+    """
+
+    def compile(self, *args, **kwargs):
+        claim_router_metrics(self)
+        return super().compile(*args, **kwargs)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        update_router_trackers(self)
+        return super().compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                    training=training)
+
+
+_JAX_WARNED = set()
+
+
+def track_layer_stats(layer, trackers, stats, warn=True):
+    """Routes one call's statistics of an MoE layer to its trackers.
+
+    A layer claimed by its model (`RouterMetricsMixin`) holds them for the
+    model's `compute_loss`; otherwise they update the trackers here, except in
+    a JAX stateless trace, which would drop the update (in `fit` it warns once).
+    """
+    if getattr(layer, "_router_metrics_claimed", False):
+        hold_router_stats(layer, stats)
+        return
+    if keras.backend.backend() != "tensorflow":
+        from keras.src.backend import get_stateless_scope
+
+        scope = get_stateless_scope()
+        if scope is not None:  # a trace whose variable updates the layer cannot keep
+            if warn and scope.collect_losses and layer.name not in _JAX_WARNED:
+                _JAX_WARNED.add(layer.name)
+                warnings.warn(
+                    f"MoE layer '{layer.name}': `track_metrics=True` cannot report router "
+                    f"metrics from inside a layer on the {keras.backend.backend()} backend's "
+                    "`fit`. Mix `keras_moe.RouterMetricsMixin` into your model (before "
+                    "keras.Model) to get them in the history, or call the layer with "
+                    "`return_metrics=True` and make the statistics model outputs.",
+                    stacklevel=2)
+            return
+    update_metric_trackers(trackers, stats)

@@ -12,7 +12,7 @@ from keras_moe import local_groups
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.validation import check_int, is_int, is_number
+from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
 
 
 GROUPINGS = ("batch", "sequence")
@@ -114,9 +114,13 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
         causal: True for layers in a causal decoder; refuses routers that look
             at future tokens (expert choice, batch-prioritised routing).
-        track_metrics: keep Keras metric trackers of the router statistics
-            (TensorFlow backend; on JAX use `return_metrics=True`).
-        return_metrics: return `(outputs, metrics_dict)` instead of `outputs`
+        track_metrics: keep Keras `Mean` trackers of the router statistics,
+            reported by `fit` and `evaluate` as `<metrics_prefix>/<statistic>`.
+            In a model with `keras_moe.RouterMetricsMixin` (as `EncoderDecoder`)
+            the model updates them, on every backend; elsewhere the layer
+            updates them in `call`, which JAX's `fit` cannot keep (it warns).
+        return_metrics: the default of `call`'s `return_metrics`: return
+            `(outputs, metrics_dict)` instead of `outputs`
             (`keras_moe.router_metrics`' statistics, its `num_tokens` included).
         metrics_prefix: prefix of the metric names (`<prefix>/dropped_fraction`,
             ...); defaults to the layer name. Give each MoE layer of a model its
@@ -202,10 +206,11 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         self.metrics_prefix = metrics_prefix
         self.supports_masking = True
         self._trackers = None
-        if self.track_metrics and keras.backend.backend() == "tensorflow":
+        if self.track_metrics:
             self._trackers = metrics_lib.make_metric_trackers(metrics_prefix or self.name)
 
     def build(self, input_shape):
+        check_rank3_inputs(self, input_shape)
         d_model = input_shape[-1]
         if not self.router.built:
             self.router.build((None, None, d_model))
@@ -322,7 +327,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                 outputs = outputs[:-pad]
         return ops.reshape(outputs, input_shape)
 
-    def call(self, inputs, mask=None, training=None, independent_routing=None):
+    def call(self, inputs, mask=None, training=None, independent_routing=None,
+             return_metrics=None):
         """Outputs `[batch, length, d_model]` (and the metrics with `return_metrics`).
 
         Args:
@@ -334,7 +340,12 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                 sequence, an integer N cuts each sequence into groups of N), as
                 decoding and serving do; False: the layer's `group_size`; None
                 (default): True only inside this thread's `route_each_sequence()`.
+            return_metrics: True: return `(outputs, metrics_dict)`; None: the
+                constructor's `return_metrics`.
         """
+        check_rank3_inputs(self, inputs)
+        if return_metrics is None:
+            return_metrics = self.return_metrics
         if independent_routing is None:
             independent_routing = _routing_each_sequence()
         input_shape = ops.shape(inputs)
@@ -368,21 +379,25 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         outputs = ops.cast(outputs, self.compute_dtype)
 
         stats = None
-        if self._trackers is not None or self.return_metrics:
+        if self._trackers is not None or return_metrics:
             stats = metrics_lib.router_metrics(routing, group_mask)
             stats["output_rms_ratio"] = metrics_lib.branch_rms_ratio(inputs, outputs, token_mask)
         if self._trackers is not None:
-            metrics_lib.update_metric_trackers(self._trackers, stats)
-        if self.return_metrics:
+            metrics_lib.track_layer_stats(self, self._trackers, stats, warn=not return_metrics)
+        if return_metrics:
             return outputs, stats
         return outputs
 
     def compute_mask(self, inputs, mask=None):
         return mask
 
-    def compute_output_spec(self, inputs, mask=None, training=None):
+    def compute_output_spec(self, inputs, mask=None, training=None, independent_routing=None,
+                            return_metrics=None):
+        check_rank3_inputs(self, inputs)
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if not self.return_metrics:
+        if return_metrics is None:
+            return_metrics = self.return_metrics
+        if not return_metrics:
             return output
         stats = metrics_lib.router_metric_specs(self.num_experts)
         return output, stats

@@ -26,3 +26,22 @@ def check_int(name, value, minimum=1, error=ValueError):
 def is_number(value):
     """A real number (Python or NumPy), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_rank3_inputs(layer, inputs):
+    """Raises a `ValueError` naming `layer` unless `inputs` (a tensor or a shape) has
+    rank 3, `[batch, length, d_model]`, as MoE layers route tokens of sequences.
+
+    Example:
+    >>> import keras
+    >>> check_rank3_inputs(keras.layers.Identity(name="moe"), (2, 16))
+    Traceback (most recent call last):
+    ...
+    ValueError: Layer 'moe' (Identity) expects inputs of shape [batch, length, d_model], got shape (2, 16) (rank 2). Add a length axis, e.g. `x[:, None, :]` for one token per example.
+    """
+    shape = tuple(getattr(inputs, "shape", inputs))
+    if len(shape) != 3:
+        raise ValueError(
+            f"Layer '{layer.name}' ({type(layer).__name__}) expects inputs of shape "
+            f"[batch, length, d_model], got shape {shape} (rank {len(shape)}). Add a "
+            "length axis, e.g. `x[:, None, :]` for one token per example.")

@@ -90,8 +90,9 @@ class T5Config:
             embeddings `sqrt(init_scale)`. 1.0 is T5's init; the Switch paper
             uses 0.1 for the whole model (give the sparse FFN the same
             `init_scale`).
-        track_router_metrics: keep router-statistic trackers in the MoE layers
-            (TensorFlow backend only).
+        track_router_metrics: log the MoE layers' router statistics in `fit`
+            and `evaluate` (`<layer>/ffn/dropped_fraction`, ...), on TensorFlow
+            and JAX.
         pad_id, eos_id, decoder_start_id: special token ids (T5: 0, 1, 0).
 
     Example:

@@ -152,6 +152,65 @@ class _ReferenceBeams:
         return tokens, scores
 
 
+def input_token_ids(encoder_input_tokens, vocab_size):
+    """`encoder_input_tokens` as int32 NumPy `[B, L]`, checked before any decoding runs.
+
+    Text, a rank other than 2, non-integer values and ids outside
+    `[0, vocab_size)` are refused with a `ValueError` saying what was given and
+    what is expected (inside the compiled search they would surface as a graph
+    error, or not at all).
+
+    Args:
+        encoder_input_tokens: int `[B, L]` (NumPy, a list of lists, or a tensor).
+        vocab_size: the model's `T5Config.vocab_size`.
+
+    Example:
+    >>> input_token_ids([[5, 6, 1]], vocab_size=32).tolist()
+    [[5, 6, 1]]
+    >>> input_token_ids([[5, 40, 1]], vocab_size=32)
+    Traceback (most recent call last):
+    ...
+    ValueError: `encoder_input_tokens` holds token id 40 (at [0, 1]), outside [0, vocab_size) with vocab_size=32: the ids must come from the model's vocabulary.
+    """
+    def is_text(value):
+        return isinstance(value, (str, bytes)) or (
+            isinstance(value, (list, tuple)) and any(is_text(v) for v in value))
+
+    if is_text(encoder_input_tokens) or (
+            isinstance(encoder_input_tokens, np.ndarray)
+            and encoder_input_tokens.dtype.kind in "USO"):
+        raise ValueError(
+            "`generate` takes token ids, int [batch, length], not text. Tokenize first, "
+            "e.g. with the task's vocabulary: `vocab = keras_moe.tasks.get_vocabulary()`, "
+            "`ids = [vocab.encode(text) + [1] for text in texts]` (1 = EOS), 0-padded to one "
+            "length; decode the output with `vocab.decode(list(row))`. To serve text in and "
+            "out, see `model.export_for_serving(path, vocabulary=vocab)`.")
+    try:
+        values = np.asarray(ops.convert_to_numpy(encoder_input_tokens))
+    except Exception as e:  # noqa: BLE001 - ragged lists and other non-arrays
+        raise ValueError(
+            "`encoder_input_tokens` must be int token ids [batch, length] (0-padded to one "
+            f"length), got {type(encoder_input_tokens).__name__}: {e}") from None
+    if values.ndim != 2:
+        raise ValueError(
+            "`encoder_input_tokens` must be int token ids [batch, length], got shape "
+            f"{values.shape}" + (" (one sequence: pass `ids[None]`)." if values.ndim == 1
+                                 else "."))
+    if values.dtype.kind not in "iub" and values.size and not np.all(values == np.round(values)):
+        raise ValueError(
+            f"`encoder_input_tokens` must be integer token ids, got {values.dtype} values "
+            "that are not whole numbers.")
+    if values.size:
+        bad = np.argwhere((values < 0) | (values >= vocab_size))
+        if len(bad):
+            where = tuple(int(i) for i in bad[0])
+            raise ValueError(
+                f"`encoder_input_tokens` holds token id {int(values[where])} (at "
+                f"{list(where)}), outside [0, vocab_size) with vocab_size={vocab_size}: the "
+                "ids must come from the model's vocabulary.")
+    return values.astype(np.int32)
+
+
 def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
              length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
              compiled=True, jit_compile=False, independent_routing=True,
@@ -206,7 +265,7 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     check_search_arguments(model, max_length, beams)
     check_length_normalizer(length_normalizer)
     eos = model.config.eos_id if eos_id is None else eos_id
-    enc = np.asarray(ops.convert_to_numpy(encoder_input_tokens)).astype(np.int32)
+    enc = input_token_ids(encoder_input_tokens, model.config.vocab_size)
     if compiled and use_cache:
         run = compiled_search(model, max_length, beams, length_penalty, eos, jit_compile,
                               independent_routing, length_normalizer)

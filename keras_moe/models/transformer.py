@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_moe.metrics import RouterMetricsMixin, claim_router_metrics
 from keras_moe.models.attention import NEG_INF
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock, as_config
 from keras_moe.models.config import T5Config  # noqa: F401  (the docstring example uses it)
@@ -55,7 +56,7 @@ def _positions(tokens, positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class EncoderDecoder(DistributedBuildMixin, keras.Model):
+class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
     """T5.1.1-style encoder-decoder with optional Switch / GShard MoE FFN layers.
 
     Pre-norm RMS layer norms, T5 relative position bias (bidirectional in the
@@ -73,7 +74,9 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
     passed as `mask` to the MoE layers (it takes no expert capacity).
 
     Calling the model returns float32 logits `[B, L_dec, vocab_size]`; the MoE
-    layers add their aux and z losses to `model.losses`.
+    layers add their aux and z losses to `model.losses`. With
+    `T5Config.track_router_metrics`, `fit` and `evaluate` log each MoE layer's
+    router statistics (`RouterMetricsMixin`) on TensorFlow and JAX.
 
     Args:
         config: a `T5Config` (or its dict).
@@ -121,6 +124,7 @@ class EncoderDecoder(DistributedBuildMixin, keras.Model):
                 kernel_initializer=keras.initializers.RandomNormal(
                     stddev=(c.init_scale / c.d_model) ** 0.5))
         self._build_all()
+        claim_router_metrics(self)
 
     def _build_all(self):
         shape = (None, None, self.config.d_model)

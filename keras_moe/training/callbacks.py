@@ -9,7 +9,7 @@
   * per MoE layer (by layer path, so the encoder's and decoder's `ffn` layers
     do not collide): `dropped_fraction`, `load_imbalance`, `router_entropy`,
     `router_confidence`, `aux_loss`, `z_loss` from the layer's metric
-    trackers (TF backend, `T5Config.track_router_metrics=True`),
+    trackers (`T5Config.track_router_metrics=True`),
   * per MoE layer `expert_load/expert_<i>` from a one-batch eval pass on a
     held batch (every `expert_load_every` steps; 0 = never).
 It also prints, per log step, a line (loss, learning rate, tokens/s) and a

@@ -77,7 +77,9 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
 
     Returns:
         The exit status: 0 done; 2 bad settings (flags, gin, data, model dir);
-        3 the loss became NaN or infinite; 4 a worker failed or went silent.
+        3 the loss became NaN or infinite; 4 a worker failed or went silent;
+        130 interrupted (Ctrl-C): it prints the step and the newest checkpoint, and
+        the same command resumes.
 
     Example:
     >>> run_cli("demo", ["--model_dir=/tmp/demo", "--process_count=2"], lambda args: "never")
@@ -92,6 +94,7 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
     from keras_moe.training.errors import (
         NonFiniteLossError,
         TrainingConfigError,
+        TrainingInterrupted,
         WorkerFailureError,
     )
 
@@ -112,8 +115,24 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
     except tuple(error for error, _ in codes) as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return next(code for error, code in codes if isinstance(e, error))
+    except (KeyboardInterrupt, TrainingInterrupted) as e:
+        if not isinstance(e, TrainingInterrupted):  # before or after the training loop
+            e = TrainingInterrupted(checkpoint=_newest_checkpoint(args.model_dir))
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
+        return 130
     print(text, flush=True)
     return 0
+
+
+def _newest_checkpoint(model_dir):
+    """The path of the newest committed checkpoint in `model_dir`, or None."""
+    from keras_moe.training.checkpoint import CheckpointManager
+
+    try:
+        latest = CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
+    except Exception:  # noqa: BLE001 - only for the message
+        return None
+    return latest["path"] if latest else None
 
 
 def _train(args):

@@ -36,3 +36,15 @@ class WorkerFailureError(RuntimeError):
     `keras-moe-train` prints it and exits with status 4; restart all workers
     with the same command to resume from the last checkpoint.
     """
+
+
+class TrainingInterrupted(Exception):
+    """Training was stopped by Ctrl-C (SIGINT); the message names the step reached and
+    the newest checkpoint. `keras-moe-train` prints it and exits with status 130."""
+
+    def __init__(self, step=None, checkpoint=None):
+        self.step, self.checkpoint = step, checkpoint
+        at = f" at step {step}" if step is not None else ""
+        newest = (f"the newest checkpoint is {checkpoint}" if checkpoint
+                  else "no checkpoint was written yet")
+        super().__init__(f"interrupted{at}; {newest}. Run the same command to resume.")

@@ -57,6 +57,59 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
             f"than {len(local)} (e.g. PJRT_NPROC={2 * len(local)}), see docs/sharding.md.")
 
 
+def batch_split(mesh_shape, logical_axis_rules, batch_size=None):
+    """The mesh axes the batch dimension is split over, and over how many devices.
+
+    Args:
+        mesh_shape: dict mesh axis -> size (`train.mesh_shape`).
+        logical_axis_rules: `(logical axis, mesh axes)` pairs, or None for the defaults.
+        batch_size: the global batch; None: the split the rules intend, whatever the size.
+
+    Returns:
+        `(mesh axes tuple, number of devices)`; `((), 1)` when the batch is not split.
+
+    Example:
+    >>> batch_split({"data": 2, "expert": 4}, None)
+    (('data', 'expert'), 8)
+    >>> batch_split({"data": 2, "expert": 4}, None, batch_size=15)  # nothing divides 15
+    ((), 1)
+    """
+    from keras_moe import layouts
+
+    shape = None if batch_size is None else (batch_size,)
+    axes = layouts.logical_to_mesh_axes(("batch",), _rules(logical_axis_rules), mesh_shape,
+                                        shape)[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    size = 1
+    for axis in axes:
+        size *= mesh_shape[axis]
+    return axes, size
+
+
+def check_batch_splits(mesh_shape, logical_axis_rules, batch_size):
+    """Raises `TrainingConfigError` unless `batch_size` splits over the mesh axes the
+    batch is meant to be split over (without it the layout would silently fall back
+    to a smaller split, or none).
+
+    Example:
+    >>> check_batch_splits({"data": 2, "expert": 4}, None, 16)
+    >>> check_batch_splits({"data": 2, "expert": 4}, None, 15)
+    Traceback (most recent call last):
+    ...
+    keras_moe.training.errors.TrainingConfigError: BATCH_SIZE=15 does not split over the device mesh {'data': 2, 'expert': 4}: the batch is split over the mesh axes ('data', 'expert') = 8 devices, so BATCH_SIZE must be a multiple of 8 (e.g. 8 or 16).
+    """
+    if mesh_shape is None:
+        return
+    axes, size = batch_split(mesh_shape, logical_axis_rules)
+    if size > 1 and batch_size % size:
+        lower = batch_size // size * size
+        examples = " or ".join(str(n) for n in (lower, lower + size) if n > 0)
+        raise TrainingConfigError(
+            f"BATCH_SIZE={batch_size} does not split over the device mesh {mesh_shape!r}: the "
+            f"batch is split over the mesh axes {axes} = {size} devices, so BATCH_SIZE must "
+            f"be a multiple of {size} (e.g. {examples}).")
+
+
 def cpu_threads_too_few(num_devices, platform, environ=None, cpu_count=None):
     """Whether XLA's CPU client would run this process's devices on one thread each.
 

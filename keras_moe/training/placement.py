@@ -45,6 +45,10 @@ class StrategyPlacement:
         """No lines: each replica routes its own batch to its own copy of every expert."""
         return []
 
+    def batch_layout(self, batch_size):
+        """How the global batch is split, for the start-up report."""
+        return f"global batch {batch_size} = {batch_size // self.replicas} per replica"
+
     def describe(self):
         return f"strategy {self.name} ({type(self.strategy).__name__}, {self.replicas} replica(s))"
 
@@ -88,6 +92,16 @@ class MeshPlacement:
         from keras_moe.training import mesh as mesh_lib
 
         return mesh_lib.exchange_report(model, batch_size, feature_lengths)
+
+    def batch_layout(self, batch_size):
+        """How the global batch is split over the mesh, for the start-up report."""
+        from keras_moe.training import mesh as mesh_lib
+
+        axes, size = mesh_lib.batch_split(self.mesh_shape, self.logical_axis_rules, batch_size)
+        if size == 1:
+            return f"global batch {batch_size}, not split over the mesh"
+        return (f"global batch {batch_size} split over mesh axes {' x '.join(axes)} = {size} "
+                f"devices, {batch_size // size} rows each")
 
     def describe(self):
         return f"device mesh {self.mesh_shape} (keras.distribution)"

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.errors import TrainingConfigError, TrainingInterrupted
 from keras_moe.training.log import log
 from keras_moe.validation import check_int
 
@@ -148,6 +148,7 @@ class TrainConfig:
         if self.backup_every is not None:
             check_int("train.backup_every", self.backup_every, 1, TrainingConfigError)
         mesh_lib.check_mesh(self.mesh_shape, self.logical_axis_rules, self.strategy)
+        mesh_lib.check_batch_splits(self.mesh_shape, self.logical_axis_rules, self.batch_size)
 
 
 class Run:
@@ -206,8 +207,8 @@ class Run:
             raise TrainingConfigError(
                 f"BATCH_SIZE={c.batch_size} is not divisible by the {self.replicas} replicas "
                 f"of train.strategy={c.strategy!r}.")
-        log(f"{self.placement.describe()}; global batch {c.batch_size} = "
-            f"{c.batch_size // self.replicas} per replica; dtype policy {c.dtype_policy}")
+        log(f"{self.placement.describe()}; {self.placement.batch_layout(c.batch_size)}; "
+            f"dtype policy {c.dtype_policy}")
         shard_ids, num_shards, rows = self.input_plan
         if self.process_count > 1 or num_shards > 1:
             log(f"process {self.process_index} of {self.process_count}: input shards "
@@ -316,9 +317,14 @@ class Run:
         if self.eval_start is None:  # resumed, or no summary data: nothing built the metrics
             stages.build_metrics(self.model, self.first_batch)
         skip = self.resumed["batches_consumed"] if self.resumed else 0
-        self.train_seconds = stages.fit(
-            self.model, self._recorded_train_dataset, self.start_step, skip, c.train_steps,
-            c.steps_per_epoch, callbacks, verbose, c.strategy, c.collective_timeout)
+        try:
+            self.train_seconds = stages.fit(
+                self.model, self._recorded_train_dataset, self.start_step, skip, c.train_steps,
+                c.steps_per_epoch, callbacks, verbose, c.strategy, c.collective_timeout)
+        except KeyboardInterrupt:
+            latest = self.manager.latest()
+            raise TrainingInterrupted(int(self.model.optimizer.iterations.numpy()),
+                                      latest["path"] if latest else None) from None
 
     def summarize(self):
         """The end loss, the expert-load plot and summary.json; returns the `TrainSummary`."""

@@ -177,11 +177,13 @@ def test_translation_bleu_and_smoke():
 
 
 @pytest.mark.slow
-def test_retime_adds_interleaved_step_times_to_an_existing_result():
+def test_retime_adds_interleaved_step_times_to_an_existing_result(monkeypatch):
     import json
     import os
 
     from benchmarks import common, quality
+
+    monkeypatch.setattr(common, "RESULTS_DIR", common.SMOKE_DIR)  # where --smoke writes
 
     curve = [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
              {"step": 4, "seconds": 999.0, "neg_log_perplexity": -8.0}]
@@ -215,6 +217,7 @@ def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
 
     from benchmarks import common, quality
 
+    monkeypatch.setattr(common, "RESULTS_DIR", common.SMOKE_DIR)  # where --smoke writes
     output = "smoke_reuse"
     base = ["--smoke", "--seeds", "1", "--timing_repeats", "0", "--no_plot", "--output", output]
     stored_args = vars(quality.parse_args(base + ["--experts", "2"]))

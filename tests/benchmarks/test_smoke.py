@@ -54,7 +54,8 @@ def test_layer_speed_reports_on_a_fake_clock(monkeypatch):
 
 
 def test_layer_speed_smoke():
-    data = _run("layer_speed.py", "smoke_layer_speed")
+    """Run as the docstring shows (no --output): the result goes to results/smoke/."""
+    data = run_smoke("layer_speed.py", "layer_speed", default_output=True)["json"]
     assert data["benchmark"] == "layer_speed"
     assert (data["args"]["tokens"], data["args"]["experts"]) == ([SMOKE_TOKENS], [2, 4])
     assert data["environment"]["backend"] == "tensorflow"

@@ -18,5 +18,5 @@ def test_core_layers_on_jax_backend():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for check in ("reference", "gradients", "dropless", "empty_batch", "fit_save_bf16",
-                  "compiled_decoding"):
+                  "router_metrics", "compiled_decoding"):
         assert f"OK {check}" in result.stdout

@@ -188,3 +188,42 @@ def test_router_dtype_can_be_lowered_for_stability_studies(rng):
     restored = keras_moe.SwitchFeedForward.from_config(layer.get_config())
     assert restored.router.compute_dtype == "bfloat16"
     assert keras_moe.GShardFeedForward(4, 16).router.compute_dtype == "float32"
+
+
+def test_router_metrics_mixin_logs_the_layer_statistics(rng):
+    from tests.core.router_metrics_checks import check_fit_history_matches_the_layer_statistics
+
+    check_fit_history_matches_the_layer_statistics(rng)
+
+
+def test_encoder_decoder_logs_router_metrics():
+    from tests.core.router_metrics_checks import check_encoder_decoder_logs_router_metrics
+
+    check_encoder_decoder_logs_router_metrics()
+
+
+def test_return_metrics_at_call_time(rng):
+    layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe")
+    x = rng.normal(size=(2, 8, 16)).astype("float32")
+    plain = layer(x)
+    outputs, stats = layer(x, return_metrics=True)
+    np.testing.assert_array_equal(np.asarray(outputs), np.asarray(plain))
+    reference = keras_moe.SwitchFeedForward.from_config(
+        {**layer.get_config(), "return_metrics": True, "name": "probe"})
+    reference.build(x.shape)
+    reference.set_weights(layer.get_weights())
+    _, expected = reference(x)
+    for name in ("dropped_fraction", "router_entropy", "expert_load"):
+        np.testing.assert_allclose(np.asarray(stats[name]), np.asarray(expected[name]),
+                                   rtol=1e-6)
+    assert not isinstance(reference(x, return_metrics=False), tuple)
+    branch, symbolic = layer(keras.Input((8, 16)), return_metrics=True)  # functional models
+    assert tuple(branch.shape) == (None, 8, 16) and symbolic["expert_load"].shape == (4,)
+
+
+def test_two_dimensional_input_names_the_layer_and_the_expected_shape(rng):
+    layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="my_moe")
+    with pytest.raises(ValueError, match=r"'my_moe'.*\[batch, length, d_model\].*\(2, 16\)"):
+        layer(rng.normal(size=(2, 16)).astype("float32"))
+    with pytest.raises(ValueError, match=r"'my_moe'.*\[batch, length, d_model\]"):
+        layer(keras.Input((16,)))

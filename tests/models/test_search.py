@@ -275,3 +275,26 @@ def test_each_length_normalizer_ranks_and_stops_as_its_library(compiled):
                                       err_msg=normalizer)
         assert (tokens[0, len(tokens_want):] == 0).all(), (normalizer, tokens)
         np.testing.assert_allclose(scores, [score_want], rtol=1e-5, err_msg=normalizer)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_generate_refuses_ids_outside_the_vocabulary_naming_the_id(model, compiled):
+    bad = INPUTS.copy()
+    bad[1, 2] = model.config.vocab_size + 3
+    message = (rf"token id {model.config.vocab_size + 3} \(at \[1, 2\]\).*"
+               rf"vocab_size={model.config.vocab_size}")
+    with pytest.raises(ValueError, match=message):
+        model.generate(bad, max_length=4, compiled=compiled)
+    with pytest.raises(ValueError, match=r"token id -1 \(at \[0, 0\]\)"):
+        model.generate(np.where(INPUTS == 5, -1, INPUTS), max_length=4, compiled=compiled)
+
+
+@pytest.mark.parametrize("text", [["some text"], "some text", np.array(["a", "b"])])
+def test_generate_given_text_says_it_takes_token_ids_and_how_to_tokenize(model, text):
+    with pytest.raises(ValueError, match=r"takes token ids.*get_vocabulary\(\).*vocab.encode"):
+        model.generate(text, max_length=4)
+
+
+def test_generate_refuses_a_single_unbatched_sequence(model):
+    with pytest.raises(ValueError, match=r"\[batch, length\], got shape \(4,\).*ids\[None\]"):
+        model.generate(np.array([5, 6, 7, 1]), max_length=4)

@@ -131,6 +131,22 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
         assert losses[step] == pytest.approx(reference_losses[step], rel=2e-5), step
 
 
+@pytest.mark.jax
+def test_a_batch_that_does_not_split_over_the_mesh_is_refused_at_start_up(tmp_path):
+    """The doc command with BATCH_SIZE = 15 on data 2 x expert 4: refused, naming the
+    batch size, the mesh and the sizes that divide, before the model dir is written."""
+    env, args, _ = _doc_command()
+    model_dir = tmp_path / "run"
+    result = run_cli(_with_model_dir(args, model_dir) + ["--gin_bindings=BATCH_SIZE = 15"],
+                     timeout=300, env=env)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert ("keras-moe-train: error: BATCH_SIZE=15 does not split over the device mesh "
+            "{'data': 2, 'expert': 4}: the batch is split over the mesh axes ('data', 'expert') "
+            "= 8 devices, so BATCH_SIZE must be a multiple of 8 (e.g. 8 or 16).") in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(model_dir / "checkpoints")
+
+
 @pytest.mark.parametrize("bindings,message", [
     (['train.mesh_shape = {"data": 2}'], "needs KERAS_BACKEND=jax.*train.strategy"),
     (["train.logical_axis_rules = [('batch', 'data')]"],

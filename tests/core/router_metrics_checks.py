@@ -1,0 +1,58 @@
+"""Router metrics in `fit`'s history and at call time, shared by the TensorFlow
+tests and the JAX-backend script (the backend is fixed per process)."""
+
+import keras
+import numpy as np
+
+import keras_moe
+
+
+class MixinModel(keras_moe.RouterMetricsMixin, keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.moe = keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe", seed=1,
+                                               train_capacity_factor=0.5, min_expert_capacity=1)
+        self.head = keras.layers.Dense(1)
+
+    def call(self, x, training=None):
+        return self.head(x + self.moe(x, training=training))
+
+
+def check_fit_history_matches_the_layer_statistics(rng):
+    """One full batch with learning rate 0: the logged statistics are the layer's own
+    `return_metrics=True` statistics for that batch (training capacity)."""
+    x = rng.normal(size=(8, 8, 16)).astype("float32")
+    y = np.tanh(x.sum(-1, keepdims=True)).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = MixinModel()
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    history = model.fit(x, y, epochs=2, batch_size=8, shuffle=False, verbose=0).history
+    outputs, stats = model.moe(x, training=True, return_metrics=True)
+    np.testing.assert_allclose(np.asarray(outputs), np.asarray(model.moe(x, training=True)),
+                               rtol=1e-6)
+    assert 0.0 < float(stats["dropped_fraction"]) < 1.0  # capacity 0.5 drops some
+    for name in ("dropped_fraction", "router_entropy", "load_imbalance", "aux_loss",
+                 "router_confidence"):
+        np.testing.assert_allclose(history[f"moe/{name}"], [float(stats[name])] * 2,
+                                   rtol=1e-5, err_msg=name)
+    evaluated = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    np.testing.assert_allclose(evaluated["moe/router_entropy"], float(stats["router_entropy"]),
+                               rtol=1e-5)
+
+
+def check_encoder_decoder_logs_router_metrics():
+    from keras_moe.models import EncoderDecoder
+    from tests.models.helpers import tiny_switch_config
+
+    keras.utils.set_random_seed(0)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=16, track_router_metrics=True))
+    model.compile(**model.compile_defaults())
+    tokens = np.random.default_rng(0).integers(2, 16, size=(4, 6)).astype("int32")
+    x = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
+         "decoder_target_tokens": tokens}
+    history = model.fit(x, epochs=1, batch_size=4, verbose=0).history
+    keys = [k for k in history if k.endswith("/ffn/dropped_fraction")]
+    sparse = [layer for layer in model.encoder_layers + model.decoder_layers if layer.is_sparse]
+    assert len(keys) == len(sparse) > 0, sorted(history)
+    assert all(0.0 <= history[k][0] <= 1.0 for k in keys)
+    assert all(history[k.replace("dropped_fraction", "router_entropy")][0] > 0 for k in keys)
