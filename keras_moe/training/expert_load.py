@@ -36,12 +36,9 @@ def measure_expert_load(model, batches):
         original = layer.call
         saved[path] = layer.__dict__.get("call")
 
-        def call(inputs, mask=None, training=None, _layer=layer, _orig=original, _path=path):
-            _layer.return_metrics = True
-            try:
-                outputs, stats = _orig(inputs, mask=mask, training=training)
-            finally:
-                _layer.return_metrics = False
+        def call(inputs, mask=None, training=None, _orig=original, _path=path, **kwargs):
+            outputs, stats = _orig(inputs, mask=mask, training=training, return_metrics=True,
+                                   **kwargs)
             load = np.asarray(stats["expert_load"], np.float64)
             sums[_path] = load if sums[_path] is None else sums[_path] + load
             return outputs
