@@ -1,7 +1,24 @@
 """Helpers shared by the core-layer tests."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_jax_checks(script, checks):
+    """Runs tests/core/`script` with KERAS_BACKEND=jax in a fresh process (the backend is
+    fixed per process) and asserts it printed "OK <check>" for each of `checks`."""
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "core", script)],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    for check in checks:
+        assert f"OK {check}" in result.stdout
 
 
 def inputs_and_mask(rng, shape=(4, 10, 12), padding=0.15):

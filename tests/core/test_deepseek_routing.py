@@ -5,10 +5,6 @@ on the same random weights and bias, and the bias updates against a float64
 NumPy run of the update rule (`deepseek_reference.py`).
 """
 
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -17,12 +13,12 @@ import tensorflow as tf
 import keras_moe
 from keras_moe import router_losses
 from tests.core import deepseek_reference as reference
+from tests.core.helpers import run_jax_checks
 
 import torch  # noqa: E402  (test-only reference)
 from transformers import DeepseekV3Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 D, E, K, N_GROUP, TOPK_GROUP = 16, 16, 4, 4, 2
 
 
@@ -214,10 +210,4 @@ def test_bias_is_saved_and_restored(tmp_path, rng):
 @pytest.mark.slow
 @pytest.mark.jax
 def test_deepseek_routing_on_jax():
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    script = os.path.join(ROOT, "tests", "core", "deepseek_jax_checks.py")
-    result = subprocess.run([sys.executable, script], env=env, cwd=ROOT, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    for check in ("hf_selection", "fit_bias", "mesh_bias"):
-        assert f"OK {check}" in result.stdout
+    run_jax_checks("deepseek_jax_checks.py", ("hf_selection", "fit_bias", "mesh_bias"))
