@@ -56,3 +56,32 @@ def test_cli_error_message_for_bad_model_dir(tmp_path, capsys):
     assert cli.main(["--gin_file=tiny_local.gin", f"--model_dir={a_file}"]) == 2
     assert "is not a folder" in capsys.readouterr().err
     assert a_file.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("interrupt, expected", [
+    (KeyboardInterrupt, "demo: interrupted; no checkpoint was written yet. Run the same command "
+                        "to resume."),
+    (lambda: _interrupted(7, "/runs/x/checkpoints/ckpt-00000004.weights.h5"),
+     "demo: interrupted at step 7; the newest checkpoint is "
+     "/runs/x/checkpoints/ckpt-00000004.weights.h5. Run the same command to resume."),
+])
+def test_ctrl_c_prints_the_step_and_the_newest_checkpoint_and_exits_130(tmp_path, capsys,
+                                                                         interrupt, expected):
+    """Ctrl-C during the job (KeyboardInterrupt, or the run's own TrainingInterrupted with its
+    step): one line on stderr, no traceback, exit status 130."""
+    from keras_moe.training import cli
+
+    def body(args):
+        raise interrupt()
+
+    code = cli.run_cli("demo", ["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'run'}"],
+                       body)
+    err = capsys.readouterr().err
+    assert code == 130
+    assert expected in err and "Traceback" not in err
+
+
+def _interrupted(step, checkpoint):
+    from keras_moe.training.errors import TrainingInterrupted
+
+    return TrainingInterrupted(step, checkpoint)
