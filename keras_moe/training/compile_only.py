@@ -479,12 +479,11 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     report["bytes_accessed_per_chip"] = (float(cost["bytes accessed"])
                                          if "bytes accessed" in cost else None)
     hlo = compiled.as_text()
+    chips = len(distribution.device_mesh.devices.flat)
     report["collectives"] = _count_collectives(hlo)
-    report["collective_bytes_per_chip"] = roofline.collective_bytes(
-        hlo, len(distribution.device_mesh.devices.flat))
+    report["collective_bytes_per_chip"] = roofline.collective_bytes(hlo, chips)
     report["model_flops_per_chip"] = roofline.model_flops_per_step(
-        model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]
-    ) / len(distribution.device_mesh.devices.flat)
+        model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]) / chips
     return report
 
 
