@@ -20,9 +20,14 @@ from keras_moe.dispatch import (  # noqa: E402
     get_dispatcher,
 )
 from keras_moe.experts import FeedForwardExperts  # noqa: E402
-from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward  # noqa: E402
+from keras_moe.feedforward import (  # noqa: E402
+    GShardFeedForward,
+    SwitchFeedForward,
+    TopKFeedForward,
+)
 from keras_moe.metrics import RouterMetricsMixin, router_metrics  # noqa: E402
 from keras_moe.moe import MoeLayer, route_each_sequence  # noqa: E402
+from keras_moe.shared_experts import SharedExpertFeedForward  # noqa: E402
 from keras_moe.routing import (  # noqa: E402
     ExpertChoiceRouter,
     Router,
@@ -38,7 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Dispatcher", "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts",
     "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RouterMetricsMixin",
-    "RoutingInstructions",
-    "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
-    "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics", "sharding",
+    "RoutingInstructions", "SharedExpertFeedForward",
+    "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKFeedForward",
+    "TopKRouter", "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics", "sharding",
 ]

@@ -1,13 +1,14 @@
-"""The feed-forward layers: T5's dense FFN and the ready-made MoE ones, Switch (top-1)
-and GShard (top-2)."""
+"""The ready-made MoE feed-forward layers: Switch (top-1), GShard (top-2) and top-k.
+
+(T5's dense FFN, `DenseFeedForward`, is in `keras_moe.dense_feedforward`.)"""
 
 import keras
-from keras import ops
 
+from keras_moe.dense_feedforward import DenseFeedForward  # noqa: F401 (its old home)
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward_mixin import FeedForwardMixin
 from keras_moe.moe import MoeLayer
-from keras_moe.routing import SwitchRouter, Top2Router, default_router_initializer
+from keras_moe.routing import SwitchRouter, Top2Router, TopKRouter, default_router_initializer
+from keras_moe.shared_experts import SharedExpertFeedForward
 
 ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
 
@@ -24,7 +25,7 @@ class _ExpertFeedForward(MoeLayer):
                  jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
                  router_bias=False, aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
                  batch_prioritized_routing=False, router_dtype="float32", seed=None,
-                 router_args=None, **kwargs):
+                 shared_d_ff=None, shared_expert_gate=False, router_args=None, **kwargs):
         if router_dtype not in ROUTER_DTYPES:
             raise ValueError(
                 f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}.")
@@ -40,13 +41,22 @@ class _ExpertFeedForward(MoeLayer):
             dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
             name="experts", dtype=kwargs.get("dtype"),
         )
+        shared = None
+        if shared_d_ff is not None:
+            shared = SharedExpertFeedForward(
+                d_ff=shared_d_ff, activation=activation, gate=shared_expert_gate,
+                dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
+                name="shared_experts", dtype=kwargs.get("dtype"))
+        elif shared_expert_gate:
+            raise ValueError("`shared_expert_gate=True` needs a shared expert: give `shared_d_ff`.")
         super().__init__(
-            router, experts, train_capacity_factor=train_capacity_factor,
+            router, experts, shared_experts=shared, train_capacity_factor=train_capacity_factor,
             eval_capacity_factor=eval_capacity_factor, min_expert_capacity=min_expert_capacity,
             group_size=group_size, aux_loss_factor=aux_loss_factor,
             z_loss_factor=z_loss_factor, dispatch=dispatch, **kwargs,
         )
         self.d_ff = d_ff
+        self.shared_d_ff = shared_d_ff
         self.activation = activation
         self.expert_dropout_rate = expert_dropout_rate
         self.init_scale = init_scale
@@ -61,6 +71,8 @@ class _ExpertFeedForward(MoeLayer):
         config.update(
             num_experts=self.num_experts,
             d_ff=self.d_ff,
+            shared_d_ff=self.shared_d_ff,
+            shared_expert_gate=bool(self.shared_experts is not None and self.shared_experts.gate),
             activation=self.activation,
             expert_dropout_rate=self.expert_dropout_rate,
             init_scale=self.init_scale,
@@ -109,6 +121,11 @@ class SwitchFeedForward(_ExpertFeedForward):
         router_dtype: dtype policy of the router; "float32" (the Switch
             paper's selective precision) unless you are studying instability.
         seed: seed for jitter and dropout.
+        shared_d_ff: hidden size of an always-on shared expert beside the
+            routed ones (`SharedExpertFeedForward`, same activation); None
+            (default): no shared expert.
+        shared_expert_gate: gate the shared expert's output per token by a
+            sigmoid (Qwen2-MoE); needs `shared_d_ff`.
         **kwargs: the other `MoeLayer` arguments (`causal`, `pad_to_group_size`,
             `track_metrics`, ...) and Keras layer arguments.
 
@@ -175,43 +192,57 @@ class GShardFeedForward(_ExpertFeedForward):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
-    """T5 dense FFN without biases: `wo(dropout(act(wi x)))` or gated `wo(act(wi_0 x) * wi_1 x)`.
+class TopKFeedForward(_ExpertFeedForward):
+    """Top-k feed-forward layer: each token's k best experts, today's fine-grained recipe.
+
+    Many narrow experts with k > 2 (OLMoE: 64 experts top-8; DeepSeek-V3: 256
+    top-8 with sigmoid scores and groups), optionally beside a shared expert
+    (`shared_d_ff`), with loss-free bias balancing (`selection_bias`,
+    `bias_update_rate`) and a balance loss over groups, sequences or the
+    global batch (`balance_loss`). The router is a `TopKRouter`; every one of
+    its arguments is reachable from here (and from gin).
 
     Args:
-        d_ff: hidden size.
-        activation: one of `keras_moe.feedforward_mixin.ACTIVATIONS` ("gated-gelu" is T5.1.1).
-        dropout_rate: dropout on the hidden activations.
-        init_scale: variance scale of the normal init, std `sqrt(init_scale /
-            fan_in)` (T5: 1.0; the Switch paper scales every weight by 0.1).
-        seed: dropout seed.
+        num_experts: number of experts.
+        d_ff: hidden size of each expert (fine-grained: a fraction of the
+            dense d_ff, e.g. `d_ff / 4` with `k = 4` for a dense FFN's FLOPs).
+        k: experts per token.
+        normalize_top_k: renormalise the k weights to sum to 1 (HF's `norm_topk_prob`).
+        score_function: "softmax" or "sigmoid".
+        routed_scaling_factor: multiplies the routed experts' weights.
+        n_group, topk_group: group-limited selection (see `TopKRouter`).
+        selection_bias, bias_update_rate: loss-free balancing (see `TopKRouter`).
+        train_capacity_factor: capacity factor in training; capacity is
+            `ceil(cf * k * S / E)` slots per expert.
+        **kwargs: as for `SwitchFeedForward` (`shared_d_ff`,
+            `shared_expert_gate`, `dispatch`, `aux_loss_factor`, ...) and
+            the other `MoeLayer` arguments (`balance_loss`, ...).
 
-    Example:
+    Example (32 quarter-width experts, top-4, one shared expert, loss-free balancing):
     >>> import numpy as np
-    >>> ffn = DenseFeedForward(d_ff=64, activation="gated-gelu")
-    >>> y = ffn(np.ones((2, 3, 16), "float32"))
-    >>> tuple(y.shape)
-    (2, 3, 16)
+    >>> layer = TopKFeedForward(num_experts=32, d_ff=16, k=4, shared_d_ff=16,
+    ...                         selection_bias=True, bias_update_rate=1e-3, aux_loss_factor=0.0)
+    >>> y = layer(np.random.rand(2, 16, 32).astype("float32"), training=True)
+    >>> tuple(y.shape), int(np.sum(np.asarray(layer.router.expert_bias) != 0)) > 0
+    ((2, 16, 32), True)
     """
 
-    def __init__(self, d_ff, activation="gated-gelu", dropout_rate=0.0, init_scale=1.0,
-                 seed=None, **kwargs):
-        super().__init__(**kwargs)
-        self.d_ff = d_ff
-        self.init_feed_forward(activation, dropout_rate, init_scale, seed)
+    router_class = TopKRouter
+    _ROUTER_ARGS = ("k", "normalize_top_k", "score_function", "routed_scaling_factor", "n_group",
+                    "topk_group", "selection_bias", "bias_update_rate")
 
-    def build(self, input_shape):
-        # Normal init with std sqrt(init_scale / fan_in), fan_in = the kernel's first axis.
-        self.add_kernels((input_shape[-1], self.d_ff), (self.d_ff, input_shape[-1]),
-                         lambda shape: keras.initializers.RandomNormal(
-                             stddev=(self.init_scale / shape[0]) ** 0.5))
-
-    def call(self, x, training=None):
-        return self.feed_forward(x, ops.matmul, training)
+    def __init__(self, num_experts, d_ff, k=2, normalize_top_k=False, score_function="softmax",
+                 routed_scaling_factor=1.0, n_group=1, topk_group=None, selection_bias=False,
+                 bias_update_rate=0.0, activation="relu", **kwargs):
+        super().__init__(
+            num_experts, d_ff, activation,
+            router_args=dict(k=k, normalize_top_k=normalize_top_k, score_function=score_function,
+                             routed_scaling_factor=routed_scaling_factor, n_group=n_group,
+                             topk_group=topk_group, selection_bias=selection_bias,
+                             bias_update_rate=bias_update_rate),
+            **kwargs)
 
     def get_config(self):
         config = super().get_config()
-        config.update(d_ff=self.d_ff, activation=self.activation,
-                      dropout_rate=self.dropout_rate, init_scale=self.init_scale,
-                      seed=self.seed)
+        config.update({name: getattr(self.router, name) for name in self._ROUTER_ARGS})
         return config

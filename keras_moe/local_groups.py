@@ -102,14 +102,16 @@ def to_local_groups(x, token_mask, grouping, shards, axes, pad_to_group_size=Fal
 
 
 def from_local_groups(outputs, inputs, grouping, pad, shards, axes):
-    """Inverse of `to_local_groups` for outputs `[G, S, d]`: `[B, L, d]` like `inputs`.
+    """Inverse of `to_local_groups` for outputs `[G, S, d]`: `[B, L, d]`, batch and length
+    as `inputs`' (d is the outputs' own: per-expert values come back too).
 
     Args:
         outputs: the groups' outputs.
         inputs: the layer's input tokens (for the shape).
         grouping, pad, shards, axes: as given to and returned by `to_local_groups`.
     """
-    batch, length, d_model = inputs.shape
+    batch, length = inputs.shape[:2]
+    d_model = outputs.shape[-1]
     local = batch // shards
     outputs = _constrain(outputs, axes)
     if grouping == "batch":

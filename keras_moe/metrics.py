@@ -10,6 +10,7 @@ SCALAR_METRICS = (
     "router_confidence",
     "router_entropy",
     "load_imbalance",
+    "max_violation",
     "aux_loss",
     "z_loss",
     "output_rms_ratio",
@@ -30,6 +31,10 @@ def router_metrics(routing, token_mask):
           router probability) is each expert, before capacity is applied, so
           overload shows even where capacity cuts it off;
         - load_imbalance: max expert load times E (1.0 is perfectly balanced);
+        - max_violation: MaxVio (Wang et al., arXiv 2408.15664), max over
+          experts of the selections an expert got over their mean, minus 1,
+          counting every selected choice (all k of a token) before capacity;
+          0 is perfectly balanced;
         - router_confidence: mean top-1 router probability;
         - router_entropy: mean entropy of the router distribution (nats);
         - aux_loss, z_loss: the unscaled losses;
@@ -44,8 +49,8 @@ def router_metrics(routing, token_mask):
     >>> logits = np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.0, 5.0]]], "float32")
     >>> routing = router.route(logits, np.ones((1, 4)), capacity=1)
     >>> stats = router_metrics(routing, np.ones((1, 4)))
-    >>> [round(float(stats[k]), 2) for k in ("dropped_fraction", "load_imbalance")]
-    [0.5, 1.5]
+    >>> [round(float(stats[k]), 2) for k in ("dropped_fraction", "load_imbalance", "max_violation")]
+    [0.5, 1.5, 0.5]
     """
     mask = ops.cast(token_mask, "float32")
     num_tokens = ops.sum(mask)
@@ -59,10 +64,18 @@ def router_metrics(routing, token_mask):
     confidence = ops.sum(ops.max(probs, axis=-1, initial=0.0) * mask) / divisor
     entropy_per_token = -ops.sum(probs * ops.log(ops.maximum(probs, 1e-9)), axis=-1)
     entropy = ops.sum(entropy_per_token * mask) / divisor
+    selected = routing.selected if routing.selected is not None else routing.kept
+    chosen = ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
+    counts = ops.sum(chosen * (ops.cast(selected, "float32") * mask[..., None])[..., None],
+                     axis=(0, 1, 2))
+    mean_count = ops.sum(counts) / routing.num_experts
+    max_violation = ops.where(mean_count > 0,
+                              ops.max(counts) / ops.maximum(mean_count, 1e-9) - 1.0, 0.0)
     return {
         "dropped_fraction": dropped,
         "expert_load": load,
         "load_imbalance": ops.max(load) * routing.num_experts,
+        "max_violation": max_violation,
         "router_confidence": confidence,
         "router_entropy": entropy,
         "aux_loss": ops.cast(routing.aux_loss, "float32"),

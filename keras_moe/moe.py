@@ -10,6 +10,7 @@ from keras_moe import compat
 from keras_moe import dispatch as dispatch_lib
 from keras_moe import local_groups
 from keras_moe import metrics as metrics_lib
+from keras_moe import router_losses
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
 from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
@@ -111,6 +112,15 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             token-expert assignments; rows past it are dropped and counted in
             `dropped_fraction`. None (default): the worst case, nothing dropped.
         aux_loss_factor: weight of the load-balancing loss, >= 0 (Switch: 1e-2).
+        balance_loss: which load-balancing loss `aux_loss_factor` weighs
+            (`keras_moe.router_losses.BALANCE_LOSSES`): "group" (default,
+            Switch/GShard: per routing group, first choices), "sequence"
+            (DeepSeek: per sequence, all k choices) or "global" (all k choices
+            of the global batch, counted over every replica / mesh shard).
+            "sequence" and "global" need a token-choice router.
+        shared_experts: optional always-on layer `[B, L, d] -> [B, L, d]`
+            (a `keras_moe.SharedExpertFeedForward`) whose output is added to
+            the routed experts' for every real token.
         z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
         causal: True for layers in a causal decoder; refuses routers that look
             at future tokens (expert choice, batch-prioritised routing).
@@ -143,12 +153,23 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                  min_expert_capacity=4, dispatch="auto", aux_loss_factor=1e-2,
                  z_loss_factor=1e-3, causal=False, track_metrics=True,
                  return_metrics=False, metrics_prefix=None, dropless_buffer_factor=None,
-                 **kwargs):
+                 balance_loss="group", shared_experts=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(router, dict):
             router = keras.saving.deserialize_keras_object(router)
         if isinstance(experts, dict):
             experts = keras.saving.deserialize_keras_object(experts)
+        if isinstance(shared_experts, dict):
+            shared_experts = keras.saving.deserialize_keras_object(shared_experts)
+        if shared_experts is not None and not isinstance(shared_experts, keras.layers.Layer):
+            raise ValueError("`shared_experts` must be a Keras layer (a SharedExpertFeedForward) "
+                             f"or None, got {type(shared_experts).__name__}.")
+        if balance_loss not in router_losses.BALANCE_LOSSES:
+            raise ValueError(f"`balance_loss` must be one of {router_losses.BALANCE_LOSSES}, "
+                             f"got {balance_loss!r}.")
+        if balance_loss != "group" and not router.picks_experts_per_token:
+            raise ValueError(f"`balance_loss={balance_loss!r}` needs a token-choice router; "
+                             f"{type(router).__name__} has no balance loss.")
         if not isinstance(router, routing_lib.Router):
             raise ValueError(f"`router` must be a keras_moe Router, got {type(router).__name__}.")
         if not isinstance(experts, FeedForwardExperts):
@@ -191,6 +212,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         self.dispatcher.check(router, experts)
         self.router = router
         self.experts = experts
+        self.shared_experts = shared_experts
+        self.balance_loss = balance_loss
         self.num_experts = router.num_experts
         self.group_size = group_size
         self.pad_to_group_size = bool(pad_to_group_size)
@@ -216,6 +239,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             self.router.build((None, None, d_model))
         if not self.experts.built:
             self.experts.build((self.num_experts, None, None, d_model))
+        if self.shared_experts is not None and not self.shared_experts.built:
+            self.shared_experts.build((None, None, d_model))
         self.built = True
 
     def capacity(self, group_size, training):
@@ -309,7 +334,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
     def _from_groups(self, outputs, inputs, grouping, pad):
         """Inverse of `_to_groups` for the layer's outputs."""
         input_shape = ops.shape(inputs)
-        d_model = inputs.shape[-1]
+        d_model = outputs.shape[-1]  # any per-token width: outputs, or per-expert values
         if grouping == "batch" or is_int(grouping):
             axes, shards = local_groups.batch_shards(inputs)
             if shards > 1:
@@ -325,7 +350,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             outputs = ops.reshape(outputs, (-1, d_model))
             if pad:
                 outputs = outputs[:-pad]
-        return ops.reshape(outputs, input_shape)
+        return ops.reshape(outputs, (input_shape[0], input_shape[1], d_model))
 
     def call(self, inputs, mask=None, training=None, independent_routing=None,
              return_metrics=None):
@@ -366,6 +391,9 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         logits = self.router(groups, training=training)
         routing = self.router.route(logits, group_mask, capacity, training=bool(training),
                                     group_capacity=group_capacity)
+        if self.balance_loss != "group":
+            routing = routing._replace(aux_loss=self._balance_loss(
+                routing, group_mask, inputs, token_mask, grouping, pad))
         if self.aux_loss_factor:
             self.add_loss(self.aux_loss_factor * routing.aux_loss)
         if self.z_loss_factor:
@@ -377,6 +405,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
 
         outputs = self._from_groups(outputs, inputs, grouping, pad)
         outputs = ops.cast(outputs, self.compute_dtype)
+        if self.shared_experts is not None:  # padding keeps its output of 0
+            shared = self.shared_experts(inputs, training=training)
+            outputs = outputs + ops.cast(shared, outputs.dtype) * ops.cast(
+                token_mask, outputs.dtype)[..., None]
 
         stats = None
         if self._trackers is not None or return_metrics:
@@ -387,6 +419,17 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if return_metrics:
             return outputs, stats
         return outputs
+
+    def _balance_loss(self, routing, group_mask, inputs, token_mask, grouping, pad):
+        """The "sequence" or "global" balance loss of one call's routing."""
+        counts = router_losses.choice_counts(routing.expert_index, routing.selected,
+                                             self.num_experts)
+        if self.balance_loss == "global":
+            return router_losses.global_balance_loss(routing.router_probs, counts, group_mask)
+        per_token = ops.concatenate([routing.router_probs, counts], axis=-1)
+        per_token = self._from_groups(per_token, inputs, grouping, pad)  # [B, L, 2E]
+        return router_losses.sequence_balance_loss(
+            per_token[..., :self.num_experts], per_token[..., self.num_experts:], token_mask)
 
     def compute_mask(self, inputs, mask=None):
         return mask
@@ -407,6 +450,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         config.update(
             router=keras.saving.serialize_keras_object(self.router),
             experts=keras.saving.serialize_keras_object(self.experts),
+            shared_experts=(None if self.shared_experts is None
+                            else keras.saving.serialize_keras_object(self.shared_experts)),
             **self._moe_config(),
         )
         return config
@@ -421,6 +466,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             dispatch=self.dispatch,
             dropless_buffer_factor=self.dropless_buffer_factor,
             aux_loss_factor=self.aux_loss_factor,
+            balance_loss=self.balance_loss,
             z_loss_factor=self.z_loss_factor,
             causal=self.causal,
             track_metrics=self.track_metrics,

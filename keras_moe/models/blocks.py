@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_moe.feedforward import DenseFeedForward
+from keras_moe.dense_feedforward import DenseFeedForward
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.config import T5Config
 from keras_moe.models.normalization import RMSNorm

@@ -26,8 +26,8 @@ T5Config = gin.external_configurable(config_lib.T5Config, name="T5Config",
 build_model = gin.external_configurable(builder.build_model, name="build_model",
                                         module="keras_moe.models")
 
-_LAYERS = (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.MoeLayer,
-           keras_moe.FeedForwardExperts, keras_moe.SwitchRouter, keras_moe.Top2Router,
+_LAYERS = (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.TopKFeedForward,
+           keras_moe.MoeLayer, keras_moe.FeedForwardExperts, keras_moe.SharedExpertFeedForward, keras_moe.SwitchRouter, keras_moe.Top2Router,
            keras_moe.TopKRouter, keras_moe.ExpertChoiceRouter)
 for _layer in _LAYERS:
     gin.external_configurable(_layer, module="keras_moe")

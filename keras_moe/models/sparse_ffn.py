@@ -57,11 +57,12 @@ def _layer_class(class_name):
 
 def _strip(config):
     config = {k: v for k, v in config.items() if k not in MODEL_DECIDED}
-    experts = config.get("experts")
-    if isinstance(experts, dict):  # a MoeLayer's own experts follow the model's policy too
-        experts = copy.deepcopy(experts)
-        experts.get("config", {}).pop("dtype", None)
-        config["experts"] = experts
+    for key in ("experts", "shared_experts"):  # a MoeLayer's own FFNs follow the model's policy
+        sub = config.get(key)
+        if isinstance(sub, dict):
+            sub = copy.deepcopy(sub)
+            sub.get("config", {}).pop("dtype", None)
+            config[key] = sub
     return config
 
 
@@ -188,5 +189,21 @@ def count_sparse_ffn_params(spec, d_model):
         bias = spec_option(spec, "router_bias")
     except KeyError:
         bias = spec_option(spec, "use_bias")
-    return num_experts * (3 if gated else 2) * d_model * d_ff + d_model * num_experts + (
+    routed = num_experts * (3 if gated else 2) * d_model * d_ff + d_model * num_experts + (
         num_experts if bias else 0)
+    return routed + _count_shared_params(spec, d_model, gated)
+
+
+def _count_shared_params(spec, d_model, gated):
+    """Weights of the spec's shared expert (0 without one)."""
+    config = spec["config"]
+    shared = config.get("shared_experts")
+    if isinstance(shared, dict):  # a MoeLayer's own SharedExpertFeedForward
+        inner = shared.get("config", {})
+        d_ff, gate = inner["d_ff"], inner.get("gate", False)
+        gated = inner.get("activation", "gated-silu").startswith("gated-")
+    elif config.get("shared_d_ff"):
+        d_ff, gate = config["shared_d_ff"], config.get("shared_expert_gate", False)
+    else:
+        return 0
+    return (3 if gated else 2) * d_model * d_ff + (d_model if gate else 0)

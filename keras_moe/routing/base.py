@@ -35,6 +35,10 @@ class RoutingInstructions(NamedTuple):
             scalar tensor when the group size is known only at run time
             (TensorFlow, `group_size="batch"` with an unknown batch size).
         num_experts: Python int.
+        selected: float32 [G, S, K], 1 where the choice selected its expert
+            before any capacity limit (token choice: every real token's K
+            choices; expert choice: the experts' picks). The balance losses
+            and the load metrics count these.
     """
 
     expert_index: object
@@ -47,6 +51,7 @@ class RoutingInstructions(NamedTuple):
     z_loss: object
     capacity: int
     num_experts: int
+    selected: object = None
 
 
 def default_router_initializer(scale=1.0):
@@ -240,7 +245,16 @@ class Router(keras.layers.Layer):
             z_loss=router_losses.router_z_loss(logits, mask),
             capacity=capacity,
             num_experts=self.num_experts,
+            selected=self.selected_choices(mask, kept),
         )
+
+    def selected_choices(self, token_mask, kept):
+        """Float32 [G, S, K]: 1 where a choice selected its expert, before capacity.
+
+        By default the assignments that were kept (expert choice: each expert's
+        picks); token-choice routers count every real token's K choices.
+        """
+        return kept
 
     def scores(self, logits):
         """Float32 scores [G, S, E] of float32 logits: their softmax or sigmoid."""

@@ -113,6 +113,9 @@ class TokenChoiceRouter(Router):
         )
         return expert_index, position, kept, self.combine_weights(gates, kept), aux
 
+    def selected_choices(self, token_mask, kept):
+        return ops.broadcast_to(token_mask[..., None], ops.shape(kept))
+
     def select(self, scores, token_mask, training):
         """`(gates, expert_index)`, both [G, S, K]: each token's K experts, best
         first, and their scores."""

@@ -24,7 +24,7 @@ import keras_moe
 from keras_moe import compat, expert_parallel, routing
 from keras_moe.models import T5Config
 from keras_moe.models.attention import T5Attention
-from keras_moe.feedforward import DenseFeedForward
+from keras_moe.dense_feedforward import DenseFeedForward
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
@@ -92,6 +92,23 @@ CASES = {
             keras_moe.FeedForwardExperts(8, 8, activation="gated-silu"), dispatch="dropless",
             track_metrics=False),
         lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4, 1),
+    # Shared expert beside the routed ones, the global-batch balance loss.
+    "keras_moe>MoeLayer:shared_global": Case(
+        lambda: keras_moe.MoeLayer(
+            routing.TopKRouter(4, k=2), keras_moe.FeedForwardExperts(4, 8),
+            shared_experts=keras_moe.SharedExpertFeedForward(8, activation="relu"),
+            balance_loss="global", track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 5),
+    # Fine-grained top-k with a gated shared expert, loss-free balancing, sequence loss.
+    "keras_moe>TopKFeedForward": Case(
+        lambda: keras_moe.TopKFeedForward(
+            4, 4, k=2, activation="gated-silu", shared_d_ff=8, shared_expert_gate=True,
+            selection_bias=True, bias_update_rate=1e-3, balance_loss="sequence",
+            track_metrics=False),
+        lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 8, 1),
+    "keras_moe>SharedExpertFeedForward": Case(
+        lambda: keras_moe.SharedExpertFeedForward(16, gate=True),
+        lambda rng: [_tokens(rng, 2, 5, D)], (2, 5, D), 4),
     "keras_moe>SwitchFeedForward": Case(
         lambda: keras_moe.SwitchFeedForward(4, 8, activation="gated-gelu", track_metrics=False),
         lambda rng: [_tokens(rng, 2, 6, D)], (2, 6, D), 4),

@@ -4,7 +4,7 @@ import pytest
 from keras_moe.models import T5Config, count_params, hf_sparse_layers, sparse_layers_from_step
 from keras_moe.models import EncoderDecoder
 from keras_moe.moe import MoeLayer
-from keras_moe.feedforward import DenseFeedForward
+from keras_moe.dense_feedforward import DenseFeedForward
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 

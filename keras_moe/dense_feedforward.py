@@ -1,0 +1,49 @@
+"""T5's dense feed-forward layer (the FFN of the dense layers, and of shared experts)."""
+
+import keras
+from keras import ops
+
+from keras_moe.feedforward_mixin import FeedForwardMixin
+
+
+@keras.saving.register_keras_serializable(package="keras_moe")
+class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
+    """T5 dense FFN without biases: `wo(dropout(act(wi x)))` or gated `wo(act(wi_0 x) * wi_1 x)`.
+
+    Args:
+        d_ff: hidden size.
+        activation: one of `keras_moe.feedforward_mixin.ACTIVATIONS` ("gated-gelu" is T5.1.1).
+        dropout_rate: dropout on the hidden activations.
+        init_scale: variance scale of the normal init, std `sqrt(init_scale /
+            fan_in)` (T5: 1.0; the Switch paper scales every weight by 0.1).
+        seed: dropout seed.
+
+    Example:
+    >>> import numpy as np
+    >>> ffn = DenseFeedForward(d_ff=64, activation="gated-gelu")
+    >>> y = ffn(np.ones((2, 3, 16), "float32"))
+    >>> tuple(y.shape)
+    (2, 3, 16)
+    """
+
+    def __init__(self, d_ff, activation="gated-gelu", dropout_rate=0.0, init_scale=1.0,
+                 seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.d_ff = d_ff
+        self.init_feed_forward(activation, dropout_rate, init_scale, seed)
+
+    def build(self, input_shape):
+        # Normal init with std sqrt(init_scale / fan_in), fan_in = the kernel's first axis.
+        self.add_kernels((input_shape[-1], self.d_ff), (self.d_ff, input_shape[-1]),
+                         lambda shape: keras.initializers.RandomNormal(
+                             stddev=(self.init_scale / shape[0]) ** 0.5))
+
+    def call(self, x, training=None):
+        return self.feed_forward(x, ops.matmul, training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_ff=self.d_ff, activation=self.activation,
+                      dropout_rate=self.dropout_rate, init_scale=self.init_scale,
+                      seed=self.seed)
+        return config
