@@ -76,7 +76,7 @@ def compile_layer(kind, topology, mesh_shape, batch, length, d_model, d_ff, num_
 
     import keras_moe
     from keras_moe import sharding
-    from keras_moe.feedforward import DenseFeedForward
+    from keras_moe.dense_feedforward import DenseFeedForward
     from keras_moe.training import compile_only
 
     # float32 weights, bfloat16 matmuls (the inputs are bfloat16).
