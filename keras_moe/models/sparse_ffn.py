@@ -189,8 +189,12 @@ def count_sparse_ffn_params(spec, d_model):
         bias = spec_option(spec, "router_bias")
     except KeyError:
         bias = spec_option(spec, "use_bias")
+    try:
+        selection_bias = spec_option(spec, "selection_bias")
+    except KeyError:
+        selection_bias = False
     routed = num_experts * (3 if gated else 2) * d_model * d_ff + d_model * num_experts + (
-        num_experts if bias else 0)
+        num_experts if bias else 0) + (num_experts if selection_bias else 0)
     return routed + _count_shared_params(spec, d_model, gated)
 
 
