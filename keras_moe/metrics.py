@@ -31,6 +31,9 @@ def router_metrics(routing, token_mask):
           router probability) is each expert, before capacity is applied, so
           overload shows even where capacity cuts it off;
         - load_imbalance: max expert load times E (1.0 is perfectly balanced);
+        - selection_load [E]: each expert's share of all selected choices
+          (every k of a token) before capacity; the same as `expert_load`
+          for top-1 routing;
         - max_violation: MaxVio (Wang et al., arXiv 2408.15664), max over
           experts of the selections an expert got over their mean, minus 1,
           counting every selected choice (all k of a token) before capacity;
@@ -68,7 +71,8 @@ def router_metrics(routing, token_mask):
     chosen = ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
     counts = ops.sum(chosen * (ops.cast(selected, "float32") * mask[..., None])[..., None],
                      axis=(0, 1, 2))
-    mean_count = ops.sum(counts) / routing.num_experts
+    total_count = ops.sum(counts)
+    mean_count = total_count / routing.num_experts
     max_violation = ops.where(mean_count > 0,
                               ops.max(counts) / ops.maximum(mean_count, 1e-9) - 1.0, 0.0)
     return {
@@ -76,6 +80,7 @@ def router_metrics(routing, token_mask):
         "expert_load": load,
         "load_imbalance": ops.max(load) * routing.num_experts,
         "max_violation": max_violation,
+        "selection_load": counts / ops.maximum(total_count, 1.0),
         "router_confidence": confidence,
         "router_entropy": entropy,
         "aux_loss": ops.cast(routing.aux_loss, "float32"),
@@ -113,6 +118,7 @@ def router_metric_specs(num_experts):
     """Symbolic shapes of `router_metrics`' outputs (for functional models)."""
     specs = {name: keras.KerasTensor((), dtype="float32") for name in SCALAR_METRICS}
     specs["expert_load"] = keras.KerasTensor((num_experts,), dtype="float32")
+    specs["selection_load"] = keras.KerasTensor((num_experts,), dtype="float32")
     specs["num_tokens"] = keras.KerasTensor((), dtype="float32")
     return specs
 

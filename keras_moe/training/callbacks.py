@@ -7,11 +7,13 @@
   * `tokens_per_second` (encoder + decoder positions of the global batch,
     padding included) and `steps_per_second`,
   * per MoE layer (by layer path, so the encoder's and decoder's `ffn` layers
-    do not collide): `dropped_fraction`, `load_imbalance`, `router_entropy`,
+    do not collide): `dropped_fraction`, `load_imbalance`, `max_violation`
+    (MaxVio), `router_entropy`,
     `router_confidence`, `aux_loss`, `z_loss` from the layer's metric
     trackers (`T5Config.track_router_metrics=True`),
-  * per MoE layer `expert_load/expert_<i>` from a one-batch eval pass on a
-    held batch (every `expert_load_every` steps; 0 = never).
+  * per MoE layer `expert_load/expert_<i>` (each expert's share of the
+    selected choices) and `expert_load/max_violation` from a one-batch eval
+    pass on a held batch (every `expert_load_every` steps; 0 = never).
 It also prints, per log step, a line (loss, learning rate, tokens/s) and a
 per-layer router table (`console.router_table`), and keeps the loss history for the
 end-of-run summary.
@@ -105,6 +107,8 @@ class TrainingLogger(keras.callbacks.Callback):
                 for path, load in loads.items():
                     for i, value in enumerate(load):
                         tf.summary.scalar(f"moe/{path}/expert_load/expert_{i}", float(value))
+                    tf.summary.scalar(f"moe/{path}/expert_load/max_violation",
+                                      expert_load_lib.max_violation(load))
             writer.flush()
         if self.enabled:
             total = f"/{self.total_steps}" if self.total_steps else ""

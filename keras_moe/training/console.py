@@ -52,6 +52,7 @@ class CompactProgbar(keras.callbacks.ProgbarLogger):
 
 ROUTER_COLUMNS = (("dropped_fraction", "dropped", "{:.1%}"),
                   ("load_imbalance", "imbalance", "{:.2f}"),
+                  ("max_violation", "MaxVio", "{:.2f}"),
                   ("router_confidence", "confidence", "{:.3f}"),
                   ("output_rms_ratio", "out/in rms", "{:.3f}"))
 
@@ -62,8 +63,8 @@ def router_table(scalars, indent="  "):
     Example:
     >>> print(router_table({"moe/enc/ffn/dropped_fraction": 0.25,
     ...                     "moe/enc/ffn/load_imbalance": 1.5, "learning_rate": 0.1}))
-      MoE layer  dropped  imbalance  confidence  out/in rms
-      enc/ffn      25.0%       1.50           -           -
+      MoE layer  dropped  imbalance  MaxVio  confidence  out/in rms
+      enc/ffn      25.0%       1.50       -           -           -
     """
     layers = {}
     for key, value in scalars.items():

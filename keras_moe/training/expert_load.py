@@ -20,7 +20,8 @@ def measure_expert_load(model, batches):
 
     Each MoE layer is run with `return_metrics=True` for the pass (its call is
     wrapped and restored afterwards), so the numbers are the layer's own
-    `expert_load` statistics.
+    `selection_load` statistics: each expert's share of every selected choice
+    (all k of a token), before capacity.
 
     Args:
         model: a built `EncoderDecoder` (or any model with MoE layers).
@@ -39,7 +40,7 @@ def measure_expert_load(model, batches):
         def call(inputs, mask=None, training=None, _orig=original, _path=path, **kwargs):
             outputs, stats = _orig(inputs, mask=mask, training=training, return_metrics=True,
                                    **kwargs)
-            load = np.asarray(stats["expert_load"], np.float64)
+            load = np.asarray(stats["selection_load"], np.float64)
             sums[_path] = load if sums[_path] is None else sums[_path] + load
             return outputs
 
@@ -61,8 +62,21 @@ def measure_expert_load(model, batches):
     return out
 
 
+def max_violation(load):
+    """MaxVio of a load `[E]`: the largest load over the mean load, minus 1.
+
+    Example:
+    >>> round(max_violation([0.5, 0.25, 0.25, 0.0]), 6)
+    1.0
+    """
+    load = np.asarray(load, np.float64)
+    mean = float(load.mean())
+    return float(load.max()) / mean - 1.0 if mean > 0 else 0.0
+
+
 def plot_expert_load(loads, path, title="Expert load per MoE layer"):
-    """Writes a bar chart per MoE layer (fraction of routed tokens per expert) to `path`."""
+    """Writes a bar chart per MoE layer (share of the selected choices per expert,
+    with its MaxVio) to `path`."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -77,7 +91,7 @@ def plot_expert_load(loads, path, title="Expert load per MoE layer"):
         ax.bar(experts, load, color="tab:blue")
         ax.axhline(1.0 / len(load), color="tab:red", linestyle="--", linewidth=1,
                    label="uniform")
-        ax.set_title(name, fontsize=9)
+        ax.set_title(f"{name}  (MaxVio {max_violation(load):.2f})", fontsize=9)
         ax.set_ylabel("fraction")
         ax.set_xticks(experts)
         ax.set_ylim(0, max(float(load.max()) * 1.15, 2.0 / len(load)))

@@ -9,7 +9,7 @@ from keras_moe.moe import MoeLayer
 
 NAMES = ["t5_1_1_small", "t5_1_1_base", "t5_1_1_large", "switch_base_8", "switch_base_16",
          "switch_base_32", "switch_base_64", "switch_base_128", "switch_large_128",
-         "gshard_top2_base", "tiny", "switch_tiny"]
+         "gshard_top2_base", "tiny", "switch_tiny", "fine_grained_base", "fine_grained_tiny"]
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +38,11 @@ def test_gin_files_resolve_and_parse(name):
         assert config.num_experts == int(name.rsplit("_", 1)[1])
     if name == "gshard_top2_base":
         assert config.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
+    if name.startswith("fine_grained"):  # k + 1 shared experts of d_ff / 4: the dense FLOPs
+        spec = config.sparse_ffn["config"]
+        assert config.sparse_ffn["class_name"] == "keras_moe>TopKFeedForward"
+        assert (spec["k"] + 1) * spec["d_ff"] == config.d_ff == 4 * spec["shared_d_ff"]
+        assert spec["selection_bias"] and spec["bias_update_rate"] > 0
 
 
 def test_resolve_unknown_name():
