@@ -8,8 +8,11 @@ import tensorflow as tf
 import keras_moe
 from keras_moe import router_losses
 from keras_moe.metrics import router_metrics
+from tests.core.balance_reference import loss64 as _loss64
+from tests.core.balance_reference import routing64
+from tests.core.helpers import run_jax_checks
 
-D, E, K = 8, 6, 2
+D, E, K = 8, 6, 2  # tests/core/balance_jax_checks.py uses the same
 
 
 def _layer(balance_loss, **kwargs):
@@ -17,26 +20,6 @@ def _layer(balance_loss, **kwargs):
                                       z_loss_factor=0.0, track_metrics=False, **kwargs)
     layer.build((None, None, D))
     return layer
-
-
-def _routing64(x, kernel):
-    """float64 softmax probabilities [B, L, E] and the top-K choice counts [B, L, E]."""
-    logits = np.asarray(x, "float64") @ np.asarray(kernel, "float64")
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    top = np.argsort(-probs, axis=-1)[..., :K]
-    counts = np.zeros_like(probs)
-    np.put_along_axis(counts, top, 1.0, axis=-1)
-    return probs, counts
-
-
-def _loss64(probs, counts, mask):
-    """E * sum(f * P) over the real tokens given, f from the share of choices."""
-    mask = mask.astype("float64")[..., None]
-    choices = (counts * mask).reshape(-1, E).sum(0)
-    f = E * choices / choices.sum()
-    p = (probs * mask).reshape(-1, E).sum(0) / mask.sum()
-    return float(np.sum(f * p))
 
 
 def test_sequence_loss_is_the_mean_of_each_sequences_loss(rng):
@@ -47,7 +30,7 @@ def test_sequence_loss_is_the_mean_of_each_sequences_loss(rng):
     mask[1, 4:] = 0.0
     mask[2, :] = 0.0  # no real token: left out of the mean
     layer(x, mask=mask, training=True)
-    probs, counts = _routing64(x, layer.router.kernel.numpy())
+    probs, counts = routing64(x, layer.router.kernel.numpy(), K)
     expected = np.mean([_loss64(probs[b], counts[b], mask[b]) for b in (0, 1)])
     whole_batch = _loss64(probs, counts, mask)
     assert abs(expected - whole_batch) > 1e-2  # the two notions differ on this batch
@@ -71,7 +54,7 @@ def test_global_loss_on_two_replicas_equals_the_concatenated_batch(rng, two_cpu_
         return two_cpu_strategy.run(step, args=(inputs,))
 
     losses = [float(v) for v in two_cpu_strategy.experimental_local_results(per_replica_loss())]
-    probs, counts = _routing64(x, layer.router.kernel.numpy())
+    probs, counts = routing64(x, layer.router.kernel.numpy(), K)
     ones = np.ones((4, 5))
     expected = _loss64(probs, counts, ones)
     # Keras averages the replicas' losses: the mean is the whole batch's loss.
@@ -86,7 +69,7 @@ def test_global_loss_in_one_process_is_the_whole_batch_loss(rng):
     x = rng.normal(size=(2, 5, D)).astype("float32")
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], "float32")
     layer(x, mask=mask, training=True)
-    probs, counts = _routing64(x, layer.router.kernel.numpy())
+    probs, counts = routing64(x, layer.router.kernel.numpy(), K)
     np.testing.assert_allclose(float(layer.losses[0]), _loss64(probs, counts, mask), rtol=1e-5)
 
 
@@ -135,3 +118,8 @@ def test_sequence_loss_trains_under_fit(rng):
     history = model.fit(x, x, epochs=1, verbose=0).history
     assert np.isfinite(history["loss"][0])
     assert not np.allclose(layer.router.kernel.numpy(), before)
+
+
+def test_balance_losses_on_a_jax_mesh():
+    # The batch split over 4 x 2 devices: groups stay on their shard, the losses do not.
+    run_jax_checks("balance_jax_checks.py", ["mesh_sequence", "mesh_global"])
