@@ -26,9 +26,10 @@ metadata server.
 
 import os
 import re
+import tempfile
 import time
 
-from keras_moe.training import roofline
+from keras_moe.training import compile_memory, compile_progress, hlo_collectives, roofline
 from keras_moe.training.abstract_step import abstract_batch as _abstract_batch
 from keras_moe.training.abstract_step import abstract_model as _abstract_model
 from keras_moe.training.abstract_step import abstract_state as _abstract_state
@@ -157,7 +158,8 @@ def _resolved_dispatch(mode, platform):
 
 def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=None,
                        mesh_shape=None, batch_size=None, feature_lengths=None,
-                       allowed_imports=(), target_platform=None, dtype_policy=None):
+                       allowed_imports=(), target_platform=None, dtype_policy=None,
+                       progress=None):
     """Compiles one train step of the gin job and reports its per-chip cost.
 
     Args:
@@ -177,6 +179,8 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         dtype_policy: Keras dtype policy the model is built under, as
             `train(dtype_policy=...)`; default the job's `train.dtype_policy`
             (`train.dtype_policy`), float32 when unbound.
+        progress: a `compile_progress.CompileProgress` told each stage (and
+            beating while the compiler runs); default silent.
 
     Returns:
         a dict: topology, chips, device_kind, mesh, parameters, batch, dispatch,
@@ -195,6 +199,11 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         program: one chip's FLOPs per step), `collectives` (instruction counts
         in the compiled HLO), `moe_exchange` (how each MoE layer moves its
         expert buffers and why: `keras_moe.token_exchange.exchange_choices`),
+        `activation_all_gathers` (count, bytes received per chip and the
+        largest of the all-gathers not shaped like a weight:
+        `hlo_collectives.activation_all_gathers`), `largest_allocations` (TPU:
+        the biggest HBM buffers of the compiler's buffer assignment, also when
+        it ran out of memory: `compile_memory`), `sparse_ffn_classes`,
         `compile_seconds`.
 
     Raises:
@@ -204,10 +213,12 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     """
     from keras_moe import sharding
 
+    progress = progress or compile_progress.SILENT
     _check_jax_backend()
-    generation, hbm, devices = _topology_target(topology)
+    generation, hbm, devices = _topology_target(topology, progress)
     if target_platform is None:
         target_platform = "tpu" if topology is not None else sharding.accelerator_platform()
+    progress.stage("reading the gin job")
     files, bindings, config = _parse_job(gin_files, bindings, allowed_imports, target_platform)
     dtype_policy = _job_dtype_policy(dtype_policy)
     batch_size, feature_lengths = _job_batch(batch_size, feature_lengths)
@@ -219,7 +230,8 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     distribution = _configure_mesh(config, devices, mesh_shape)
     try:
         report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-                          on_tpu=topology is not None, dtype_policy=dtype_policy)
+                          on_tpu=topology is not None, dtype_policy=dtype_policy,
+                          progress=progress, where=_where(topology, devices))
     finally:
         sharding.clear_mesh()
     report.update(gin_files=files, bindings=bindings, topology=topology, generation=generation)
@@ -242,12 +254,21 @@ def _check_jax_backend():
                                "keras is imported; see setup_environment()).")
 
 
-def _topology_target(topology):
+def _topology_target(topology, progress):
     """`(generation, HBM bytes per chip, compile-only devices)` of a TPU topology, or Nones."""
     if topology is None:
         return None, None, None
     generation = parse_topology(topology)[0]
-    return generation, GENERATIONS[generation]["hbm_gib"] * GIB, topology_devices(topology)
+    progress.stage(f"loading the TPU compiler (libtpu) for {topology}")
+    with progress.quiet():  # libtpu's start-up lines about the TPU this host lacks
+        devices = topology_devices(topology)
+    return generation, GENERATIONS[generation]["hbm_gib"] * GIB, devices
+
+
+def _where(topology, devices):
+    if topology is None:
+        return f"{len(devices)} emulated CPU devices with XLA:CPU"
+    return f"{len(devices)} chips of {topology} with the TPU compiler"
 
 
 def _parse_job(gin_files, bindings, allowed_imports, target_platform):
@@ -337,7 +358,9 @@ def _job_summary(config, devices, distribution, batch_size, feature_lengths, tar
             "batch": batch,
             "dispatch": _resolved_dispatch(config.sparse_option("dispatch"), target_platform),
             "num_experts": config.num_experts, "vocab_size": config.vocab_size,
-            "group_size": config.sparse_option("group_size")}
+            "group_size": config.sparse_option("group_size"),
+            "sparse_ffn_classes": sorted({spec["class_name"].split(">")[-1]
+                                          for spec in config.used_sparse_ffn_specs()})}
 
 
 def _fits(report, hbm):
@@ -350,13 +373,14 @@ def _fits(report, hbm):
 
 
 def _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-             on_tpu, dtype_policy="float32"):
+             on_tpu, dtype_policy="float32", progress=compile_progress.SILENT, where=""):
     """Lowers and compiles one train step over abstract sharded arguments; its report."""
     import jax
     import numpy as np
 
     from keras_moe import token_exchange
 
+    progress.stage("building the abstract model and optimizer (shapes and layouts, no values)")
     model, optimizer = _abstract_model(config, distribution, gin_configurables, dtype_policy)
     state, state_bytes = _abstract_state(model, optimizer, distribution)
     batch = _abstract_batch(distribution, batch_size, feature_lengths)
@@ -364,25 +388,39 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
         "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
         "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
         "compute_dtype": model.compute_dtype, "matmul_dtypes": None, **state_bytes,
-        "error": None, "moe_exchange": None,
+        "error": None, "moe_exchange": None, "largest_allocations": None,
     }
     t0 = time.time()
     token_exchange.clear_exchange_choices()
-    try:
-        # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
-        lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
-        report["moe_exchange"] = token_exchange.exchange_choices()
-        # As written, before the compiler's own precision choices (the TPU's
-        # default precision runs float32 matmuls as bfloat16 passes either way).
-        report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
-        compiled = lowered.compile()
-    except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        report.update(_out_of_memory_report(str(e), time.time() - t0))
+    progress.stage(f"lowering the train step ({report['parameters'] / 1e6:.1f}M parameters)")
+    # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
+    lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
+    report["moe_exchange"] = token_exchange.exchange_choices()
+    # As written, before the compiler's own precision choices (the TPU's
+    # default precision runs float32 matmuls as bfloat16 passes either way).
+    report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
+    progress.stage(f"compiling for {where} ({compile_progress.EXPECTED_COMPILE_TIME}; "
+                   f"a line every {progress.heartbeat_seconds:g} s while it runs)")
+    # On TPU the compiler's buffer assignment (written to the dump, also when it
+    # runs out of memory) names the largest buffers.
+    with tempfile.TemporaryDirectory(prefix="keras_moe_compile_") as dump:
+        options = {"xla_dump_to": dump} if on_tpu else None
+        try:
+            with progress.heartbeat("compiling"):
+                compiled = lowered.compile(compiler_options=options)
+        except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            compiled = None
+            report.update(compile_memory.out_of_memory_entries(str(e), time.time() - t0))
+        report["largest_allocations"] = compile_memory.largest_allocations(dump)
+    seconds = compile_progress.format_duration(time.time() - t0)
+    if compiled is None:
+        progress.stage(f"out of memory after {seconds}")
         return report
+    progress.stage(f"compiled in {seconds}")
     report["compile_seconds"] = round(time.time() - t0, 1)
-    report.update(_memory_report(compiled, on_tpu))
+    report.update(compile_memory.memory_entries(compiled, on_tpu))
     cost = _cost(compiled)
     report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
     report["bytes_accessed_per_chip"] = (float(cost["bytes accessed"])
@@ -391,33 +429,12 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     chips = len(distribution.device_mesh.devices.flat)
     report["collectives"] = _count_collectives(hlo)
     report["collective_bytes_per_chip"] = roofline.collective_bytes(hlo, chips)
+    weights = [(a.shape, a.sharding.shard_shape(a.shape)) for part in state for a in part]
+    gathers = hlo_collectives.activation_all_gathers(hlo, weights, chips)
+    report["activation_all_gathers"] = {
+        "count": len(gathers), "received_bytes": sum(c.received_bytes for c in gathers),
+        "largest": [{"dims": list(c.dims), "op_name": c.op_name} for c in
+                    sorted(gathers, key=lambda c: -c.result_bytes)[:3]]}
     report["model_flops_per_chip"] = roofline.model_flops_per_step(
         model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]) / chips
-    return report
-
-
-def _out_of_memory_report(message, seconds):
-    """The report's entries when the compiler raised RESOURCE_EXHAUSTED: its message, no sizes."""
-    return {"error": message.strip().splitlines()[0][:2000],
-            "compile_seconds": round(seconds, 1),
-            "argument_bytes": None, "output_bytes": None, "alias_bytes": None,
-            "temp_bytes": None, "peak_bytes": None, "peak_source": None,
-            "computed_peak_bytes": None, "flops_per_chip": None, "collectives": None}
-
-
-def _memory_report(compiled, on_tpu):
-    """Per-chip buffer sizes of the compiled program (memory_analysis) and its peak."""
-    analysis = compiled.memory_analysis()
-    sizes = {key: int(getattr(analysis, f"{key}_size_in_bytes"))
-             for key in ("argument", "output", "alias", "temp", "generated_code")}
-    report = {f"{k}_bytes": v for k, v in sizes.items()}
-    computed = sizes["argument"] + sizes["temp"] + sizes["output"] - sizes["alias"]
-    report["computed_peak_bytes"] = computed
-    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
-    if peak > 0 and on_tpu:
-        report["peak_bytes"], report["peak_source"] = peak, "memory_analysis.peak_memory_in_bytes"
-    else:
-        # XLA:CPU's peak_memory_in_bytes leaves out the temporaries.
-        report["peak_bytes"] = computed
-        report["peak_source"] = "arguments + temporaries + outputs - aliases"
     return report

@@ -6,7 +6,7 @@ exchange, matmul precisions, the roofline bound, and, when the step does not
 fit, its biggest buffers and what to change (`compile_memory`).
 """
 
-from keras_moe.training import roofline
+from keras_moe.training import compile_memory, roofline
 
 GIB = 2 ** 30
 
@@ -47,6 +47,7 @@ def format_report(report):
         lines.append("  fits: yes")
     else:
         lines.append(f"  fits: NO - {report['error'] or 'peak exceeds HBM'}")
+        lines.extend(compile_memory.format_memory_advice(report))
     if report["flops_per_chip"] is not None:
         lines.append(f"  FLOPs per step per chip: {report['flops_per_chip']:.4g} "
                      f"(x {report['chips']} chips = "
@@ -54,6 +55,12 @@ def format_report(report):
     if report["collectives"] is not None:
         lines.append("  collectives: " + ", ".join(
             f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items()))
+    gathers = report.get("activation_all_gathers")
+    if gathers and gathers["count"]:
+        largest = ", ".join(f"{g['dims']} ({g['op_name'] or 'no op name'})"
+                            for g in gathers["largest"])
+        lines.append(f"  activation all-gathers: {gathers['count']} (not shaped like a weight; "
+                     f"{gib(gathers['received_bytes'])} received per chip), largest: {largest}")
     if report.get("moe_exchange"):
         lines.append("  MoE expert exchange, per layer:")
         lines.extend(f"    {line}" for line in format_exchange_choices(report["moe_exchange"]))

@@ -63,6 +63,7 @@ MODULES = [
     "keras_moe.token_exchange",
     "keras_moe.training.checkpoint",
     "keras_moe.training.cli",
+    "keras_moe.training.compile_memory",
     "keras_moe.training.compile_only",
     "keras_moe.training.compile_progress",
     "keras_moe.training.compile_report",
