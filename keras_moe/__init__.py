@@ -6,6 +6,8 @@ The layers follow the Switch Transformer (Fedus et al., 2021) and GShard
 
 from keras_moe import startup as _startup
 
+# Before keras (and so jax) starts: no TPU runtime probe on a host without one.
+_startup.jax_on_cpu_without_accelerator()
 # A keras_moe command filters TensorFlow's start-up chatter from its console;
 # anywhere else, importing keras_moe leaves the process's stderr alone.
 if _startup.launched_as_command():

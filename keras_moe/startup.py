@@ -10,6 +10,7 @@ anything else leaves the process's stderr alone.
 """
 
 import contextlib
+import glob
 import logging
 import os
 import re
@@ -22,6 +23,13 @@ NVIDIA_DRIVER_PATH = "/proc/driver/nvidia"
 NO_GPU_NOISE = (
     re.compile(r"cudart_stub\.cc.*Could not find cuda drivers"),
     re.compile(r"failed call to cuInit"),
+)
+
+# libtpu, loaded for its compiler on a host without a TPU (keras-moe-compile),
+# looks for the TPU VM's accelerator type and says it found none.
+NO_TPU_NOISE = (
+    re.compile(r"could not determine TPU accelerator type"),
+    re.compile(r"Logging before InitGoogle\(\) is written to STDERR"),
 )
 
 STARTUP_NOISE = (
@@ -48,7 +56,73 @@ def is_startup_noise(line):
     patterns = STARTUP_NOISE
     if not os.path.exists(NVIDIA_DRIVER_PATH):
         patterns += NO_GPU_NOISE
+    if not host_has_tpu():
+        patterns += NO_TPU_NOISE
     return any(p.search(line) for p in patterns)
+
+
+# Google's PCI vendor id: a TPU VM's chips are Google PCI devices (what jax's
+# own Cloud TPU detection looks for); /dev/accel* (v4) and /dev/vfio (v5e and
+# later) are how the TPU runtime opens them.
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def host_has_tpu(root="/"):
+    """True when this host has a TPU chip attached (or a device that may be one).
+
+    Example:
+    >>> host_has_tpu(root="/nonexistent")
+    False
+    """
+    for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return bool(glob.glob(os.path.join(root, "dev/accel*"))
+                or os.path.exists(os.path.join(root, "dev/vfio")))
+
+
+def jax_on_cpu_without_accelerator(environ=None, root="/"):
+    """Sets JAX_PLATFORMS=cpu when it is unset and the host has neither a TPU nor a GPU.
+
+    With libtpu installed (the `tpu` extra), jax's default platform list
+    makes it start the TPU runtime on every host; without a TPU that prints
+    libtpu errors ("could not determine TPU accelerator type", "unexpected
+    worker hostname") before falling back to the CPU. Naming the CPU skips
+    the probe and changes nothing else there. A JAX_PLATFORMS that is set, or
+    JAX_FORCE_TPU_INIT / TPU_ACCELERATOR_TYPE (a TPU wanted), is left alone;
+    so is a host with an accelerator (or what may be one). Also applied to an
+    already imported jax whose backends are not started.
+
+    Returns:
+        True when it set JAX_PLATFORMS.
+
+    Example:
+    >>> env = {}
+    >>> jax_on_cpu_without_accelerator(env, root="/nonexistent"), env.get("JAX_PLATFORMS")
+    (True, 'cpu')
+    >>> jax_on_cpu_without_accelerator({"JAX_PLATFORMS": "tpu"}, root="/nonexistent")
+    False
+    """
+    env = os.environ if environ is None else environ
+    if env.get("JAX_PLATFORMS") or env.get("JAX_FORCE_TPU_INIT") or env.get("TPU_ACCELERATOR_TYPE"):
+        return False
+    accelerator = (host_has_tpu(root) or os.path.exists(os.path.join(root, NVIDIA_DRIVER_PATH[1:]))
+                   or os.path.exists(os.path.join(root, "dev/kfd")))  # kfd: an AMD GPU
+    if accelerator:
+        return False
+    env["JAX_PLATFORMS"] = "cpu"
+    jax = sys.modules.get("jax") if environ is None else None
+    if jax is not None:
+        try:
+            if jax.config.jax_platforms is None:
+                jax.config.update("jax_platforms", "cpu")
+        except Exception:  # noqa: BLE001 - backends already started: too late, harmless
+            pass
+    return True
 
 
 @contextlib.contextmanager

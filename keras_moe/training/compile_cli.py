@@ -13,6 +13,13 @@ Example:
   keras-moe-compile --gin_file=tiny_local.gin --num_cpu_devices=4 \\
       --gin_bindings='train.mesh_shape = {"data": 1, "expert": 4, "model": 1}' --json
 
+Progress goes to stderr: a line as each stage starts (reading the gin job,
+loading libtpu, building the abstract model, lowering, compiling) and, while
+the compiler runs (seconds for tiny models, 10-25 minutes for Switch-Base-128
+on a CPU host of a few cores), the elapsed time every --heartbeat_seconds.
+When the step does not fit, the report names its largest buffers and the
+settings that shrink it.
+
 Exit status: 0 compiled (and fits, for a topology), 1 does not fit the HBM,
 2 invalid settings (unknown topology, libtpu missing, train.mesh_shape whose product
 is not the chip count, bad gin).
@@ -51,6 +58,9 @@ def build_parser(prog="keras-moe-compile"):
                              "train.dtype_policy, float32 when unbound); mixed_bfloat16: "
                              "float32 weights, bfloat16 compute")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--heartbeat_seconds", type=float, default=60.0,
+                        help="while the compiler runs, print the elapsed time this often "
+                             "(stderr, like the stage lines; default 60)")
     return parser
 
 
@@ -92,25 +102,31 @@ def _fail(message):
 
 
 def main(argv=None):
+    from keras_moe import startup
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    with startup.filtered_stderr():  # TensorFlow's start-up lines (the trainer's import)
+        args = build_parser().parse_args(argv)
     from keras_moe.training import compile_only
 
     # Cheap refusals first, before any compiler is loaded.
-    try:
-        if args.topology is not None:
+    if args.topology is not None:
+        try:
             compile_only.parse_topology(args.topology)
-            missing = compile_only.libtpu_missing_message()
-            if missing:
-                return _fail(missing)
-    except compile_only.CompileOnlyError as e:
-        return _fail(str(e))
+        except compile_only.CompileOnlyError as e:
+            return _fail(f"--topology: {e}")
+        missing = compile_only.libtpu_missing_message()
+        if missing:
+            return _fail(missing)
+    if not args.heartbeat_seconds > 0:
+        return _fail(f"--heartbeat_seconds must be > 0, got {args.heartbeat_seconds}.")
     if not args.gin_file:
         return _fail("give the job's gin file(s) with --gin_file.")
     from keras_moe.gin_config import GinConfigError
 
     try:
-        cpu_devices = None if args.topology else _cpu_device_count(args)
+        with startup.filtered_stderr():  # the gin files' task imports (TensorFlow, seqio)
+            cpu_devices = None if args.topology else _cpu_device_count(args)
     except GinConfigError as e:
         return _fail(str(e))
     if not _environment_ready(cpu_devices):
@@ -132,6 +148,8 @@ def main(argv=None):
         os.execve(sys.executable, [sys.executable, "-m", "keras_moe.training.compile_cli",
                                    *argv], env)
     compile_only.setup_environment()
+    startup.quiet_startup()
+    from keras_moe.training import compile_progress
 
     from keras_moe.training.errors import TrainingConfigError
 
@@ -145,7 +163,8 @@ def main(argv=None):
             args.gin_file, args.gin_bindings, topology=args.topology,
             num_cpu_devices=cpu_devices, batch_size=args.batch_size,
             feature_lengths=feature_lengths, allowed_imports=args.gin_allow_import,
-            dtype_policy=args.dtype_policy)
+            dtype_policy=args.dtype_policy,
+            progress=compile_progress.stderr_progress("keras-moe-compile", args.heartbeat_seconds))
     except (compile_only.CompileOnlyError, GinConfigError, TrainingConfigError) as e:
         return _fail(str(e))
     if args.json:

@@ -26,112 +26,28 @@ metadata server.
 
 import os
 import re
+import tempfile
 import time
 
-from keras_moe.training import abstract_arrays, roofline
+from keras_moe.training import compile_memory, compile_progress, hlo_collectives, roofline
+from keras_moe.training.abstract_step import abstract_batch as _abstract_batch
+from keras_moe.training.abstract_step import abstract_model as _abstract_model
+from keras_moe.training.abstract_step import abstract_state as _abstract_state
+from keras_moe.training.compile_report import format_exchange_choices, format_report  # noqa: F401
+from keras_moe.training.errors import CompileOnlyError
+from keras_moe.training.tpu_topology import (  # noqa: F401  (this module's API before the split)
+    GENERATIONS,
+    KNOWN_TOPOLOGIES,
+    libtpu_missing_message,
+    parse_topology,
+    setup_environment,
+    topology_devices,
+)
 
-# HBM per chip (GiB) by TPU generation, and the libtpu chip configuration a
-# slice of that generation runs with: v4 and v5p chips have two TensorCores
-# that JAX drives as one device ("megacore"); v5e and v6e chips have one.
-GENERATIONS = {
-    "v4": {"hbm_gib": 32, "chip_config": "megacore", "device_kind": "TPU v4"},
-    "v5e": {"hbm_gib": 16, "chip_config": "default", "device_kind": "TPU v5 lite"},
-    "v5p": {"hbm_gib": 95, "chip_config": "megacore", "device_kind": "TPU v5"},
-    "v6e": {"hbm_gib": 32, "chip_config": "default", "device_kind": "TPU v6 lite"},
-}
-# Topologies this module is tested with (any "<generation>:<AxB[xC]>" of a known
-# generation is accepted: 2-D for v5e/v6e, 3-D for v4/v5p).
-KNOWN_TOPOLOGIES = ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:8x8", "v6e:2x2", "v6e:4x4",
-                    "v6e:8x8", "v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:4x4x4",
-                    "v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4")
-_TOPOLOGY_RE = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+)+)$")
 # "<shape> all-to-all(...)" is an instruction; "%all-to-all.3" a use of one.
 COLLECTIVES = ("all-to-all", "ragged-all-to-all", "all-gather", "all-reduce", "reduce-scatter",
                "collective-permute")
 GIB = 2 ** 30
-
-
-class CompileOnlyError(ValueError):
-    """A setting of the compile-only run is invalid; the message names it and the fix."""
-
-
-def setup_environment(environ=None):
-    """Sets the environment a compile-only run needs; call before jax/keras are imported.
-
-    Existing values are kept, except JAX_PLATFORMS, which must be "cpu" (the
-    host computes nothing; a TPU backend would try to open a TPU).
-    """
-    env = os.environ if environ is None else environ
-    # ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise takes /tmp/libtpu_lockfile and a
-    # second compiling process (two test workers, two CLIs) aborts; no TPU is opened.
-    defaults = {"KERAS_BACKEND": "jax", "TPU_SKIP_MDS_QUERY": "1",
-                "TPU_WORKER_HOSTNAMES": "localhost", "TF_CPP_MIN_LOG_LEVEL": "3",
-                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    for key, value in defaults.items():
-        if not env.get(key):
-            env[key] = value
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
-
-
-def libtpu_missing_message():
-    """None when libtpu is importable; else the error text with the install hint."""
-    import importlib.util
-
-    if importlib.util.find_spec("libtpu") is not None:
-        return None
-    try:
-        from importlib.metadata import version
-
-        jax_version = version("jax")
-    except Exception:  # noqa: BLE001 - jax itself missing
-        jax_version = "<your jax version>"
-    return ("compiling for a TPU topology needs the TPU compiler (libtpu), which is not "
-            'installed: pip install "keras-moe[tpu]" '
-            f'(or pip install "jax[tpu]=={jax_version}"). '
-            "Without it, compile for emulated CPU devices (--num_cpu_devices).")
-
-
-def parse_topology(name):
-    """`(generation, chips, dims)` of a topology name such as "v5e:4x4" or "v4:2x2x2".
-
-    Raises:
-        CompileOnlyError: an unknown generation or a malformed shape, listing
-            the known topologies.
-    """
-    match = _TOPOLOGY_RE.match(str(name or "").strip())
-    bad = CompileOnlyError(
-        f"unknown TPU topology {name!r}: use <generation>:<chips per axis> with generation "
-        f"one of {sorted(GENERATIONS)}, e.g. one of {list(KNOWN_TOPOLOGIES)}.")
-    if not match:
-        raise bad
-    generation, dims = match.group(1), tuple(int(d) for d in match.group(2).split("x"))
-    if len(dims) != (3 if generation in ("v4", "v5p") else 2) or min(dims) < 1:
-        raise bad
-    chips = 1
-    for d in dims:
-        chips *= d
-    return generation, chips, dims
-
-
-def topology_devices(name):
-    """The compile-only jax devices of the TPU slice `name` (one per chip)."""
-    generation, chips, dims = parse_topology(name)
-    missing = libtpu_missing_message()
-    if missing:
-        raise CompileOnlyError(missing)
-    from jax.experimental import topologies
-
-    info = GENERATIONS[generation]
-    # Hosts hold 2x2 chips (4 per TPU VM worker); smaller slices are one host.
-    host = tuple(min(d, 2) for d in dims[:2]) + (1,)
-    kwargs = {"chip_config_name": info["chip_config"], "chips_per_host_bounds": host}
-    topology = topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs)
-    devices = list(topology.devices)
-    if len(devices) != chips:  # pragma: no cover - a libtpu that ignores chip_config_name
-        raise CompileOnlyError(f"libtpu described {name} with {len(devices)} devices, "
-                               f"expected {chips} (one per chip).")
-    return devices
 
 
 def cpu_devices(num):
@@ -169,12 +85,6 @@ def _gin_value(name, macro=None):
                 continue
         return value
     return None
-
-
-def _bytes(shape, dtype):
-    import numpy as np
-
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def _count_collectives(hlo):
@@ -248,7 +158,8 @@ def _resolved_dispatch(mode, platform):
 
 def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=None,
                        mesh_shape=None, batch_size=None, feature_lengths=None,
-                       allowed_imports=(), target_platform=None, dtype_policy=None):
+                       allowed_imports=(), target_platform=None, dtype_policy=None,
+                       progress=None):
     """Compiles one train step of the gin job and reports its per-chip cost.
 
     Args:
@@ -268,6 +179,8 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         dtype_policy: Keras dtype policy the model is built under, as
             `train(dtype_policy=...)`; default the job's `train.dtype_policy`
             (`train.dtype_policy`), float32 when unbound.
+        progress: a `compile_progress.CompileProgress` told each stage (and
+            beating while the compiler runs); default silent.
 
     Returns:
         a dict: topology, chips, device_kind, mesh, parameters, batch, dispatch,
@@ -286,6 +199,11 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         program: one chip's FLOPs per step), `collectives` (instruction counts
         in the compiled HLO), `moe_exchange` (how each MoE layer moves its
         expert buffers and why: `keras_moe.token_exchange.exchange_choices`),
+        `activation_all_gathers` (count, bytes received per chip and the
+        largest of the all-gathers not shaped like a weight:
+        `hlo_collectives.activation_all_gathers`), `largest_allocations` (TPU:
+        the biggest HBM buffers of the compiler's buffer assignment, also when
+        it ran out of memory: `compile_memory`), `sparse_ffn_classes`,
         `compile_seconds`.
 
     Raises:
@@ -295,10 +213,12 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     """
     from keras_moe import sharding
 
+    progress = progress or compile_progress.SILENT
     _check_jax_backend()
-    generation, hbm, devices = _topology_target(topology)
+    generation, hbm, devices = _topology_target(topology, progress)
     if target_platform is None:
         target_platform = "tpu" if topology is not None else sharding.accelerator_platform()
+    progress.stage("reading the gin job")
     files, bindings, config = _parse_job(gin_files, bindings, allowed_imports, target_platform)
     dtype_policy = _job_dtype_policy(dtype_policy)
     batch_size, feature_lengths = _job_batch(batch_size, feature_lengths)
@@ -310,7 +230,8 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     distribution = _configure_mesh(config, devices, mesh_shape)
     try:
         report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-                          on_tpu=topology is not None, dtype_policy=dtype_policy)
+                          on_tpu=topology is not None, dtype_policy=dtype_policy,
+                          progress=progress, where=_where(topology, devices))
     finally:
         sharding.clear_mesh()
     report.update(gin_files=files, bindings=bindings, topology=topology, generation=generation)
@@ -333,12 +254,21 @@ def _check_jax_backend():
                                "keras is imported; see setup_environment()).")
 
 
-def _topology_target(topology):
+def _topology_target(topology, progress):
     """`(generation, HBM bytes per chip, compile-only devices)` of a TPU topology, or Nones."""
     if topology is None:
         return None, None, None
     generation = parse_topology(topology)[0]
-    return generation, GENERATIONS[generation]["hbm_gib"] * GIB, topology_devices(topology)
+    progress.stage(f"loading the TPU compiler (libtpu) for {topology}")
+    with progress.quiet():  # libtpu's start-up lines about the TPU this host lacks
+        devices = topology_devices(topology)
+    return generation, GENERATIONS[generation]["hbm_gib"] * GIB, devices
+
+
+def _where(topology, devices):
+    if topology is None:
+        return f"{len(devices)} emulated CPU devices with XLA:CPU"
+    return f"{len(devices)} chips of {topology} with the TPU compiler"
 
 
 def _parse_job(gin_files, bindings, allowed_imports, target_platform):
@@ -428,7 +358,9 @@ def _job_summary(config, devices, distribution, batch_size, feature_lengths, tar
             "batch": batch,
             "dispatch": _resolved_dispatch(config.sparse_option("dispatch"), target_platform),
             "num_experts": config.num_experts, "vocab_size": config.vocab_size,
-            "group_size": config.sparse_option("group_size")}
+            "group_size": config.sparse_option("group_size"),
+            "sparse_ffn_classes": sorted({spec["class_name"].split(">")[-1]
+                                          for spec in config.used_sparse_ffn_specs()})}
 
 
 def _fits(report, hbm):
@@ -441,13 +373,14 @@ def _fits(report, hbm):
 
 
 def _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
-             on_tpu, dtype_policy="float32"):
+             on_tpu, dtype_policy="float32", progress=compile_progress.SILENT, where=""):
     """Lowers and compiles one train step over abstract sharded arguments; its report."""
     import jax
     import numpy as np
 
     from keras_moe import token_exchange
 
+    progress.stage("building the abstract model and optimizer (shapes and layouts, no values)")
     model, optimizer = _abstract_model(config, distribution, gin_configurables, dtype_policy)
     state, state_bytes = _abstract_state(model, optimizer, distribution)
     batch = _abstract_batch(distribution, batch_size, feature_lengths)
@@ -455,25 +388,39 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
         "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
         "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
         "compute_dtype": model.compute_dtype, "matmul_dtypes": None, **state_bytes,
-        "error": None, "moe_exchange": None,
+        "error": None, "moe_exchange": None, "largest_allocations": None,
     }
     t0 = time.time()
     token_exchange.clear_exchange_choices()
-    try:
-        # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
-        lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
-        report["moe_exchange"] = token_exchange.exchange_choices()
-        # As written, before the compiler's own precision choices (the TPU's
-        # default precision runs float32 matmuls as bfloat16 passes either way).
-        report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
-        compiled = lowered.compile()
-    except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        report.update(_out_of_memory_report(str(e), time.time() - t0))
+    progress.stage(f"lowering the train step ({report['parameters'] / 1e6:.1f}M parameters)")
+    # The state is donated, as Keras' JAX trainer does: its outputs reuse it.
+    lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, batch)
+    report["moe_exchange"] = token_exchange.exchange_choices()
+    # As written, before the compiler's own precision choices (the TPU's
+    # default precision runs float32 matmuls as bfloat16 passes either way).
+    report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
+    progress.stage(f"compiling for {where} ({compile_progress.EXPECTED_COMPILE_TIME}; "
+                   f"a line every {progress.heartbeat_seconds:g} s while it runs)")
+    # On TPU the compiler's buffer assignment (written to the dump, also when it
+    # runs out of memory) names the largest buffers.
+    with tempfile.TemporaryDirectory(prefix="keras_moe_compile_") as dump:
+        options = {"xla_dump_to": dump} if on_tpu else None
+        try:
+            with progress.heartbeat("compiling"):
+                compiled = lowered.compile(compiler_options=options)
+        except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            compiled = None
+            report.update(compile_memory.out_of_memory_entries(str(e), time.time() - t0))
+        report["largest_allocations"] = compile_memory.largest_allocations(dump)
+    seconds = compile_progress.format_duration(time.time() - t0)
+    if compiled is None:
+        progress.stage(f"out of memory after {seconds}")
         return report
+    progress.stage(f"compiled in {seconds}")
     report["compile_seconds"] = round(time.time() - t0, 1)
-    report.update(_memory_report(compiled, on_tpu))
+    report.update(compile_memory.memory_entries(compiled, on_tpu))
     cost = _cost(compiled)
     report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
     report["bytes_accessed_per_chip"] = (float(cost["bytes accessed"])
@@ -482,163 +429,12 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
     chips = len(distribution.device_mesh.devices.flat)
     report["collectives"] = _count_collectives(hlo)
     report["collective_bytes_per_chip"] = roofline.collective_bytes(hlo, chips)
+    weights = [(a.shape, a.sharding.shard_shape(a.shape)) for part in state for a in part]
+    gathers = hlo_collectives.activation_all_gathers(hlo, weights, chips)
+    report["activation_all_gathers"] = {
+        "count": len(gathers), "received_bytes": sum(c.received_bytes for c in gathers),
+        "largest": [{"dims": list(c.dims), "op_name": c.op_name} for c in
+                    sorted(gathers, key=lambda c: -c.result_bytes)[:3]]}
     report["model_flops_per_chip"] = roofline.model_flops_per_step(
         model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]) / chips
     return report
-
-
-def _abstract_model(config, distribution, gin_configurables, dtype_policy):
-    """The job's model, compiled, and its built optimizer: variables of shapes and layouts only."""
-    import jax
-    import keras
-
-    from keras_moe import compat, models
-    from keras_moe.training.trainer import dtype_policy_scope
-
-    # Variables created in this scope get a shape and a layout, never a value:
-    # a compile-only client cannot hold one.
-    with dtype_policy_scope(dtype_policy), keras.StatelessScope(initialize_variables=False):
-        model = models.build_model(config)
-    for variable in model.variables:
-        # What initialising the variable would do; the optimizer's slots take
-        # their reference weight's layout from it (as in training).
-        compat.set_variable_layout(variable, distribution.get_variable_layout(variable))
-    built = {}
-
-    # The optimizer (its step counter, Adafactor's factored moments) and the
-    # compiled metrics create variables from values: make them under
-    # eval_shape, so those values are traced, never computed or placed.
-    def build():
-        built["optimizer"] = optimizer = gin_configurables.make_optimizer()  # the job's bindings
-        model.compile(**model.compile_defaults(optimizer=optimizer, jit_compile=True))
-        optimizer.build(model.trainable_variables)
-
-    jax.eval_shape(build)
-    return model, built["optimizer"]
-
-
-def _abstract_state(model, optimizer, distribution):
-    """The train step's state as sharded abstract arrays, and each part's bytes per chip."""
-    parts = {"param": model.trainable_variables, "non_trainable": model.non_trainable_variables,
-             "optimizer": optimizer.variables, "metrics": model.metrics_variables}
-    state, sizes = [], {}
-    for name, variables in parts.items():
-        arrays = abstract_arrays.abstract_variables(variables, distribution)
-        state.append(arrays)
-        sizes[f"{name}_bytes"] = sum(_bytes(a.sharding.shard_shape(a.shape), a.dtype)
-                                     for a in arrays)
-    return tuple(state), sizes
-
-
-def _abstract_batch(distribution, batch_size, feature_lengths):
-    """One batch `(inputs, targets, weights)` as abstract arrays laid out as the data is."""
-    def data(shape, dtype):
-        return abstract_arrays.abstract_array(shape, dtype, distribution.device_mesh,
-                                              distribution.get_data_layout(shape))
-
-    enc = (int(batch_size), int(feature_lengths["inputs"]))
-    dec = (int(batch_size), int(feature_lengths["targets"]))
-    inputs = {"encoder_input_tokens": data(enc, "int32"),
-              "decoder_input_tokens": data(dec, "int32"),
-              "encoder_segment_ids": data(enc, "int32"), "encoder_positions": data(enc, "int32"),
-              "decoder_segment_ids": data(dec, "int32"), "decoder_positions": data(dec, "int32")}
-    return inputs, data(dec, "int32"), data(dec, "float32")
-
-
-def _out_of_memory_report(message, seconds):
-    """The report's entries when the compiler raised RESOURCE_EXHAUSTED: its message, no sizes."""
-    return {"error": message.strip().splitlines()[0][:2000],
-            "compile_seconds": round(seconds, 1),
-            "argument_bytes": None, "output_bytes": None, "alias_bytes": None,
-            "temp_bytes": None, "peak_bytes": None, "peak_source": None,
-            "computed_peak_bytes": None, "flops_per_chip": None, "collectives": None}
-
-
-def _memory_report(compiled, on_tpu):
-    """Per-chip buffer sizes of the compiled program (memory_analysis) and its peak."""
-    analysis = compiled.memory_analysis()
-    sizes = {key: int(getattr(analysis, f"{key}_size_in_bytes"))
-             for key in ("argument", "output", "alias", "temp", "generated_code")}
-    report = {f"{k}_bytes": v for k, v in sizes.items()}
-    computed = sizes["argument"] + sizes["temp"] + sizes["output"] - sizes["alias"]
-    report["computed_peak_bytes"] = computed
-    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
-    if peak > 0 and on_tpu:
-        report["peak_bytes"], report["peak_source"] = peak, "memory_analysis.peak_memory_in_bytes"
-    else:
-        # XLA:CPU's peak_memory_in_bytes leaves out the temporaries.
-        report["peak_bytes"] = computed
-        report["peak_source"] = "arguments + temporaries + outputs - aliases"
-    return report
-
-
-def format_report(report):
-    """A readable multi-line summary of `compile_train_step`'s report."""
-    def gib(value):
-        if value is None:
-            return "n/a"
-        if value < 0.1 * GIB:
-            return f"{value / GIB:.3f} GiB ({value / 2 ** 20:.1f} MiB)"
-        return f"{value / GIB:.3f} GiB"
-
-    where = (f"TPU {report['topology']} ({report['chips']} chips, {report['device_kind']})"
-             if report["topology"] else f"{report['chips']} emulated CPU devices")
-    batch = report["batch"]
-    lines = [
-        f"train step of {' + '.join(report['gin_files'])} on {where}",
-        f"  mesh {report['mesh']}, batch {batch['batch_size']} x "
-        f"({batch.get('inputs')} + {batch.get('targets')}) tokens, dispatch "
-        f"{report['dispatch']}, {report['parameters'] / 1e6:.1f}M parameters "
-        f"({report['param_dtype']}), dtype policy {report['dtype_policy']} (compute "
-        f"{report['compute_dtype']})",
-        "  per chip:",
-        f"    parameters    {gib(report['param_bytes'])}   (shard shapes)",
-        f"    optimizer     {gib(report['optimizer_bytes'])}   (shard shapes)",
-        f"    arguments     {gib(report['argument_bytes'])}   (compiler)",
-        f"    outputs       {gib(report['output_bytes'])}   (aliased to donated arguments: "
-        f"{gib(report['alias_bytes'])})",
-        f"    temporaries   {gib(report['temp_bytes'])}",
-        f"    peak          {gib(report['peak_bytes'])}   ({report['peak_source']})",
-    ]
-    if report["hbm_bytes"] is not None:
-        lines.append(f"    HBM           {gib(report['hbm_bytes'])}   ({report['generation']})")
-    if report["fits"] is None:
-        lines.append("  fits: unknown (no TPU topology)")
-    elif report["fits"]:
-        lines.append("  fits: yes")
-    else:
-        lines.append(f"  fits: NO - {report['error'] or 'peak exceeds HBM'}")
-    if report["flops_per_chip"] is not None:
-        lines.append(f"  FLOPs per step per chip: {report['flops_per_chip']:.4g} "
-                     f"(x {report['chips']} chips = "
-                     f"{report['flops_per_chip'] * report['chips']:.4g})")
-    if report["collectives"] is not None:
-        lines.append("  collectives: " + ", ".join(
-            f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items()))
-    if report.get("moe_exchange"):
-        lines.append("  MoE expert exchange, per layer:")
-        lines.extend(f"    {line}" for line in format_exchange_choices(report["moe_exchange"]))
-    if report["matmul_dtypes"]:
-        lines.append("  matmuls by result type, as lowered: " + ", ".join(
-            f"{k} {v}" for k, v in report["matmul_dtypes"].items()))
-    if report.get("generation"):
-        lines.extend(roofline.format_estimate(report.get("roofline")))
-    lines.append(f"  compiled in {report['compile_seconds']} s")
-    return "\n".join(lines)
-
-
-def format_exchange_choices(choices):
-    """One line per MoE layer of `keras_moe.token_exchange.exchange_choices()`: its exchange and why.
-
-    Example:
-    >>> format_exchange_choices([{"layer": "encoder/moe", "exchange": "all_to_all",
-    ...                           "reason": "16 groups", "buffer": [16, 16, 20, 64]}])
-    ['encoder/moe: all-to-all, buffers [16, 16, 20, 64] (16 groups)']
-    """
-    lines = []
-    for choice in choices:
-        exchange = {"all_to_all": "all-to-all", "gspmd": "GSPMD"}.get(choice["exchange"],
-                                                                       choice["exchange"])
-        buffer = f", buffers {choice['buffer']}" if choice.get("buffer") else ""
-        lines.append(f"{choice['layer']}: {exchange}{buffer} ({choice['reason']})")
-    return lines

@@ -48,3 +48,8 @@ class TrainingInterrupted(Exception):
         newest = (f"the newest checkpoint is {checkpoint}" if checkpoint
                   else "no checkpoint was written yet")
         super().__init__(f"interrupted{at}; {newest}. Run the same command to resume.")
+
+
+class CompileOnlyError(ValueError):
+    """A setting of a compile-only run (`keras-moe-compile`) is invalid; the message
+    names it and the fix. The command prints it and exits with status 2."""

@@ -36,6 +36,7 @@ class Collective(NamedTuple):
     group_size: int
     received_bytes: float
     op_name: str
+    dims: tuple = ()  # the (last) result array's per-device dimensions
 
 
 def shape_bytes(shape_text):
@@ -81,6 +82,8 @@ def collectives(hlo_text, num_devices=1):
             continue
         kind, rest = match.group("kind"), match.group("rest")
         result = shape_bytes(match.group("shape"))
+        arrays = _ARRAY.findall(match.group("shape"))
+        dims = tuple(int(d) for d in arrays[-1][1].split(",") if d) if arrays else ()
         if kind in ("all-gather", "all-reduce", "collective-permute") and \
                 match.group(0).find(f"{kind}-start(") >= 0:
             # The start's result is a tuple (operand, result): count the result only.
@@ -92,7 +95,8 @@ def collectives(hlo_text, num_devices=1):
         received = {"all-reduce": 2 * result * share, "collective-permute": float(result),
                     "reduce-scatter": float(result * (n - 1))}.get(kind, result * share)
         op_name = re.search(r'op_name="([^"]*)"', rest)
-        out.append(Collective(kind, result, n, received, op_name.group(1) if op_name else ""))
+        out.append(Collective(kind, result, n, received, op_name.group(1) if op_name else "",
+                              dims))
     return out
 
 
@@ -103,3 +107,47 @@ def summarize(hlo_text, num_devices=1):
         summary[c.kind]["count"] += 1
         summary[c.kind]["received_bytes"] += c.received_bytes
     return summary
+
+
+def is_weight_shape(dims, weights):
+    """True when `dims` lies between a weight's per-device shard and its full shape.
+
+    An all-gather of a weight (FSDP-style, or a weight laid out over an axis
+    its consumer needs whole) returns the weight or a partly gathered shard
+    of it: each dimension at least the shard's and dividing the full one.
+
+    Args:
+        dims: a collective's result dimensions (per device).
+        weights: `(full shape, shard shape)` pairs of the step's variables.
+
+    Example:
+    >>> is_weight_shape((8, 64, 128), [((8, 64, 128), (2, 64, 128))])
+    True
+    >>> is_weight_shape((4, 32, 64), [((8, 64, 128), (2, 64, 128))])
+    False
+    """
+    for full, shard in weights:
+        if len(full) == len(dims) and all(
+                s <= d <= f and f % d == 0 for d, f, s in zip(dims, full, shard)):
+            return True
+    return False
+
+
+def activation_all_gathers(hlo_text, weights, num_devices=1):
+    """The all-gathers of `hlo_text` whose result is not shaped like a weight.
+
+    The heuristic: a gathered weight keeps the weight's shape (between its
+    shard and its full shape, `is_weight_shape`); anything else gathered --
+    tokens, hidden states, router outputs, routing buffers -- is an
+    activation, whose size grows with the batch. Scalars are left out. A
+    weight reshaped before its gather counts as an activation, and an
+    activation shaped like a weight as a weight.
+
+    Example:
+    >>> hlo = ('%g = f32[8,32,64]{2,1,0} all-gather(%x), replica_groups={{0,1}}, dimensions={0}\\n'
+    ...        '%w = f32[8,64,128]{2,1,0} all-gather(%k), replica_groups={{0,1}}, dimensions={0}')
+    >>> [c.dims for c in activation_all_gathers(hlo, [((8, 64, 128), (4, 64, 128))])]
+    [(8, 32, 64)]
+    """
+    return [c for c in collectives(hlo_text, num_devices)
+            if c.kind == "all-gather" and c.dims and not is_weight_shape(c.dims, weights)]

@@ -208,10 +208,10 @@ def exchange_report(model, batch_size, feature_lengths):
     import jax
 
     from keras_moe import token_exchange
-    from keras_moe.training import compile_only
+    from keras_moe.training import abstract_step, compile_only
 
     distribution = keras.distribution.distribution()
-    inputs = compile_only._abstract_batch(distribution, batch_size, feature_lengths)[0]
+    inputs = abstract_step.abstract_batch(distribution, batch_size, feature_lengths)[0]
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 

@@ -63,7 +63,10 @@ MODULES = [
     "keras_moe.token_exchange",
     "keras_moe.training.checkpoint",
     "keras_moe.training.cli",
+    "keras_moe.training.compile_memory",
     "keras_moe.training.compile_only",
+    "keras_moe.training.compile_progress",
+    "keras_moe.training.compile_report",
     "keras_moe.training.console",
     "keras_moe.training.expert_load",
     "keras_moe.training.hlo_collectives",
@@ -77,6 +80,7 @@ MODULES = [
     "keras_moe.training.schedules",
     "keras_moe.training.sharded_checkpoint",
     "keras_moe.training.stages",
+    "keras_moe.training.tpu_topology",
     "keras_moe.training.trainer",
     "keras_moe.validation",
 ]

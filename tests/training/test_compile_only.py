@@ -41,10 +41,31 @@ def libtpu():
 
 
 @pytest.fixture(scope="module")
-def report(libtpu):
+def report_run(libtpu):
     done = run_cli([*_args(), "--json"], timeout=300, env=ENV, module=MODULE)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout[done.stdout.index("{"):])
+    return done
+
+
+@pytest.fixture(scope="module")
+def report(report_run):
+    return json.loads(report_run.stdout[report_run.stdout.index("{"):])
+
+
+def test_each_stage_is_announced_on_stderr_in_order_and_nothing_else(report_run):
+    # The JSON report alone is on stdout; stderr has the stage lines, and neither
+    # TensorFlow's nor libtpu's start-up lines (no TPU, no GPU on this host).
+    assert report_run.stdout.lstrip().startswith("{")
+    lines = report_run.stderr.strip().splitlines()
+    stages = [line for line in lines if not line.startswith("keras-moe-compile: still ")]
+    assert [line.split(": ", 1)[0] for line in lines] == ["keras-moe-compile"] * len(lines), lines
+    expected = ["loading the TPU compiler (libtpu) for v5e:2x2", "reading the gin job",
+                "building the abstract model", "lowering the train step (1.4M parameters)",
+                "compiling for 4 chips of v5e:2x2 with the TPU compiler (expect seconds for "
+                "tiny models, 10-25 minutes for Switch-Base-128", "compiled in "]
+    assert len(stages) == len(expected), lines
+    for line, start in zip(stages, expected):
+        assert line.startswith("keras-moe-compile: " + start), (line, start)
 
 
 def hand_count_param_bytes(expert_shards):
@@ -185,7 +206,7 @@ def test_topology_names():
 
     assert compile_only.parse_topology("v5e:4x4") == ("v5e", 16, (4, 4))
     assert compile_only.parse_topology("v4:2x2x2") == ("v4", 8, (2, 2, 2))
-    for bad in ("v5e:4x4x4", "v4:2x2", "tpu:4", "", None):
+    for bad in ("v5e:4x4x4", "v4:2x2", "tpu:4", "", None, "v5e:3x3", "v4:3x2x2"):
         with pytest.raises(compile_only.CompileOnlyError, match="unknown TPU topology"):
             compile_only.parse_topology(bad)
 
