@@ -161,8 +161,9 @@ class Run:
     """A training run of `config` into `model_dir`; `train()` does every step.
 
     Args:
-        model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
-            expert_load.png, summary.json).
+        model_dir: output folder (checkpoints/, backup/, logs/train and logs/validation
+            (TensorBoard), operative_config.gin, expert_load.png, expert_load_history.json
+            and .png, summary.json).
         config: a `TrainConfig`.
     """
 
@@ -340,7 +341,7 @@ class Run:
 
     def summarize(self):
         """The end loss, the expert-load plot and summary.json; returns the `TrainSummary`."""
-        from keras_moe.training import stages
+        from keras_moe.training import load_history, stages
         from keras_moe.training.trainer import TrainSummary
 
         c = self.config
@@ -354,6 +355,9 @@ class Run:
                                                 self.summary_split, self.model_dir, end_step,
                                                 shared_with)
         history = self.logger.history
+        history_plot = os.path.join(self.model_dir, load_history.PNG_NAME)
+        if not (self.chief and os.path.isfile(history_plot)):
+            history_plot = None
         latest = self.manager.latest()
         summary = TrainSummary({
             "task": c.task, "strategy": c.strategy, "replicas": self.replicas,
@@ -368,6 +372,7 @@ class Run:
             "wall_seconds": time.time() - self.started_at,
             "checkpoint": latest["path"] if latest else None,
             "tensorboard": self.log_root, "expert_load_plot": plot_path,
+            "expert_load_history": history_plot,
             "operative_config": os.path.join(self.model_dir, "operative_config.gin"),
             "history": history, "mesh": self.placement.mesh, "processes": self.process_count,
             "input_shards": self.input_plan[1],
