@@ -83,10 +83,16 @@ def file_sha256(path):
 
 def atomic_write_text(path, text):
     """Writes `text` to `path` via a fsynced temporary file and a rename."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path, data):
+    """Writes `data` to `path` via a fsynced temporary file and a rename: a reader
+    (or a crash) sees the old file or the new one, never a part of it."""
     folder = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

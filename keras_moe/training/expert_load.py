@@ -30,8 +30,24 @@ def measure_expert_load(model, batches):
     Returns:
         `{layer path: np.ndarray [E]}` (each row sums to 1 when tokens were routed).
     """
+    return {path: m["load"] for path, m in measure_router_pass(model, batches).items()}
+
+
+def measure_router_pass(model, batches):
+    """Expert load and dropped fraction per MoE layer over `batches` (eval mode).
+
+    Args:
+        model: a built `EncoderDecoder` (or any model with MoE layers).
+        batches: iterable of Keras `(x, y, sample_weight)` or `x` batches.
+
+    Returns:
+        `{layer path: {"load": np.ndarray [E], "dropped_fraction": float}}`: the
+        load as in `measure_expert_load`; the dropped fraction is the layer's
+        `dropped_fraction` statistic averaged over the batches' real tokens.
+    """
     layers = moe_layers(model)
     sums = {path: None for path in layers}
+    drops = {path: [0.0, 0.0] for path in layers}  # [dropped tokens, tokens]
     saved = {}
     for path, layer in layers.items():
         original = layer.call
@@ -42,6 +58,9 @@ def measure_expert_load(model, batches):
                                    **kwargs)
             load = np.asarray(stats["selection_load"], np.float64)
             sums[_path] = load if sums[_path] is None else sums[_path] + load
+            tokens = float(np.asarray(stats["num_tokens"]))
+            drops[_path][0] += float(np.asarray(stats["dropped_fraction"])) * tokens
+            drops[_path][1] += tokens
             return outputs
 
         layer.call = call
@@ -58,7 +77,9 @@ def measure_expert_load(model, batches):
     out = {}
     for path, total in sums.items():
         if total is not None:
-            out[path] = total / max(total.sum(), 1e-12)
+            dropped, tokens = drops[path]
+            out[path] = {"load": total / max(total.sum(), 1e-12),
+                         "dropped_fraction": dropped / tokens if tokens else 0.0}
     return out
 
 
@@ -76,7 +97,7 @@ def max_violation(load):
 
 def plot_expert_load(loads, path, title="Expert load per MoE layer"):
     """Writes a bar chart per MoE layer (share of the selected choices per expert,
-    with its MaxVio) to `path`."""
+    with its MaxVio) to `path` (atomically)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -101,6 +122,19 @@ def plot_expert_load(loads, path, title="Expert load per MoE layer"):
     axes[0, 0].legend(loc="upper right", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
+
+
+def save_figure(fig, path):
+    """Writes the matplotlib figure `fig` to the PNG `path` atomically and closes it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from keras_moe.training.checkpoint import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

@@ -55,8 +55,13 @@ class TrainConfig:
             (falls back to the training split if missing).
         summary_batches: batches of that split for the summary loss and the
             expert-load plot (0 = skip both).
-        expert_load_every: steps between expert-load TensorBoard scalars (0 = never).
-        tensorboard: add `keras.callbacks.TensorBoard`.
+        validation_freq: epochs between validation passes on those batches of
+            `eval_split` at epoch ends (TensorBoard's `validation` run; 0 = never;
+            none when the split is missing).
+        expert_load_every: steps between expert-load measurements on one of those
+            batches (TensorBoard scalars and `expert_load_history.json` / `.png`;
+            0 = never).
+        tensorboard: write TensorBoard logs (`logs/train`, `logs/validation`).
         verbose: `fit` verbosity ("auto": progress bar on a terminal).
         write_config: callable(model_dir) writing the operative gin config (the CLI's).
         collective_timeout: "multi_worker": seconds after which a stuck collective
@@ -114,6 +119,7 @@ class TrainConfig:
     init_checkpoint: str = None
     eval_split: str = "validation"
     summary_batches: int = 4
+    validation_freq: int = 1
     expert_load_every: int = 0
     tensorboard: bool = True
     verbose: object = "auto"
@@ -140,7 +146,7 @@ class TrainConfig:
         check_dtype_policy(self.dtype_policy)
         for name, minimum in (("batch_size", 1), ("train_steps", 1), ("checkpoint_every", 1),
                               ("keep_checkpoints", 1), ("log_every", 1), ("summary_batches", 0),
-                              ("steps_per_execution", 1)):
+                              ("steps_per_execution", 1), ("validation_freq", 0)):
             check_int(f"train.{name}", getattr(self, name), minimum, TrainingConfigError)
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.checkpoint_every
@@ -155,8 +161,9 @@ class Run:
     """A training run of `config` into `model_dir`; `train()` does every step.
 
     Args:
-        model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
-            expert_load.png, summary.json).
+        model_dir: output folder (checkpoints/, backup/, logs/train and logs/validation
+            (TensorBoard), operative_config.gin, expert_load.png, expert_load_history.json
+            and .png, summary.json).
         config: a `TrainConfig`.
     """
 
@@ -302,15 +309,20 @@ class Run:
         probe = (next(iter(self.summary_data))
                  if self.summary_data is not None and self.expert_load_every else None)
         self.logger = cb_lib.TrainingLogger(
-            os.path.join(self.log_root, "train"),
+            self.log_root,
             c.batch_size * (c.feature_lengths["inputs"] + c.feature_lengths["targets"]),
             c.log_every, total_steps=c.train_steps, probe_batch=probe,
-            expert_load_every=self.expert_load_every, enabled=self.chief)
-        callbacks = stages.make_callbacks(self.manager, self.backup_dir, self.log_root,
-                                          self.chief, self.logger, c.checkpoint_every,
-                                          c.backup_every, c.tensorboard, c.log_every)
+            expert_load_every=self.expert_load_every, enabled=self.chief,
+            history_dir=self.model_dir)
+        callbacks = stages.make_callbacks(self.manager, self.backup_dir, self.chief, self.logger,
+                                          c.checkpoint_every, c.backup_every, c.tensorboard)
+        # Validation curves only from the split they are named after.
+        validation_data = self.summary_data if self.summary_split == c.eval_split else None
         self.eval_start = (stages.evaluate(self.model, self.summary_data)
                            if self.start_step == 0 else None)
+        if self.eval_start is not None and validation_data is not None:
+            self.logger.set_model(self.model)
+            self.logger.write_validation(0, self.eval_start)
         verbose = c.verbose
         if verbose == "auto":
             verbose = 1 if sys.stdout.isatty() else 2
@@ -320,7 +332,8 @@ class Run:
         try:
             self.train_seconds = stages.fit(
                 self.model, self._recorded_train_dataset, self.start_step, skip, c.train_steps,
-                c.steps_per_epoch, callbacks, verbose, c.strategy, c.collective_timeout)
+                c.steps_per_epoch, callbacks, verbose, c.strategy, c.collective_timeout,
+                validation_data, c.validation_freq)
         except KeyboardInterrupt:
             latest = self.manager.latest()
             raise TrainingInterrupted(int(self.model.optimizer.iterations.numpy()),
@@ -328,7 +341,7 @@ class Run:
 
     def summarize(self):
         """The end loss, the expert-load plot and summary.json; returns the `TrainSummary`."""
-        from keras_moe.training import stages
+        from keras_moe.training import load_history, stages
         from keras_moe.training.trainer import TrainSummary
 
         c = self.config
@@ -342,6 +355,9 @@ class Run:
                                                 self.summary_split, self.model_dir, end_step,
                                                 shared_with)
         history = self.logger.history
+        history_plot = os.path.join(self.model_dir, load_history.PNG_NAME)
+        if not (self.chief and os.path.isfile(history_plot)):
+            history_plot = None
         latest = self.manager.latest()
         summary = TrainSummary({
             "task": c.task, "strategy": c.strategy, "replicas": self.replicas,
@@ -356,6 +372,7 @@ class Run:
             "wall_seconds": time.time() - self.started_at,
             "checkpoint": latest["path"] if latest else None,
             "tensorboard": self.log_root, "expert_load_plot": plot_path,
+            "expert_load_history": history_plot,
             "operative_config": os.path.join(self.model_dir, "operative_config.gin"),
             "history": history, "mesh": self.placement.mesh, "processes": self.process_count,
             "input_shards": self.input_plan[1],

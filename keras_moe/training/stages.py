@@ -110,12 +110,11 @@ def summary_dataset(make_dataset, eval_split, summary_batches, train_dataset):
     return data_lib.finite(data), split
 
 
-def make_callbacks(manager, backup_dir, log_root, chief, logger, checkpoint_every, backup_every,
-                   tensorboard, log_every):
-    """The fit callbacks: NaN guard, progress bar, `logger`, step checkpoints,
-    preemption backup, and TensorBoard when asked for and installed."""
-    import keras
-
+def make_callbacks(manager, backup_dir, chief, logger, checkpoint_every, backup_every,
+                   tensorboard):
+    """The fit callbacks: NaN guard, progress bar, `logger` (its TensorBoard output
+    off unless `tensorboard` is asked for and installed), step checkpoints and
+    preemption backup."""
     from keras_moe.training import callbacks as cb_lib
     from keras_moe.training import console
 
@@ -133,14 +132,15 @@ def make_callbacks(manager, backup_dir, log_root, chief, logger, checkpoint_ever
         ckpt_lib.PreemptionBackup(backup_dir, save_freq=backup_every or "epoch", enabled=writes,
                                   sharded=manager.sharded, primary=chief),
     ]
+    # `logger` writes the TensorBoard runs (train/, validation/) itself: Keras'
+    # TensorBoard callback would add `batch_`/`epoch_` copies of every metric, and
+    # its `record_if` condition silences other writers between its own steps.
     if tensorboard and not _has_tensorboard():
         log("the tensorboard package is not installed: no TensorBoard logs "
             "(pip install tensorboard)")
         tensorboard = False
+    if not tensorboard:
         logger.log_dir = None
-    if tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_root, update_freq=log_every,
-                                                     write_graph=False))
     return callbacks
 
 
@@ -175,11 +175,13 @@ def fit_segments(start, total, steps_per_epoch):
 
 
 def fit(model, train_dataset, start_step, skip, train_steps, steps_per_epoch, callbacks,
-        verbose, strategy, collective_timeout):
+        verbose, strategy, collective_timeout, validation_data=None, validation_freq=1):
     """`model.fit` from `start_step` to `train_steps`, epoch-aligned, on the
     stream `train_dataset(skip_batches)` past the `skip` batches a resumed run
-    consumed. A failed collective under "multi_worker" becomes a
-    `WorkerFailureError` that says how to resume. Returns the training seconds."""
+    consumed, evaluating on the finite `validation_data` (None: never) at the end
+    of every `validation_freq`-th epoch. A failed collective under "multi_worker"
+    becomes a `WorkerFailureError` that says how to resume. Returns the training
+    seconds."""
     import tensorflow as tf
 
     start = time.time()
@@ -188,10 +190,15 @@ def fit(model, train_dataset, start_step, skip, train_steps, steps_per_epoch, ca
     try:
         for initial_epoch, epochs, spe, first_step in fit_segments(start_step, train_steps,
                                                                     steps_per_epoch):
+            validation = {}
+            if validation_data is not None and validation_freq:
+                validation = {"validation_data": validation_data,
+                              "validation_freq": validation_freq}
             model.fit(train_dataset(skip + first_step - start_step),
                       initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=spe,
                       callbacks=callbacks, verbose=verbose,
-                      shuffle=False)  # seqio already shuffles the stream, by seed.
+                      shuffle=False,  # seqio already shuffles the stream, by seed.
+                      **validation)
     except peer_errors as e:
         if strategy != "multi_worker":
             raise

@@ -144,8 +144,9 @@ def train(model_dir, **settings):
     `Run(model_dir, TrainConfig(**settings)).train()` (`keras_moe.training.run`).
 
     Args:
-        model_dir: output folder (checkpoints/, backup/, logs/, operative_config.gin,
-            expert_load.png, summary.json).
+        model_dir: output folder (checkpoints/, backup/, logs/train and logs/validation
+            (TensorBoard), operative_config.gin, expert_load.png, expert_load_history.json
+            and .png, summary.json).
         **settings: the fields of `TrainConfig` (its docstring says what each does).
 
     Returns:
@@ -198,6 +199,8 @@ def format_summary(summary):
     lines.append(f"checkpoint      {summary['checkpoint']}")
     lines.append(f"tensorboard     tensorboard --logdir {summary['tensorboard']}")
     lines.append(f"expert load     {summary['expert_load_plot']}")
+    if summary.get("expert_load_history"):
+        lines.append(f"load history    {summary['expert_load_history']}")
     lines.append(f"gin config      {summary['operative_config']}")
     lines.append("=" * 72)
     return "\n".join(lines)

@@ -23,7 +23,7 @@ class _Model(keras_moe.RouterMetricsMixin, keras.Model):
 
 def _tags(log_dir):
     tags = {}
-    for path in glob.glob(f"{log_dir}/events.out.tfevents.*"):
+    for path in glob.glob(f"{log_dir}/train/events.out.tfevents.*"):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
                 tags[value.tag] = float(tf.make_ndarray(value.tensor))
