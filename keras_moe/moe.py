@@ -1,8 +1,5 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
-import contextlib
-import threading
-
 import keras
 from keras import ops
 
@@ -13,51 +10,11 @@ from keras_moe import metrics as metrics_lib
 from keras_moe import router_losses
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
+from keras_moe.routing_scope import route_each_sequence, routing_each_sequence  # noqa: F401
 from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
 
 
 GROUPINGS = ("batch", "sequence")
-
-# How many `route_each_sequence` scopes this thread has open: per thread, so a
-# scope opened by one thread (a server decoding) never changes how another
-# thread (a training job) traces its layers.
-_scopes = threading.local()
-
-
-@contextlib.contextmanager
-def route_each_sequence():
-    """A scope in which MoE layers called from this thread route each sequence apart.
-
-    Inside it, a layer called without `independent_routing` behaves as with
-    `independent_routing=True` (see `MoeLayer`): no routing group holds tokens
-    of two sequences, so a sequence's outputs do not depend on the rest of
-    the batch. It is read when a layer is called (or traced: a function
-    traced inside the scope keeps the mode), and only in the thread that
-    opened it. Decoding and serving do not need it: they pass
-    `independent_routing=True` to the model's `encode`/`decode` themselves.
-
-    Example:
-    >>> import numpy as np
-    >>> import keras_moe
-    >>> layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=16, eval_capacity_factor=0.5,
-    ...                                     min_expert_capacity=1)
-    >>> x = np.random.default_rng(0).normal(size=(3, 8, 8)).astype("float32")
-    >>> with route_each_sequence():
-    ...     alone = layer(x[:1])
-    ...     together = layer(x)[:1]
-    >>> bool(np.allclose(alone, together, atol=1e-6))
-    True
-    """
-    _scopes.open = getattr(_scopes, "open", 0) + 1
-    try:
-        yield
-    finally:
-        _scopes.open -= 1
-
-
-def _routing_each_sequence():
-    return getattr(_scopes, "open", 0) > 0
-
 
 def _check_capacity_factor(name, value):
     if not is_number(value) or not value > 0:
@@ -372,7 +329,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if return_metrics is None:
             return_metrics = self.return_metrics
         if independent_routing is None:
-            independent_routing = _routing_each_sequence()
+            independent_routing = routing_each_sequence()
         input_shape = ops.shape(inputs)
         if mask is None:
             token_mask = ops.ones(input_shape[:-1], "float32")

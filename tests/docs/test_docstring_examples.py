@@ -53,6 +53,7 @@ MODULES = [
     "keras_moe.dropless_exchange",
     "keras_moe.moe",
     "keras_moe.router_losses",
+    "keras_moe.routing_scope",
     "keras_moe.shared_experts",
     "keras_moe.routing.base",
     "keras_moe.routing.expert_choice",

@@ -137,8 +137,8 @@ def test_readme_command_line_training_and_eval(tmp_path):
     assert max(len(line) for line in train.splitlines()) < 200
     # Every log step: one router-table row per MoE layer (every other layer, of
     # 2 + 2 here), percentages of dropped tokens.
-    tables = re.findall(r"MoE layer +dropped +imbalance +confidence +out/in rms\n"
-                        r"((?: +\S+ +[\d.]+% +[\d.]+ +[\d.]+ +[\d.]+\n)+)", train)
+    tables = re.findall(r"MoE layer +dropped +imbalance +MaxVio +confidence +out/in rms\n"
+                        r"((?: +\S+ +[\d.]+% +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+\n)+)", train)
     assert len(tables) == 2, train[:4000]
     assert [row.split()[0] for row in tables[0].splitlines()] == [
         "encoder_layer_1/ffn", "decoder_layer_1/ffn"]
