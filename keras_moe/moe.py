@@ -121,18 +121,18 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if shared_experts is not None and not isinstance(shared_experts, keras.layers.Layer):
             raise ValueError("`shared_experts` must be a Keras layer (a SharedExpertFeedForward) "
                              f"or None, got {type(shared_experts).__name__}.")
-        if balance_loss not in router_losses.BALANCE_LOSSES:
-            raise ValueError(f"`balance_loss` must be one of {router_losses.BALANCE_LOSSES}, "
-                             f"got {balance_loss!r}.")
-        if balance_loss != "group" and not router.picks_experts_per_token:
-            raise ValueError(f"`balance_loss={balance_loss!r}` needs a token-choice router; "
-                             f"{type(router).__name__} has no balance loss.")
         if not isinstance(router, routing_lib.Router):
             raise ValueError(f"`router` must be a keras_moe Router, got {type(router).__name__}.")
         if not isinstance(experts, FeedForwardExperts):
             raise ValueError(
                 f"`experts` must be a FeedForwardExperts layer, got {type(experts).__name__}."
             )
+        if balance_loss not in router_losses.BALANCE_LOSSES:
+            raise ValueError(f"`balance_loss` must be one of {router_losses.BALANCE_LOSSES}, "
+                             f"got {balance_loss!r}.")
+        if balance_loss != "group" and not router.picks_experts_per_token:
+            raise ValueError(f"`balance_loss={balance_loss!r}` needs a token-choice router; "
+                             f"{type(router).__name__} has no balance loss.")
         if router.num_experts != experts.num_experts:
             raise ValueError(
                 f"`router.num_experts` ({router.num_experts}) must equal "
