@@ -1,8 +1,11 @@
-"""README quick start 3 (`pretrain_docs.gin`): its missing apt packages."""
+"""README quick start 3 (`pretrain_docs.gin`): its missing apt packages, and its short variant."""
 
 import os
 import shutil
 import subprocess
+
+import gin
+import pytest
 
 from tests.training.helpers import REPO
 
@@ -34,3 +37,36 @@ def test_missing_debian_docs_stop_the_command_in_one_line_before_the_model(tmp_p
     assert "Traceback" not in console
     assert "starting from step 0" not in console  # stopped before the model was built
     assert not model_dir.exists() or os.listdir(model_dir) == []
+
+
+@pytest.fixture
+def _clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_the_short_variant_is_the_same_job_with_fewer_steps(_clean_gin):
+    from keras_moe.gin_config import parse_gin
+
+    names = ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE", "TRAIN_STEPS",
+             "train.checkpoint_every", "train.log_every", "train.expert_load_every",
+             "make_optimizer.learning_rate", "make_optimizer.warmup_steps",
+             "SwitchFeedForward.num_experts", "T5Config.d_model", "T5Config.num_encoder_layers")
+
+    def job(files):
+        parse_gin(files, [])
+        values = {name: gin.query_parameter(name if "." in name else f"%{name}")
+                  for name in names}
+        gin.clear_config()
+        return values
+
+    full, short = job(["pretrain_docs.gin"]), job(["pretrain_docs_short.gin"])
+    assert (full["TRAIN_STEPS"], short["TRAIN_STEPS"]) == (20000, 100)
+    # A checkpoint, an expert-load plot and a log line every 50 / 50 / 10 steps.
+    assert (short["train.checkpoint_every"], short["train.expert_load_every"],
+            short["train.log_every"]) == (50, 50, 10)
+    rest = set(names) - {"TRAIN_STEPS", "train.checkpoint_every", "train.log_every",
+                         "train.expert_load_every"}
+    assert {k: short[k] for k in rest} == {k: full[k] for k in rest}
+    assert short["MIXTURE_OR_TASK_NAME"] == "docs_span_corruption" and short["BATCH_SIZE"] == 32
