@@ -35,6 +35,7 @@ def test_missing_debian_docs_stop_the_command_in_one_line_before_the_model(tmp_p
     assert APT in errors[0] and "'docs_span_corruption'" in errors[0], errors[0]
     assert str(empty) in errors[0]  # where it looked
     assert "Traceback" not in console
+    assert result.stderr.strip().splitlines()[-1] == errors[0]  # nothing after it
     assert "starting from step 0" not in console  # stopped before the model was built
     assert not model_dir.exists() or os.listdir(model_dir) == []
 
