@@ -11,6 +11,11 @@ Sources (Debian packages; markup stripped by `tasks.markup` in the source):
 One example per file ({"id": path, "text": prose}); files are split
 train/validation/test by CRC-32 of their relative path (~90/5/5).
 
+$KERAS_MOE_DOCS_PREFIX, when set, is put in front of these paths: a folder
+where the packages were unpacked without root (`apt-get download perl-doc &&
+dpkg -x perl-doc_*.deb FOLDER`). `check_sources` names every missing package in
+one apt command; the training CLI runs it before building the model.
+
 Registered (plus `_byte` twins): `docs_span_corruption` (Python + Perl),
 `docs_prefix_lm`, `linux_docs_span_corruption`.
 
@@ -36,18 +41,63 @@ from keras_moe.tasks import splits as splits_lib
 from keras_moe.tasks.errors import SourceMissingError
 
 DocRoot = collections.namedtuple("DocRoot", ["name", "root", "pattern",
-                                             "kind", "fix"])
+                                             "kind", "package"])
 
 APT_HINT = "apt-get update && apt-get install -y {}"
+PREFIX_ENV = "KERAS_MOE_DOCS_PREFIX"
 # Module-level so that a deployment (or a test) can point them elsewhere.
 PYTHON_DOCS = DocRoot("python", "/usr/share/doc/python3.11/html/_sources",
-                      "**/*.rst.txt", "rest", APT_HINT.format("python3.11-doc"))
+                      "**/*.rst.txt", "rest", "python3.11-doc")
 PERL_DOCS = DocRoot("perl", "/usr/share/perl/5.36.0/pod", "*.pod", "pod",
-                    APT_HINT.format("perl-doc"))
+                    "perl-doc")
 LINUX_DOCS = DocRoot("linux", "/usr/share/doc/linux-doc-6.1/html/_sources",
-                     "**/*.rst.txt", "rest", APT_HINT.format("linux-doc-6.1"))
+                     "**/*.rst.txt", "rest", "linux-doc-6.1")
 
 _STRIP = {"rest": markup.strip_rest, "pod": markup.strip_pod}
+
+
+def _paths(doc_root):
+    return sorted(glob.glob(os.path.join(doc_root.root, doc_root.pattern),
+                            recursive=True))
+
+
+def located(doc_root: DocRoot) -> DocRoot:
+    """`doc_root` under $KERAS_MOE_DOCS_PREFIX when that is set.
+
+    Args:
+      doc_root: a DocRoot with its system path.
+
+    Example:
+      >>> import os
+      >>> os.environ[PREFIX_ENV] = "/home/me/debs"
+      >>> located(PERL_DOCS).root
+      '/home/me/debs/usr/share/perl/5.36.0/pod'
+      >>> del os.environ[PREFIX_ENV]
+    """
+    prefix = os.environ.get(PREFIX_ENV)
+    if not prefix:
+        return doc_root
+    return doc_root._replace(root=os.path.join(prefix, doc_root.root.lstrip("/")))
+
+
+def check_sources(doc_roots) -> None:
+    """Raises one SourceMissingError naming the apt packages of all missing roots.
+
+    Args:
+      doc_roots: DocRoots that must each hold at least one file.
+
+    Example:
+      >>> check_sources([PERL_DOCS._replace(root="/nonexistent")])
+      Traceback (most recent call last):
+      ...
+      keras_moe.tasks.errors.SourceMissingError: The Debian perl documentation is not available. Get it with: apt-get update && apt-get install -y perl-doc (no *.pod under /nonexistent)
+    """
+    missing = [r for r in doc_roots if not _paths(r)]
+    if missing:
+        raise SourceMissingError(
+            f"The Debian {' and '.join(r.name for r in missing)} documentation",
+            APT_HINT.format(" ".join(r.package for r in missing)),
+            detail="; ".join(f"no {r.pattern} under {r.root}" for r in missing))
 
 
 def list_files(doc_root):
@@ -55,14 +105,9 @@ def list_files(doc_root):
 
     The id is "<name>/<relative path>", stable across machines.
     """
-    paths = sorted(glob.glob(os.path.join(doc_root.root, doc_root.pattern),
-                             recursive=True))
-    if not paths:
-        raise SourceMissingError(
-            f"The {doc_root.name} documentation sources", doc_root.fix,
-            detail=f"no {doc_root.pattern} under {doc_root.root}")
+    check_sources([doc_root])
     return [(f"{doc_root.name}/{os.path.relpath(p, doc_root.root)}", p)
-            for p in paths]
+            for p in _paths(doc_root)]
 
 
 def read_document(path, kind):
@@ -83,7 +128,9 @@ def split_files(doc_roots, split):
 
 
 def _dataset_fn(split, shuffle_files, seed=None, roots=()):
-    files = split_files([r() for r in roots], split)  # Raises if missing.
+    doc_roots = [r() for r in roots]
+    check_sources(doc_roots)  # Names every missing package at once.
+    files = split_files(doc_roots, split)
     if shuffle_files:
         np.random.RandomState(seed).shuffle(files)
 
@@ -112,25 +159,30 @@ def make_source(*root_getters):
 
 
 def _python():
-    return PYTHON_DOCS
+    return located(PYTHON_DOCS)
 
 
 def _perl():
-    return PERL_DOCS
+    return located(PERL_DOCS)
 
 
 def _linux():
-    return LINUX_DOCS
+    return located(LINUX_DOCS)
+
+
+def _checker(*root_getters):
+    return lambda: check_sources([r() for r in root_getters])
 
 
 def register():
     source = make_source(_python, _perl)
-    registry.register_task("docs_span_corruption", source,
-                           preprocessors.span_corruption_preprocessors())
-    registry.register_task("docs_prefix_lm", source,
-                           preprocessors.prefix_lm_preprocessors())
+    for name, steps in (("docs_span_corruption", preprocessors.span_corruption_preprocessors()),
+                        ("docs_prefix_lm", preprocessors.prefix_lm_preprocessors())):
+        registry.register_task(name, source, steps)
+        registry.register_source_check(name, _checker(_python, _perl))
     registry.register_task("linux_docs_span_corruption", make_source(_linux),
                            preprocessors.span_corruption_preprocessors())
+    registry.register_source_check("linux_docs_span_corruption", _checker(_linux))
 
 
 register()

@@ -4,6 +4,9 @@ import seqio
 
 from keras_moe.tasks import vocab as vocab_lib
 
+# Task name -> a cheap check that its data is here (raises SourceMissingError).
+_SOURCE_CHECKS = {}
+
 
 def register_task(base_name, source, preprocessors, *, metric_fns=(),
                   postprocess_fn=None, kinds=vocab_lib.VOCAB_KINDS,
@@ -50,6 +53,39 @@ def _replace_per_kind(registry, base_name, kinds, arguments):
         registry.add(name, **arguments(name, kind))
         names.append(name)
     return names
+
+
+def register_source_check(base_name, check, *, kinds=vocab_lib.VOCAB_KINDS):
+    """Registers `check()` as the data check of `base_name`'s tasks (every kind).
+
+    Args:
+      base_name: the task name for the default vocabulary.
+      check: a zero-argument callable that raises `SourceMissingError` when
+        the task's data is not here; it must be quick (no data read).
+      kinds: vocabulary kinds to register it for.
+    """
+    for kind in kinds:
+        _SOURCE_CHECKS[vocab_lib.task_name(base_name, kind)] = check
+
+
+def check_sources(name: str) -> None:
+    """Runs the data checks of task `name`, or of every task of mixture `name`.
+
+    Tasks without a registered check pass; their missing data shows when read.
+
+    Args:
+      name: a registered task or mixture name.
+
+    Example:
+      >>> check_sources("embedded_span_corruption")  # embedded: always here
+    """
+    if name in seqio.MixtureRegistry.names():
+        names = [task.name for task in seqio.get_subtasks(seqio.get_mixture_or_task(name))]
+    else:
+        names = [name]
+    for task_name in names:
+        if task_name in _SOURCE_CHECKS:
+            _SOURCE_CHECKS[task_name]()
 
 
 def register_mixture(base_name, base_tasks_and_rates, *,

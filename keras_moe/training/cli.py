@@ -113,7 +113,7 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
         trainer.prepare_model_dir(args.model_dir)
         text = body(args)
     except tuple(error for error, _ in codes) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {error_message(e)}", file=sys.stderr, flush=True)
         return next(code for error, code in codes if isinstance(e, error))
     except (KeyboardInterrupt, TrainingInterrupted) as e:
         if not isinstance(e, TrainingInterrupted):  # before or after the training loop
@@ -122,6 +122,26 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
         return 130
     print(text, flush=True)
     return 0
+
+
+def error_message(error: BaseException) -> str:
+    """`error`'s message without the "In call to configurable" lines gin appends.
+
+    Args:
+        error: an exception, possibly re-raised by gin from inside a configurable.
+
+    Example:
+    >>> import gin
+    >>> @gin.configurable
+    ... def job(steps=1):
+    ...     raise ValueError(f"steps must be 2, got {steps}.")
+    >>> try:
+    ...     job()
+    ... except ValueError as e:
+    ...     print(repr(str(e).splitlines()[-1][:35]), "|", error_message(e))
+    "  In call to configurable 'job' (<f" | steps must be 2, got 1.
+    """
+    return str(error).split("\n  In call to configurable ")[0]
 
 
 def _newest_checkpoint(model_dir):

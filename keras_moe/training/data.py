@@ -33,6 +33,24 @@ def get_task(name):
         raise TrainingConfigError(f"unknown task or mixture: {e}") from None
 
 
+def check_data(name: str) -> None:
+    """Raises `TrainingConfigError` naming the install command when task or
+    mixture `name` has a registered data check that fails (quick: no data read).
+
+    Args:
+        name: a registered task or mixture name.
+
+    Example:
+    >>> check_data("embedded_span_corruption")  # the embedded corpus is always here
+    """
+    from keras_moe.tasks import registry, SourceMissingError
+
+    try:
+        registry.check_sources(name)
+    except SourceMissingError as e:
+        raise TrainingConfigError(f"data of task {name!r} is missing: {e}") from None
+
+
 def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, shuffle=True,
                  seed=0, repeat=True, skip_batches=0, shard_info=None):
     """Batched Keras inputs of a seqio task: `(inputs_dict, targets, loss_weights)`.

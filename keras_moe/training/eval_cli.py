@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from keras_moe.training.cli import add_gin_flags, set_tf_environment
+from keras_moe.training.cli import add_gin_flags, error_message, set_tf_environment
 
 
 def build_parser():
@@ -77,7 +77,7 @@ def main(argv=None):
             method, max(args.beam_size, 1), args.task)
         path = eval_lib.write_results(args.model_dir, results)
     except (TrainingConfigError, GinConfigError) as e:
-        print(f"keras-moe-eval: error: {e}", file=sys.stderr, flush=True)
+        print(f"keras-moe-eval: error: {error_message(e)}", file=sys.stderr, flush=True)
         return 2
     print(f"[keras_moe] eval of {results['checkpoint']} (step {results['step']}) on "
           f"{results['task']}/{results['split']}:")

@@ -226,7 +226,9 @@ class Run:
             # The probe runs on process 0 alone; the sharded model needs all of them.
             log("several processes: no expert-load scalars (measure them with keras-moe-eval)")
             self.expert_load_every = 0
-        data_lib.get_task(c.task)  # Unknown task names fail here, before the model is built.
+        # Unknown task names and missing data fail here, before the model is built.
+        data_lib.get_task(c.task)
+        data_lib.check_data(c.task)
 
     def build(self):
         """The model (on the mesh, if any), resumed from the model dir or initialised.

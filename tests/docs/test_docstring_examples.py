@@ -71,6 +71,7 @@ MODULES = [
     "keras_moe.training.console",
     "keras_moe.training.expert_load",
     "keras_moe.training.hlo_collectives",
+    "keras_moe.tasks.docs",
     "keras_moe.training.data",
     "keras_moe.training.log",
     "keras_moe.training.mesh",

@@ -1,4 +1,4 @@
-"""The code blocks of README.md, docs/sharding.md and docs/serving.md run as written.
+"""The code blocks of README.md and docs/{sharding,serving,hf_checkpoints}.md run as written.
 
 Each Python block runs in a fresh interpreter exactly as it appears, followed
 by a few checks of what it built. The README's command-line block runs with
@@ -19,6 +19,8 @@ from tests.training.helpers import REPO
 README = os.path.join(REPO, "README.md")
 SHARDING = os.path.join(REPO, "docs", "sharding.md")
 SERVING = os.path.join(REPO, "docs", "serving.md")
+HF = os.path.join(REPO, "docs", "hf_checkpoints.md")
+HF_FOLDER = "/tmp/switch-tiny-hf"  # the page's paths; the tests move them under tmp_path
 # Start-up lines and known-harmless warnings the CLIs keep off the console.
 CONSOLE_NOISE = ("cuInit", "cudart_stub", "absl::InitializeLog", "cpu_feature_guard",
                  "uncached FunctionDataset", "shuffle=True")
@@ -46,6 +48,9 @@ def test_the_blocks_this_file_runs_are_the_ones_in_the_docs():
     assert len(code_blocks(SHARDING, "python")) == 2
     assert len(code_blocks(SERVING, "python")) == 1
     assert not code_blocks(SERVING, "bash")
+    assert len(code_blocks(HF, "python")) == 1
+    assert len(code_blocks(HF, "bash")) == 1
+    assert "`docs/hf_checkpoints.md`" in open(README, encoding="utf-8").read()
 
 
 def test_readme_deepseek_v3_router():
@@ -142,6 +147,54 @@ def test_readme_command_line_training_and_eval(tmp_path):
     assert len(tables) == 2, train[:4000]
     assert [row.split()[0] for row in tables[0].splitlines()] == [
         "encoder_layer_1/ffn", "decoder_layer_1/ffn"]
+
+
+def _hf_block_in(tmp_path):
+    """The HF page's Python block, writing under `tmp_path` instead of /tmp."""
+    block = code_blocks(HF, "python")[0]
+    assert HF_FOLDER in block
+    return block.replace("/tmp/", f"{tmp_path}/")
+
+
+@pytest.mark.slow
+def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_path):
+    """The page's Python block (checkpoint, import, decoding, export), then its
+    fine-tuning command from that checkpoint, shortened by gin bindings; without
+    the page's tie binding the command is refused."""
+    out = run_python(_hf_block_in(tmp_path) + (
+        "import tensorflow as tf, tensorflow_text\n"
+        f"served = tf.saved_model.load({str(tmp_path / 'switch-tiny-hf-served')!r})\n"
+        "text = served.signatures['generate_text'](inputs=tf.constant(['The module reads a file.']))\n"
+        "print('served text', text['outputs'].numpy()[0].decode() == vocab.decode(ours[0].tolist()))\n"
+        "with torch.no_grad():\n"
+        "    hf8 = hf.generate(input_ids=torch.tensor(inputs), max_length=8, do_sample=False,\n"
+        "                      num_beams=1).numpy()\n"
+        "print('hf max_length=8', hf8.tolist())\n"), timeout=600)
+    printed = code_blocks(HF, "text")[0].strip()  # the output the page shows
+    assert printed in out, out[-3000:]
+    assert "served text True" in out, out[-3000:]
+    assert "hf max_length=8 [[0, 3363, 3363, 3363, 3363, 3363, 3363, 3363]]" in out, out[-3000:]
+
+    block = code_blocks(HF, "bash")[0].replace("\\\n", " ").replace("/tmp/", f"{tmp_path}/")
+    command = shlex.split(block, comments=True)
+    assert command[0] == "keras-moe-train"
+    shrink = [f"--gin_bindings={b}" for b in (
+        "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "train.checkpoint_every = 2",
+        "train.summary_batches = 0", "train.expert_load_every = 0")]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    result = subprocess.run([shutil.which(command[0])] + command[1:] + shrink, cwd=str(tmp_path),
+                            env=env, capture_output=True, text=True, timeout=600)
+    console = result.stdout + result.stderr
+    assert result.returncode == 0, console[-4000:]
+    assert f"initialised the model from Hugging Face checkpoint {tmp_path}/switch-tiny-hf" \
+        in console, console[-4000:]
+    untied = [a for a in command[1:] if "tie_word_embeddings" not in a]
+    assert len(untied) == len(command) - 2
+    result = subprocess.run(
+        [shutil.which(command[0])] + untied + shrink + [f"--model_dir={tmp_path}/other"],
+        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and "different architecture" in result.stderr, \
+        (result.stdout + result.stderr)[-4000:]
 
 
 def test_sharding_doc_rules_are_the_librarys():

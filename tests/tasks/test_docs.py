@@ -8,6 +8,7 @@ import seqio
 from keras_moe import tasks
 from keras_moe.tasks import docs
 from keras_moe.tasks import markup
+from keras_moe.tasks import registry
 
 REST = """\
 :mod:`glob` --- Pathname expansion
@@ -144,3 +145,23 @@ def test_missing_docs_name_the_apt_command(tmp_path, monkeypatch):
                        match="apt-get install -y python3.11-doc"):
         next(iter(tasks.get_dataset("docs_span_corruption",
                                     {"inputs": 64, "targets": 16})))
+
+
+def test_one_apt_command_names_every_missing_package(tmp_path, monkeypatch):
+    """$KERAS_MOE_DOCS_PREFIX stands for `/`: an empty one misses both packages,
+    one that holds the Python sources misses Perl's alone."""
+    monkeypatch.setenv(docs.PREFIX_ENV, str(tmp_path))
+    both = "apt-get update && apt-get install -y python3.11-doc perl-doc"
+    with pytest.raises(tasks.SourceMissingError) as err:
+        registry.check_sources("docs_span_corruption")
+    assert both in str(err.value) and str(tmp_path) in str(err.value)
+    with pytest.raises(tasks.SourceMissingError, match="install -y python3.11-doc perl-doc"):
+        next(iter(tasks.get_dataset("docs_prefix_lm_byte", {"inputs": 64, "targets": 16})))
+    python = tmp_path / docs.PYTHON_DOCS.root.lstrip("/")
+    python.parent.mkdir(parents=True)
+    python.symlink_to(docs.PYTHON_DOCS.root)
+    with pytest.raises(tasks.SourceMissingError) as err:
+        registry.check_sources("docs_span_corruption")
+    assert "apt-get install -y perl-doc (" in str(err.value)
+    monkeypatch.delenv(docs.PREFIX_ENV)
+    registry.check_sources("docs_span_corruption")  # the system's docs
