@@ -41,7 +41,6 @@ import keras
 import numpy as np
 
 from keras_moe import compat
-
 from keras_moe.training import sharded_checkpoint
 from keras_moe.training.errors import CorruptCheckpointError, TrainingConfigError
 from keras_moe.training.log import log as default_log

@@ -8,8 +8,9 @@ import doctest
 import importlib
 import io
 
-import gin
 import pytest
+
+import gin
 
 MODULES = [
     "benchmarks.batch_files",

@@ -6,8 +6,7 @@ import pytest
 import seqio
 
 from keras_moe import tasks
-from keras_moe.tasks import docs
-from keras_moe.tasks import markup
+from keras_moe.tasks import docs, markup
 
 REST = """\
 :mod:`glob` --- Pathname expansion
