@@ -96,7 +96,7 @@ def keras_functions(model, enc, new_tokens, beams, args, saved):
         signature = served.signatures["generate_ids"]
         tokens = tf.constant(enc)
         out[f"saved_model_{method}"] = (
-            lambda s=signature: s(encoder_input_tokens=tokens)["output_tokens"].numpy())
+            lambda s=signature, t=tokens: s(encoder_input_tokens=t)["output_tokens"].numpy())
     return out
 
 

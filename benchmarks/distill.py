@@ -33,7 +33,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import quality  # noqa: E402  (after the environment defaults)
+from benchmarks import quality  # after the environment defaults
 
 MODELS = ("dense_baseline", "dense_baseline_more_steps", "switch_teacher", "distilled_student")
 
@@ -110,9 +110,9 @@ def summarise(finals):
     mean = {name: s["mean"] for name, s in out.items()}
     n = len(finals["dense_baseline"])
     for control in ("dense_baseline", "dense_baseline_more_steps"):
-        gains = [t - d for t, d in zip(finals["switch_teacher"], finals[control])]
+        gains = [t - d for t, d in zip(finals["switch_teacher"], finals[control], strict=False)]
         kept = [fraction_kept(s, d, t) for s, d, t in zip(
-            finals["distilled_student"], finals[control], finals["switch_teacher"])]
+            finals["distilled_student"], finals[control], finals["switch_teacher"], strict=False)]
         out[f"vs_{control}"] = {
             "teacher_gain": statistics.fmean(gains),
             "teacher_gain_std_of_mean": statistics.stdev(gains) / n ** 0.5 if n > 1 else None,

@@ -32,7 +32,6 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import keras_moe  # noqa: E402
 from keras_moe import sharding, token_exchange  # noqa: E402

@@ -19,12 +19,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-import keras_moe  # noqa: E402
-from benchmarks import common  # noqa: E402
+import keras_moe
+from benchmarks import common
 
 
 class DenseFeedForward(keras.layers.Layer):
@@ -97,7 +97,8 @@ def run(tokens_list, experts_list, d_model, d_ff, capacity_factor, layers, dispa
                 "ratio_vs_first_E": timing["median"] / base["median"],
             })
             print(f"T={tokens:6d} {name:22s} {timing['median'] * 1e3:8.1f} ms "
-                  f"(dense {dense * 1e3:7.1f} ms)  t/(k*cf*dense)={rows[-1]['ratio_vs_cf_dense']:.3f}"
+                  f"(dense {dense * 1e3:7.1f} ms)  "
+                  f"t/(k*cf*dense)={rows[-1]['ratio_vs_cf_dense']:.3f}"
                   f"  t/t(E={experts_list[0]})={rows[-1]['ratio_vs_first_E']:.3f}", flush=True)
     return rows
 

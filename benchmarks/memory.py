@@ -109,7 +109,8 @@ def main(argv=None):
         dense = next(r for r in rows if r["tokens"] == tokens and r["kind"] == "dense")
         for r in rows:
             if r["tokens"] == tokens:
-                r["ratio_vs_dense"] = r["peak_rss_growth_mb"] / max(dense["peak_rss_growth_mb"], 1e-6)
+                r["ratio_vs_dense"] = r["peak_rss_growth_mb"] / max(
+                    dense["peak_rss_growth_mb"], 1e-6)
                 r["activation_ratio_vs_dense"] = r["activations_mb"] / max(
                     dense["activations_mb"], 1e-6)
     path = common.write_result(args.output, {

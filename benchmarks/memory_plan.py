@@ -241,7 +241,7 @@ def _run_child(args, name, kind, target):
                 "devices": target if kind == "devices" else None, "batch": [args.batch_size],
                 "dtype_policy": args.dtype_policy, "unfinished_after_seconds": args.timeout,
                 "command": " ".join(sys.argv)}
-    lines = [l for l in done.stdout.splitlines() if l.startswith("PLAN ")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PLAN ")]
     if done.returncode or not lines:  # recorded, so the other rows are still written
         print(f"{name:18s} {where}: FAILED\n{done.stderr[-3000:]}", flush=True)
         return {"model": name, "topology": target if kind == "topology" else None,

@@ -1,4 +1,4 @@
-"""Training-step tokens/s of the tiny Switch T5 against HF SwitchTransformers, same config, same run.
+"""Training-step tokens/s of the tiny Switch T5 vs HF SwitchTransformers, same config, same run.
 
 Both models have the same architecture and the same weights (the keras_moe
 model is exported with `keras_moe.convert.to_hf` and loaded by HF
@@ -17,7 +17,6 @@ import functools
 import os
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +26,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from keras_moe import convert, models  # noqa: E402
-from keras_moe import SwitchFeedForward  # noqa: E402
+from keras_moe import (  # noqa: E402
+    SwitchFeedForward,
+    convert,
+    models,
+)
 
 
 def tiny_switch_config(vocab_size, num_experts, capacity):

@@ -1,4 +1,4 @@
-"""Quality at equal compute: dense T5.1.1 vs Switch-8 / Switch-16 (Switch Transformer Fig. 1, Table 1).
+"""Quality at equal compute: dense T5.1.1 vs Switch-8/Switch-16 (Switch Transformer Fig. 1/Tab. 1).
 
 In miniature, on real English (T5 prefix LM on the Debian Python/Perl docs):
 a dense T5.1.1-style model (4+4 layers) and Switch models with 8 and 16
@@ -61,7 +61,8 @@ DOCS_HINT = "apt-get update && apt-get install -y python3.11-doc perl-doc"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="docs_prefix_lm",
-                   help=f"T5 pre-training task; falls back to {FALLBACK_TASK} if its data is missing")
+                   help=f"T5 pre-training task; falls back to {FALLBACK_TASK} if its data "
+                        "is missing")
     p.add_argument("--inputs", type=int, default=64, help="encoder length")
     p.add_argument("--targets", type=int, default=None,
                    help="decoder length (default: --inputs for a prefix-LM task, "
@@ -309,7 +310,7 @@ def mean_over_seeds(outs, seeds):
     the mean curve, the mean final value with its per-seed values and standard
     deviation, and the median step time; per-seed curves under `per_seed`."""
     curve = []
-    for points in zip(*(o["curve"] for o in outs)):
+    for points in zip(*(o["curve"] for o in outs), strict=False):
         curve.append({"step": points[0]["step"], **{
             key: statistics.fmean(p[key] for p in points)
             for key in ("seconds", "neg_log_perplexity", "accuracy", "loss")}})
@@ -649,8 +650,9 @@ def plot(runs, dense_name, path, title):
                         color="black" if name == dense_name else None)
         if len(run.get("per_seed", [])) > 1:  # min-max band over the seeds
             per_seed = [[p["neg_log_perplexity"] for p in o["curve"]][1:] for o in run["per_seed"]]
-            ax.fill_between(steps, [min(v) for v in zip(*per_seed)],
-                            [max(v) for v in zip(*per_seed)], color=line.get_color(), alpha=0.15)
+            ax.fill_between(steps, [min(v) for v in zip(*per_seed, strict=False)],
+                            [max(v) for v in zip(*per_seed, strict=False)],
+                            color=line.get_color(), alpha=0.15)
     if dense_name in runs:
         ax.axhline(runs[dense_name]["final_neg_log_perplexity"], color="gray", ls=":", lw=1,
                    label="dense final")
@@ -803,7 +805,7 @@ def main(argv=None):
             save(runs, comparison, [])
         names = [f"switch{e}" for e in sorted(args.experts)]
         ordering = [difference_with_noise(runs[b], runs[a])
-                    for a, b in zip(["dense"] + names, names)]
+                    for a, b in zip(["dense"] + names, names, strict=False)]
         for e in args.dropless_experts:  # dropless vs the capacity-factor layer, same E
             name, capped = f"switch{e}_dropless", f"switch{e}"
             if capped in runs:

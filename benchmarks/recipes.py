@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import quality  # noqa: E402
+from benchmarks import quality
 
 # name -> (TopKFeedForward arguments beyond the quarter-width experts, what it is)
 RECIPES = {

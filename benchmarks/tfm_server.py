@@ -16,9 +16,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from official.nlp.modeling.layers import moe  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from official.nlp.modeling.layers import moe
 
 
 def main():

@@ -1,4 +1,4 @@
-"""Dense vs MoE on multilingual X -> English translation: per-language BLEU (GShard §3 in miniature).
+"""Dense vs MoE on multilingual X -> English translation: per-language BLEU (GShard §3, miniature).
 
 Trains a dense T5.1.1-style model and a Switch (or GShard top-2) model of the
 same FLOPs per token (every expert has the dense d_model/d_ff, an MoE FFN in
@@ -34,10 +34,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks import quality  # noqa: E402  (shared training loop and helpers)
-from keras_moe.models.decoding import pad_input_tokens, strip_ids  # noqa: E402
+from benchmarks import quality  # shared training loop and helpers
+from keras_moe.models.decoding import pad_input_tokens, strip_ids
 
 FALLBACK_TASK = "embedded_x2en"
 
@@ -223,7 +223,8 @@ def main(argv=None):
             all_refs += refs
             all_hyps += hyps
             samples[lang] = [{"source": ex["source"], "prediction": h, "reference": ex["reference"]}
-                             for ex, h in list(zip(info["examples"], hyps))[:args.samples]]
+                             for ex, h in list(zip(info["examples"], hyps,
+                                                   strict=False))[:args.samples]]
         run.update(bleu=bleu, bleu_mean=statistics.fmean(bleu.values()),
                    bleu_all_languages=corpus_bleu(all_refs, all_hyps), samples=samples,
                    decode_seconds=time.time() - decode_start)
@@ -248,7 +249,7 @@ def main(argv=None):
         per_language = []
         for lang in sorted(languages):
             deltas = [m["bleu"][lang] - d["bleu"][lang]
-                      for d, m in zip(per_seed["dense"], per_seed[moe_name])]
+                      for d, m in zip(per_seed["dense"], per_seed[moe_name], strict=False)]
             per_language.append({
                 "language": lang, "task": languages[lang]["task"],
                 "examples": len(languages[lang]["examples"]),

@@ -7,8 +7,8 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
 
 DATA, EXPERT = 2, 4
 COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7"]
@@ -38,7 +38,8 @@ def mesh_panel(ax, title, label_fn, color_fn):
 mesh_panel(axes[0], "tokens x [G, S, d]: G over (data, expert)\nrouter, attention, dense layers",
            lambda d, e: f"groups {2 * (d * EXPERT + e)}-{2 * (d * EXPERT + e) + 1}",
            lambda d, e: COLORS[d * EXPERT + e])
-mesh_panel(axes[2], "expert buffers [E, G, C, d]: E over expert,\nG over data; weights wi/wo [E, d, f]",
+mesh_panel(axes[2],
+           "expert buffers [E, G, C, d]: E over expert,\nG over data; weights wi/wo [E, d, f]",
            lambda d, e: f"E {2 * e}-{2 * e + 1}, G half {d}",
            lambda d, e: COLORS[e * 2])
 ax = axes[1]

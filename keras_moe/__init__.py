@@ -13,8 +13,7 @@ _startup.jax_on_cpu_without_accelerator()
 if _startup.launched_as_command():
     _startup.import_keras_quietly()
 
-from keras_moe import router_losses  # noqa: E402
-from keras_moe import sharding  # noqa: E402
+from keras_moe import router_losses, sharding  # noqa: E402
 from keras_moe.dispatch import (  # noqa: E402
     Dispatcher,
     EinsumDispatcher,
@@ -29,7 +28,6 @@ from keras_moe.feedforward import (  # noqa: E402
 )
 from keras_moe.metrics import RouterMetricsMixin, router_metrics  # noqa: E402
 from keras_moe.moe import MoeLayer, route_each_sequence  # noqa: E402
-from keras_moe.shared_experts import SharedExpertFeedForward  # noqa: E402
 from keras_moe.routing import (  # noqa: E402
     ExpertChoiceRouter,
     Router,
@@ -39,6 +37,7 @@ from keras_moe.routing import (  # noqa: E402
     Top2Router,
     TopKRouter,
 )
+from keras_moe.shared_experts import SharedExpertFeedForward  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -47,5 +46,6 @@ __all__ = [
     "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RouterMetricsMixin",
     "RoutingInstructions", "SharedExpertFeedForward",
     "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKFeedForward",
-    "TopKRouter", "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics", "sharding",
+    "TopKRouter", "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics",
+    "sharding",
 ]

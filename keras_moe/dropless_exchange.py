@@ -181,7 +181,7 @@ def apply(x, routing, experts, layout, training=None, buffer_factor=None):
             "dropout_rate to 0, or use dispatch='einsum'.")
     mesh, token_axes = layout
     num_experts = routing.num_experts
-    peers = dict(zip(mesh.axis_names, mesh.devices.shape))["expert"]
+    peers = dict(zip(mesh.axis_names, mesh.devices.shape, strict=False))["expert"]
     local_experts = num_experts // peers
     kernels = list(experts.trainable_variables)
     token_spec = P(token_axes if len(token_axes) > 1 else token_axes[0])
@@ -203,7 +203,7 @@ def apply(x, routing, experts, layout, training=None, buffer_factor=None):
         row_expert = jnp.where(inside, jnp.sum(index[:, None] >= ends, axis=1), local_experts)
         by_expert = jnp.argsort(row_expert, stable=True)
         sizes = jnp.bincount(row_expert, length=local_experts + 1)[:local_experts]
-        weights = dict(zip((id(v) for v in kernels), kernel_values))
+        weights = dict(zip((id(v) for v in kernels), kernel_values, strict=False))
 
         def project(a, w):
             return grouped_matmul_lib.grouped_matmul(a, w, sizes, per_device=True)

@@ -213,8 +213,9 @@ def _parse_binding(binding, files, skip_unknown):
 
 def unbound_required_macros():
     """Macros still bound to `%gin.REQUIRED` (a file said a value must be given)."""
-    import gin
     import gin.config
+
+    import gin
 
     def is_required(value):
         return (isinstance(value, gin.config.ConfigurableReference)
@@ -285,7 +286,6 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
     4
     """
     import gin
-
     import keras_moe.models.gin_configurables  # noqa: F401  (T5Config, build_model)
     from keras_moe import compat
     from keras_moe.models import flat_moe_gin

@@ -93,7 +93,7 @@ def refuse_unread_model_bindings(config=None):
     ...
     keras_moe.gin_config.GinConfigError: `SwitchFeedForward.num_experts` was bound but the model's sparse layer is GShardFeedForward; nothing read it...
     >>> gin.clear_config()
-    """
+    """  # noqa: E501 - verbatim output lines
     from keras_moe.gin_config import GinConfigError
     from keras_moe.models.gin_configurables import MODEL_SELECTORS
 

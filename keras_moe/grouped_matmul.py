@@ -110,7 +110,7 @@ def _tensorflow_grouped_matmul(x, w, group_sizes):
     rest = tf.shape(x)[0] - tf.reduce_sum(sizes)
     parts = tf.split(x, tf.concat([sizes, rest[None]], axis=0), num=num_groups + 1)
     matrices = tf.unstack(w, num=num_groups)
-    outputs = [tf.matmul(rows, m) for rows, m in zip(parts[:-1], matrices)]
+    outputs = [tf.matmul(rows, m) for rows, m in zip(parts[:-1], matrices, strict=False)]
     outputs.append(tf.zeros(tf.stack([rest, tf.shape(w)[-1]]), dtype=outputs[0].dtype))
     return tf.concat(outputs, axis=0)
 

@@ -233,7 +233,7 @@ def logical_to_mesh_axes(logical_axes, rules, mesh_shape, shape=None):
 
 
 def _mesh_shape(device_mesh):
-    return dict(zip(device_mesh.axis_names, device_mesh.shape))
+    return dict(zip(device_mesh.axis_names, device_mesh.shape, strict=False))
 
 
 def _make_layout(spec, device_mesh):
@@ -308,7 +308,7 @@ class LogicalLayoutMap(_keras.distribution.LayoutMap):
             return None
         mesh_shape = _mesh_shape(self.device_mesh)
         spec = logical_to_mesh_axes(axes, self.rules, mesh_shape)
-        for dim, entry in zip(shape, spec):
+        for dim, entry in zip(shape, spec, strict=False):
             size = 1
             for a in _as_mesh_axes(entry):
                 size *= mesh_shape[a]

@@ -1,4 +1,4 @@
-"""Routing groups that stay on one shard of a mesh-split batch (GShard: groups are split over devices).
+"""Routing groups that stay on one shard of a mesh-split batch (GShard: groups split over devices).
 
 On a device mesh the batch `[B, L, d]` is split over some mesh axes (the
 "batch" rule, e.g. `("data", "expert")`) into `n` local shards of `B / n`

@@ -3,16 +3,13 @@
 import keras
 from keras import ops
 
-from keras_moe import compat
+from keras_moe import compat, local_groups, router_losses
 from keras_moe import dispatch as dispatch_lib
-from keras_moe import local_groups
 from keras_moe import metrics as metrics_lib
-from keras_moe import router_losses
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
 from keras_moe.routing_scope import route_each_sequence, routing_each_sequence  # noqa: F401
 from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
-
 
 GROUPINGS = ("batch", "sequence")
 

@@ -244,7 +244,8 @@ def configure_tpu_spmd(mesh_shape, rules=DEFAULT_RULES, device_ids=None):
 
     shape, rules = validate_mesh(mesh_shape, rules)
     if keras.backend.backend() != "tensorflow":
-        raise ValueError("configure_tpu_spmd is for the TensorFlow backend; on JAX use configure_mesh.")
+        raise ValueError("configure_tpu_spmd is for the TensorFlow backend; "
+                         "on JAX use configure_mesh.")
     total = int(np.prod(list(shape.values())))
     ids = np.arange(total) if device_ids is None else np.asarray(device_ids)
     if ids.size != total:
@@ -255,12 +256,13 @@ def configure_tpu_spmd(mesh_shape, rules=DEFAULT_RULES, device_ids=None):
 
 def _tf_mesh_split(x, spec):
     import numpy as np
+
     from keras_moe import compat
 
     xla_sharding = compat.tf_xla_sharding()
 
     device_mesh, names = _TF_SPMD
-    mesh_shape = dict(zip(names, device_mesh.shape))
+    mesh_shape = dict(zip(names, device_mesh.shape, strict=False))
     # mesh_split maps each tensor dim to one mesh dim: merge multi-axis
     # entries by permuting and reshaping the device mesh.
     groups = [layouts._as_mesh_axes(s) for s in spec]
@@ -296,9 +298,9 @@ def active_mesh_shape():
     if backend == "jax":
         distribution = keras.distribution.distribution()
         mesh = getattr(distribution, "device_mesh", None)
-        return None if mesh is None else dict(zip(mesh.axis_names, mesh.shape))
+        return None if mesh is None else dict(zip(mesh.axis_names, mesh.shape, strict=False))
     if backend == "tensorflow" and _TF_SPMD is not None:
-        return dict(zip(_TF_SPMD[1], _TF_SPMD[0].shape))
+        return dict(zip(_TF_SPMD[1], _TF_SPMD[0].shape, strict=False))
     return None
 
 

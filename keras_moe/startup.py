@@ -120,7 +120,7 @@ def jax_on_cpu_without_accelerator(environ=None, root="/"):
         try:
             if jax.config.jax_platforms is None:
                 jax.config.update("jax_platforms", "cpu")
-        except Exception:  # noqa: BLE001 - backends already started: too late, harmless
+        except Exception:  # backends already started: too late, harmless
             pass
     return True
 
@@ -170,7 +170,7 @@ def launched_as_command(argv=None, orig_argv=None):
     orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
     if argv and os.path.basename(argv[0]) in COMMANDS:
         return True
-    for flag, module in zip(orig_argv, orig_argv[1:]):
+    for flag, module in zip(orig_argv, orig_argv[1:], strict=False):
         if flag == "-m":
             return module == "keras_moe" or module.startswith("keras_moe.")
     return False

@@ -96,7 +96,7 @@ def exchange_plan(shape):
     mesh = getattr(distribution, "device_mesh", None)
     if rules is None or mesh is None:
         return None, "no mesh is configured (keras_moe.sharding.configure_mesh, JAX backend)"
-    mesh_shape = dict(zip(mesh.axis_names, mesh.shape))
+    mesh_shape = dict(zip(mesh.axis_names, mesh.shape, strict=False))
     experts = mesh_shape.get("expert", 1)
     if experts <= 1:
         return None, "the mesh has no 'expert' axis of size > 1"

@@ -38,7 +38,7 @@ def check_rank3_inputs(layer, inputs):
     Traceback (most recent call last):
     ...
     ValueError: Layer 'moe' (Identity) expects inputs of shape [batch, length, d_model], got shape (2, 16) (rank 2). Add a length axis, e.g. `x[:, None, :]` for one token per example.
-    """
+    """  # noqa: E501 - verbatim output lines
     shape = tuple(getattr(inputs, "shape", inputs))
     if len(shape) != 3:
         raise ValueError(

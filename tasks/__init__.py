@@ -22,21 +22,18 @@ Example:
   8100
 """
 
-from keras_moe.tasks import bible
-from keras_moe.tasks import c4
-from keras_moe.tasks import docs
-from keras_moe.tasks import embedded
-from keras_moe.tasks import translation
+from keras_moe.tasks import bible, c4, docs, embedded, translation
 from keras_moe.tasks.errors import SourceMissingError
-from keras_moe.tasks.pipeline import get_dataset
-from keras_moe.tasks.pipeline import get_task_or_mixture
+from keras_moe.tasks.pipeline import get_dataset, get_task_or_mixture
 from keras_moe.tasks.preprocessors import span_corruption_targets_length
-from keras_moe.tasks.vocab import DEFAULT_VOCAB
-from keras_moe.tasks.vocab import VOCAB_KINDS
-from keras_moe.tasks.vocab import get_vocabulary
-from keras_moe.tasks.vocab import output_features
-from keras_moe.tasks.vocab import task_name
-from keras_moe.tasks.vocab import vocabulary_size
+from keras_moe.tasks.vocab import (
+    DEFAULT_VOCAB,
+    VOCAB_KINDS,
+    get_vocabulary,
+    output_features,
+    task_name,
+    vocabulary_size,
+)
 
 __all__ = [
     "DEFAULT_VOCAB", "SourceMissingError", "VOCAB_KINDS", "bible", "c4",

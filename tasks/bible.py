@@ -35,9 +35,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from keras_moe.tasks import metrics
-from keras_moe.tasks import preprocessors
-from keras_moe.tasks import registry
+from keras_moe.tasks import metrics, preprocessors, registry
 from keras_moe.tasks import splits as splits_lib
 from keras_moe.tasks.errors import SourceMissingError
 
@@ -181,7 +179,7 @@ def _dataset_fn(split, shuffle_files, seed=None, lang="fr"):
     rows = list(aligned_pairs(lang, split))
     if shuffle_files:
         np.random.RandomState(seed).shuffle(rows)
-    cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
+    cols = list(zip(*rows, strict=False)) if rows else [(), (), (), (), ()]
     return tf.data.Dataset.from_tensor_slices({
         "book": tf.constant(cols[0], tf.int32),
         "chapter": tf.constant(cols[1], tf.int32),
@@ -229,16 +227,16 @@ def register_x2en_mixture(name="bible_x2en", languages=None,
       ['bible_romance_en', 'bible_romance_en_byte']
     """
     languages = list(languages or LANGUAGES)
-    unknown = [l for l in languages if l not in LANGUAGES]
+    unknown = [code for code in languages if code not in LANGUAGES]
     if unknown:
         raise ValueError(f"languages has unknown codes {unknown}; "
                          f"known: {sorted(LANGUAGES)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     return registry.register_mixture(name, [
-        (task_base_name(l),
-         functools.partial(_temperature_rate, lang=l, temperature=temperature))
-        for l in languages])
+        (task_base_name(lang),
+         functools.partial(_temperature_rate, lang=lang, temperature=temperature))
+        for lang in languages])
 
 
 def register():

@@ -14,8 +14,7 @@ Example:
   ...                        {"inputs": 512, "targets": 114})  # needs the data
 """
 
-from keras_moe.tasks import preprocessors
-from keras_moe.tasks import registry
+from keras_moe.tasks import preprocessors, registry
 from keras_moe.tasks.tfds_source import CheckedTfdsSource
 
 TFDS_NAME = "c4/en:3.0.1"

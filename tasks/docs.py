@@ -34,9 +34,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from keras_moe.tasks import markup
-from keras_moe.tasks import preprocessors
-from keras_moe.tasks import registry
+from keras_moe.tasks import markup, preprocessors, registry
 from keras_moe.tasks import splits as splits_lib
 from keras_moe.tasks.errors import SourceMissingError
 

@@ -28,10 +28,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from keras_moe.tasks import bible
-from keras_moe.tasks import metrics
-from keras_moe.tasks import preprocessors
-from keras_moe.tasks import registry
+from keras_moe.tasks import bible, metrics, preprocessors, registry
 from keras_moe.tasks import splits as splits_lib
 from keras_moe.tasks.errors import SourceMissingError
 
@@ -108,7 +105,7 @@ def _pairs_fn(split, shuffle_files, seed=None, lang="fr"):
     rows = list(aligned_pairs(lang, split))
     if shuffle_files:
         np.random.RandomState(seed).shuffle(rows)
-    b, c, v, s, e = (list(col) for col in zip(*rows)) if rows else ([],) * 5
+    b, c, v, s, e = (list(col) for col in zip(*rows, strict=False)) if rows else ([],) * 5
     return tf.data.Dataset.from_tensor_slices({
         "book": tf.constant(b, tf.int32), "chapter": tf.constant(c, tf.int32),
         "verse": tf.constant(v, tf.int32), "source": tf.constant(s, tf.string),

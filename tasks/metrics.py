@@ -22,7 +22,7 @@ def bleu(targets, predictions, tokenize="intl"):
         raise ValueError(f"targets and predictions differ in length: "
                          f"{len(targets)} != {len(predictions)}")
     if targets and isinstance(targets[0], (list, tuple)):
-        references = [list(r) for r in zip(*targets)]
+        references = [list(r) for r in zip(*targets, strict=False)]
     else:
         references = [list(targets)]
     score = sacrebleu.corpus_bleu(

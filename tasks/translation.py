@@ -18,8 +18,7 @@ import functools
 import seqio
 from t5.data import preprocessors as t5_preprocessors
 
-from keras_moe.tasks import metrics
-from keras_moe.tasks import registry
+from keras_moe.tasks import metrics, registry
 from keras_moe.tasks.tfds_source import CheckedTfdsSource
 
 # task prefix -> (TFDS name, the non-English language of the pair)

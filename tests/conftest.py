@@ -9,12 +9,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 # Two logical CPU devices, so that strategy tests can run in-process. This
 # must happen before TensorFlow initialises its runtime.
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(

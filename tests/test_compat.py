@@ -5,11 +5,11 @@ import subprocess
 import sys
 import threading
 
-import gin
 import keras
 import numpy as np
 import tensorflow as tf
 
+import gin
 from keras_moe import compat
 
 
@@ -187,7 +187,8 @@ def test_a_model_config_with_a_sparse_ffn_leaves_tensorflow_unstarted():
             "    decoder_sparse_ffn=partial(GShardFeedForward, num_experts=4, d_ff=32))\n"
             "assert not compat.tf_runtime_started(), 'the runtime started'\n"
             "tf.config.set_logical_device_configuration(\n"
-            "    tf.config.list_physical_devices('CPU')[0], [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+            "    tf.config.list_physical_devices('CPU')[0],\n"
+            "    [tf.config.LogicalDeviceConfiguration()] * 2)\n"
             "print(len(tf.config.list_logical_devices('CPU')))\n")
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,4 +1,5 @@
-"""Import and export HuggingFace `T5ForConditionalGeneration` / `SwitchTransformersForConditionalGeneration`.
+"""Import and export HuggingFace `T5ForConditionalGeneration` and
+`SwitchTransformersForConditionalGeneration`.
 
 Reads a local folder with `config.json` and `*.safetensors` (sharded or not)
 using NumPy and safetensors only: no torch at run time.
@@ -75,7 +76,9 @@ def _activation(cfg):
 
 
 def _hf_step(cfg, side):
-    num = cfg["num_layers"] if side == "encoder" else cfg.get("num_decoder_layers") or cfg["num_layers"]
+    num = cfg["num_layers"]
+    if side != "encoder":
+        num = cfg.get("num_decoder_layers") or num
     step = cfg.get(f"{side}_sparse_step")
     if step is None:
         sparse = cfg.get(f"num_sparse_{side}_layers", 0)
@@ -172,7 +175,8 @@ def load_hf_weights(path):
 
 def _attention(prefix, attn):
     return [(f"{prefix}.q.weight", attn.query, "T"), (f"{prefix}.k.weight", attn.key, "T"),
-            (f"{prefix}.v.weight", attn.value, "T"), (f"{prefix}.o.weight", attn.output_kernel, "T")]
+            (f"{prefix}.v.weight", attn.value, "T"),
+            (f"{prefix}.o.weight", attn.output_kernel, "T")]
 
 
 def _ffn(prefix, block, weights, style):

@@ -5,7 +5,6 @@ Run files write `build_distiller.teacher_checkpoint = %TEACHER_CHECKPOINT`,
 """
 
 import gin
-
 import keras_moe.training.gin_configurables  # noqa: F401  (train, make_optimizer, T5Config)
 from keras_moe.distill import builder
 

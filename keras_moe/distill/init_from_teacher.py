@@ -45,12 +45,12 @@ def relative_paths(model):
     if paths:
         parts = [p.split("/") for p in paths]
         common = []
-        for items in zip(*[p[:-1] for p in parts]):
+        for items in zip(*[p[:-1] for p in parts], strict=False):
             if len(set(items)) != 1:
                 break
             common.append(items[0])
         prefix = "/".join(common) + "/" if common else ""
-    return {p[len(prefix):]: v for p, v in zip(paths, variables)}
+    return {p[len(prefix):]: v for p, v in zip(paths, variables, strict=False)}
 
 
 def dense_student_config(teacher_config, **overrides):

@@ -1,10 +1,10 @@
 """T5.1.1 / Switch / GShard encoder-decoder models for keras_moe."""
 
 from keras_moe.gin_config import parse_gin
-from keras_moe.models import decoding
-from keras_moe.models import objective
+from keras_moe.models import decoding, objective
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
+from keras_moe.models.builder import build_model
 from keras_moe.models.config import (
     T5Config,
     count_params,
@@ -12,7 +12,6 @@ from keras_moe.models.config import (
     sparse_layers_from_step,
 )
 from keras_moe.models.data import seqio_to_keras
-from keras_moe.models.builder import build_model
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.objective import (
     NegLogPerplexity,

@@ -104,7 +104,7 @@ class T5Attention(keras.layers.Layer):
         else:
             start = [0, 0, cache_index, 0]
             k, v = (ops.slice_update(old, start, ops.cast(new, old.dtype))
-                    for old, new in zip(cache, self.compute_kv_cache(x)))
+                    for old, new in zip(cache, self.compute_kv_cache(x), strict=False))
         scores = ops.einsum("bhqd,bhkd->bhqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
         weights = self._attention_weights(scores, bias, training)
         context = ops.einsum("bhqk,bhkd->bhqd", weights, ops.cast(v, self.compute_dtype))

@@ -155,7 +155,8 @@ class T5Config:
             raise ValueError(f"`init_scale` must be a number > 0, got {self.init_scale!r}.")
         for name in ("encoder_sparse_step", "decoder_sparse_step"):
             check_int(name, getattr(self, name), 0)
-        for side, num in zip(SIDES, (self.num_encoder_layers, self.num_decoder_layers)):
+        nums = (self.num_encoder_layers, self.num_decoder_layers)
+        for side, num in zip(SIDES, nums, strict=False):
             self._check_sparse_layers(f"{side}_sparse_layers", num)
         self._normalize_sparse_ffns()
 
@@ -178,7 +179,7 @@ class T5Config:
             # when the decoder uses it.
             uses = self.decoder_sparse_ffn is None and self.resolved_decoder_sparse_layers()
             self.sparse_ffn = sparse_ffn_lib.normalize_spec(self.sparse_ffn, causal=bool(uses))
-        for side, causal in zip(SIDES, (False, True)):
+        for side, causal in zip(SIDES, (False, True), strict=False):
             name = f"{side}_sparse_ffn"
             if getattr(self, name) is not None:
                 setattr(self, name, sparse_ffn_lib.normalize_spec(getattr(self, name), causal))

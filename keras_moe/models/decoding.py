@@ -20,7 +20,6 @@ short outputs).
 import numpy as np
 from keras import ops
 
-
 METHODS = ("greedy", "beam")
 
 
@@ -171,7 +170,7 @@ def input_token_ids(encoder_input_tokens, vocab_size):
     Traceback (most recent call last):
     ...
     ValueError: `encoder_input_tokens` holds token id 40 (at [0, 1]), outside [0, vocab_size) with vocab_size=32: the ids must come from the model's vocabulary.
-    """
+    """  # noqa: E501 - verbatim output lines
     def is_text(value):
         return isinstance(value, (str, bytes)) or (
             isinstance(value, (list, tuple)) and any(is_text(v) for v in value))
@@ -187,7 +186,7 @@ def input_token_ids(encoder_input_tokens, vocab_size):
             "out, see `model.export_for_serving(path, vocabulary=vocab)`.")
     try:
         values = np.asarray(ops.convert_to_numpy(encoder_input_tokens))
-    except Exception as e:  # noqa: BLE001 - ragged lists and other non-arrays
+    except Exception as e:  # ragged lists and other non-arrays
         raise ValueError(
             "`encoder_input_tokens` must be int token ids [batch, length] (0-padded to one "
             f"length), got {type(encoder_input_tokens).__name__}: {e}") from None
@@ -256,8 +255,11 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     >>> tokens.dtype, tokens.shape[0], tokens.shape[1] <= 8  # [B, T <= max_length]
     (dtype('int32'), 1, True)
     """
-    from keras_moe.models.search import (check_length_normalizer, check_search_arguments,
-                                         compiled_search)
+    from keras_moe.models.search import (
+        check_length_normalizer,
+        check_search_arguments,
+        compiled_search,
+    )
 
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")

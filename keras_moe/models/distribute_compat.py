@@ -64,7 +64,7 @@ def _multi_worker(strategy):
     import tensorflow as tf
 
     return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode())  # noqa: SLF001
+            and strategy.extended._in_multi_worker_mode())
 
 
 def _vectorize_logs(model, logs):

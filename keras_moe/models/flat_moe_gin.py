@@ -21,7 +21,7 @@ Example:
 Traceback (most recent call last):
 ...
 keras_moe.gin_config.GinConfigError: `T5Config.num_experts` is no longer a field of T5Config: ...bind `SwitchFeedForward.num_experts = ...` instead.
-"""
+"""  # noqa: E501 - verbatim output lines
 
 from keras_moe import compat
 from keras_moe.models import config as config_lib
@@ -101,7 +101,6 @@ def apply(bindings):
         bindings: a `FlatFieldBindings` that saw the whole parse.
     """
     import gin
-
     from keras_moe.gin_config import GinConfigError
 
     for scope, flat in sorted(bindings.found.items()):

@@ -16,7 +16,6 @@ A general `@MoeLayer` takes any router: `MoeLayer.router = @TopKRouter()`,
 """
 
 import gin
-
 import keras_moe
 from keras_moe.models import builder
 from keras_moe.models import config as config_lib
@@ -27,7 +26,8 @@ build_model = gin.external_configurable(builder.build_model, name="build_model",
                                         module="keras_moe.models")
 
 _LAYERS = (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.TopKFeedForward,
-           keras_moe.MoeLayer, keras_moe.FeedForwardExperts, keras_moe.SharedExpertFeedForward, keras_moe.SwitchRouter, keras_moe.Top2Router,
+           keras_moe.MoeLayer, keras_moe.FeedForwardExperts, keras_moe.SharedExpertFeedForward,
+           keras_moe.SwitchRouter, keras_moe.Top2Router,
            keras_moe.TopKRouter, keras_moe.ExpertChoiceRouter)
 for _layer in _LAYERS:
     gin.external_configurable(_layer, module="keras_moe")

@@ -388,7 +388,7 @@ def _compile(model, key):
 
         def stateless(values, tokens):
             return stateless_search(model, tokens, *options,
-                                    state_mapping=zip(model.variables, values),
+                                    state_mapping=zip(model.variables, values, strict=False),
                                     independent_routing=independent_routing)
 
         jitted = jax.jit(stateless)

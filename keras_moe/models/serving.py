@@ -27,8 +27,11 @@ import keras
 from keras import ops
 
 from keras_moe.models.decoding import METHODS
-from keras_moe.models.search import (check_length_normalizer, check_search_arguments,
-                                     stateless_search)
+from keras_moe.models.search import (
+    check_length_normalizer,
+    check_search_arguments,
+    stateless_search,
+)
 from keras_moe.validation import check_int
 
 

@@ -37,7 +37,7 @@ def check_token_ids(tokens, vocab_size, name):
                 return tf.identity(tokens)
     try:
         values = ops.convert_to_numpy(tokens)
-    except Exception:  # noqa: BLE001 - a tracer: nothing to check at trace time
+    except Exception:  # a tracer: nothing to check at trace time
         return tokens
     if values.size and (values.max() >= vocab_size or values.min() < 0):
         raise ValueError(f"{message} Got ids in [{values.min()}, {values.max()}].")
@@ -102,7 +102,8 @@ class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
         super().__init__(**kwargs)
         self.config = c = as_config(config)
         self.token_embedding = keras.layers.Embedding(
-            c.vocab_size, c.d_model, embeddings_initializer=keras.initializers.RandomNormal(stddev=c.init_scale ** 0.5),
+            c.vocab_size, c.d_model,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=c.init_scale ** 0.5),
             name="token_embedding")
         self.encoder_position_bias = RelativePositionBias(
             c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
@@ -255,7 +256,7 @@ class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
             ops.less_equal(keys, index)[:, None, None, :])
         cross_bias = _mask_to_bias(encoder_mask[:, None, None, :])
         new_caches = []
-        for layer, cache in zip(self.decoder_layers, caches):
+        for layer, cache in zip(self.decoder_layers, caches, strict=False):
             x, cache = layer(x, self_bias, None, cross_bias, token_mask=None, cache=cache,
                              cache_index=index, training=False)
             new_caches.append(cache)

@@ -33,10 +33,8 @@ import time
 import keras
 import numpy as np
 
-from keras_moe.training import console
+from keras_moe.training import console, load_history, schedules
 from keras_moe.training import expert_load as expert_load_lib
-from keras_moe.training import load_history
-from keras_moe.training import schedules
 
 
 class TrainingLogger(keras.callbacks.Callback):

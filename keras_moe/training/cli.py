@@ -28,7 +28,7 @@ def set_tf_environment():
         if jax is not None:
             try:
                 jax.config.update("jax_platforms", "cpu")
-            except Exception:  # noqa: BLE001 - backends already initialised
+            except Exception:  # backends already initialised
                 pass
 
 
@@ -150,7 +150,7 @@ def _newest_checkpoint(model_dir):
 
     try:
         latest = CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
-    except Exception:  # noqa: BLE001 - only for the message
+    except Exception:  # only for the message
         return None
     return latest["path"] if latest else None
 

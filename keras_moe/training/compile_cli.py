@@ -150,7 +150,6 @@ def main(argv=None):
     compile_only.setup_environment()
     startup.quiet_startup()
     from keras_moe.training import compile_progress
-
     from keras_moe.training.errors import TrainingConfigError
 
     feature_lengths = None

@@ -84,7 +84,7 @@ def memory_levers(report: dict) -> list:
     chips: a larger --topology (now v5e:4x4, 16 chips) with train.mesh_shape's product equal to its chip count
     precision: train.dtype_policy = "mixed_bfloat16" (or --dtype_policy=mixed_bfloat16): ...
     rematerialisation: keras_moe has no option for it ...
-    """
+    """  # noqa: E501 - verbatim output lines
     batch = int(report["batch"]["batch_size"])
     classes = report.get("sparse_ffn_classes") or ["<SparseFFN>"]
     group = " / ".join(f"{name}.group_size" for name in classes)

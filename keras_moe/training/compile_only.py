@@ -56,7 +56,7 @@ def cpu_devices(num):
 
     try:
         jax.config.update("jax_num_cpu_devices", int(num))
-    except Exception:  # noqa: BLE001 - backend already initialised; check the count below
+    except Exception:  # backend already initialised; check the count below
         pass
     devices = jax.devices("cpu")
     if len(devices) < num:
@@ -127,7 +127,7 @@ def _job_dtype_policy(dtype_policy):
 def _cost(compiled):
     try:
         cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - not every backend has one
+    except Exception:  # not every backend has one
         return {}
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
@@ -351,7 +351,8 @@ def _configure_mesh(config, devices, mesh_shape):
 
 def _job_summary(config, devices, distribution, batch_size, feature_lengths, target_platform):
     """The report's entries on the devices, the mesh, the batch and the model's MoE settings."""
-    mesh = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
+    device_mesh = distribution.device_mesh
+    mesh = dict(zip(device_mesh.axis_names, device_mesh.shape, strict=False))
     batch = {"batch_size": int(batch_size),
              **{k: int(v) for k, v in dict(feature_lengths).items()}}
     return {"chips": len(devices), "device_kind": devices[0].device_kind, "mesh": mesh,
@@ -408,7 +409,7 @@ def _compile(config, distribution, gin_configurables, batch_size, feature_length
         try:
             with progress.heartbeat("compiling"):
                 compiled = lowered.compile(compiler_options=options)
-        except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError
+        except Exception as e:  # jax.errors.JaxRuntimeError
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             compiled = None

@@ -74,7 +74,7 @@ def format_report(report):
 
 
 def format_exchange_choices(choices):
-    """One line per MoE layer of `keras_moe.token_exchange.exchange_choices()`: its exchange and why.
+    """One line per MoE layer of `keras_moe.token_exchange.exchange_choices()`: exchange and why.
 
     Example:
     >>> format_exchange_choices([{"layer": "encoder/moe", "exchange": "all_to_all",

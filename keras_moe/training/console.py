@@ -9,6 +9,7 @@
 
 import keras
 
+
 def short_logs(logs, learning_rate=None):
     """The progress-bar subset of Keras logs: no per-layer (`a/b`) entries,
     plus the learning rate.
@@ -84,6 +85,7 @@ def router_table(scalars, indent="  "):
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []
     for row in rows:
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        cells = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False)]
         lines.append(indent + "  ".join(cells).rstrip())
     return "\n".join(lines)

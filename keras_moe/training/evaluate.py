@@ -63,7 +63,7 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
             inputs.append(in_vocab.decode(strip_ids(ex["inputs"])))
     bleu = task_metrics.bleu(refs, preds)["bleu"]
     return {"bleu": float(bleu), "decoded_examples": len(preds)}, list(
-        zip(inputs, preds, refs))
+        zip(inputs, preds, refs, strict=False))
 
 
 def restore_from_run(model_dir, checkpoint=None):
@@ -73,7 +73,6 @@ def restore_from_run(model_dir, checkpoint=None):
         `(model, checkpoint metadata, the gin bindings of train)`.
     """
     import gin
-
     from keras_moe.training import gin_configurables
     from keras_moe.training.trainer import build_compiled_model
 

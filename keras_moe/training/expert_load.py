@@ -106,7 +106,7 @@ def plot_expert_load(loads, path, title="Expert load per MoE layer"):
     names = list(loads)
     n = max(len(names), 1)
     fig, axes = plt.subplots(n, 1, figsize=(7, 2.2 * n), squeeze=False)
-    for ax, name in zip(axes[:, 0], names):
+    for ax, name in zip(axes[:, 0], names, strict=False):
         load = np.asarray(loads[name])
         experts = np.arange(len(load))
         ax.bar(experts, load, color="tab:blue")

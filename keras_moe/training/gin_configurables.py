@@ -8,11 +8,9 @@ Run files write `train.batch_size = %BATCH_SIZE`, `train.optimizer = @make_optim
 import os
 
 import gin
-
 import keras_moe.models.gin_configurables  # noqa: F401  (registers build_model, T5Config)
-from keras_moe.training import schedules
+from keras_moe.training import schedules, trainer
 from keras_moe.training.checkpoint import atomic_write_text
-from keras_moe.training import trainer
 
 train = gin.external_configurable(trainer.train, name="train", module="keras_moe.training",
                                   denylist=["model_dir", "write_config"])

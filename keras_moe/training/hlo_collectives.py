@@ -128,7 +128,7 @@ def is_weight_shape(dims, weights):
     """
     for full, shard in weights:
         if len(full) == len(dims) and all(
-                s <= d <= f and f % d == 0 for d, f, s in zip(dims, full, shard)):
+                s <= d <= f and f % d == 0 for d, f, s in zip(dims, full, shard, strict=False)):
             return True
     return False
 

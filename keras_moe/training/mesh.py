@@ -97,7 +97,7 @@ def check_batch_splits(mesh_shape, logical_axis_rules, batch_size):
     Traceback (most recent call last):
     ...
     keras_moe.training.errors.TrainingConfigError: BATCH_SIZE=15 does not split over the device mesh {'data': 2, 'expert': 4}: the batch is split over the mesh axes ('data', 'expert') = 8 devices, so BATCH_SIZE must be a multiple of 8 (e.g. 8 or 16).
-    """
+    """  # noqa: E501 - verbatim output lines
     if mesh_shape is None:
         return
     axes, size = batch_split(mesh_shape, logical_axis_rules)
@@ -163,7 +163,7 @@ def apply_mesh(mesh_shape, logical_axis_rules):
     # must not shard the per-process dataset again.
     distribution.auto_shard_dataset = False
     mesh = distribution.device_mesh
-    return dict(zip(mesh.axis_names, mesh.shape))
+    return dict(zip(mesh.axis_names, mesh.shape, strict=False))
 
 
 def shard_report(model):

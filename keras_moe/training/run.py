@@ -96,7 +96,7 @@ class TrainConfig:
     Traceback (most recent call last):
     ...
     keras_moe.training.errors.TrainingConfigError: `train.batch_size` must be an integer >= 1, got 0.
-    """
+    """  # noqa: E501 - verbatim output lines
 
     task: str = "embedded_span_corruption"
     feature_lengths: dict = None

@@ -100,7 +100,8 @@ def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup
     ('Adafactor', 0.05)
     """
     if name not in OPTIMIZERS:
-        raise TrainingConfigError(f"`make_optimizer.name` must be one of {OPTIMIZERS}, got {name!r}.")
+        raise TrainingConfigError(
+            f"`make_optimizer.name` must be one of {OPTIMIZERS}, got {name!r}.")
     if schedule not in SCHEDULES:
         raise TrainingConfigError(
             f"`make_optimizer.schedule` must be one of {SCHEDULES}, got {schedule!r}.")

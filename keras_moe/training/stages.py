@@ -76,11 +76,12 @@ def load_init_checkpoint(model, path, build_source=None):
         kind = "checkpoint"
         path = weights
     src, dst = source.weights, model.weights
-    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(src, dst)):
+    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape)
+                                   for a, b in zip(src, dst, strict=False)):
         raise TrainingConfigError(
             f"init_checkpoint {path!r} ({kind}) has a different architecture than the "
             "configured model; bind the same model gin file.")
-    for a, b in zip(src, dst):
+    for a, b in zip(src, dst, strict=False):
         b.assign(a.value)
     log(f"initialised the model from {kind} {path}")
 

@@ -65,7 +65,7 @@ def libtpu_missing_message():
         from importlib.metadata import version
 
         jax_version = version("jax")
-    except Exception:  # noqa: BLE001 - jax itself missing
+    except Exception:  # jax itself missing
         jax_version = "<your jax version>"
     return ("compiling for a TPU topology needs the TPU compiler (libtpu), which is not "
             'installed: pip install "keras-moe[tpu]" '
@@ -116,9 +116,10 @@ def _topology_devices(name):
     kwargs = {"chip_config_name": info["chip_config"], "chips_per_host_bounds": host}
     try:
         topology = topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs)
-    except Exception as e:  # noqa: BLE001 - jax.errors.JaxRuntimeError: INVALID_ARGUMENT
+    except Exception as e:  # jax.errors.JaxRuntimeError: INVALID_ARGUMENT
+        reason = str(e).strip().splitlines()[0]
         raise CompileOnlyError(f"libtpu refused the TPU topology {name!r} "
-                               f"({str(e).strip().splitlines()[0]}): use {ALLOWED_FORMS}.") from None
+                               f"({reason}): use {ALLOWED_FORMS}.") from None
     devices = tuple(topology.devices)
     if len(devices) != chips:  # pragma: no cover - a libtpu that ignores chip_config_name
         raise CompileOnlyError(f"libtpu described {name} with {len(devices)} devices, "

@@ -16,7 +16,6 @@ import tempfile
 
 from keras_moe.training.errors import TrainingConfigError
 
-
 # Keras dtype policies a run may train under (`train.dtype_policy`): float32
 # everywhere; float32 variables with bfloat16 compute (the routers stay float32,
 # see `keras_moe.routing.base.Router`); bfloat16 variables and compute.
@@ -40,7 +39,7 @@ def check_dtype_policy(dtype_policy, name="train.dtype_policy"):
     Traceback (most recent call last):
     ...
     keras_moe.training.errors.TrainingConfigError: train.dtype_policy must be one of 'float32', 'mixed_bfloat16', 'bfloat16'; got 'fp16'.
-    """
+    """  # noqa: E501 - verbatim output lines
     if not isinstance(dtype_policy, str) or dtype_policy not in DTYPE_POLICIES:
         allowed = ", ".join(repr(p) for p in DTYPE_POLICIES)
         raise TrainingConfigError(

@@ -83,7 +83,8 @@ def test_mean_over_seeds_averages_curves_and_reports_the_spread():
 
     def record(values, step_time):
         return {"curve": [{"step": s, "seconds": 2.0 * s, "neg_log_perplexity": v,
-                           "accuracy": 0.5, "loss": -v} for s, v in zip((0, 10), values)],
+                           "accuracy": 0.5, "loss": -v}
+                          for s, v in zip((0, 10), values, strict=False)],
                 "final_neg_log_perplexity": values[-1], "step_time_s": step_time,
                 "train_seconds": 20.0}
 

@@ -5,6 +5,7 @@ import json
 import keras
 import numpy as np
 import pytest
+
 # torch and transformers are test dependencies (scripts/install.sh test): a
 # missing one is an install error, not a reason to skip the parity tests.
 import torch
@@ -224,7 +225,7 @@ def test_beam_search_matches_hf_generate(case, num_beams, tmp_path):
                                        num_beams=num_beams, compiled=compiled,
                                        return_scores=True)
         n = max(tokens.shape[1], want.shape[1])
-        pad = lambda t: np.pad(t, ((0, 0), (0, n - t.shape[1])))  # noqa: E731
+        pad = lambda t: np.pad(t, ((0, 0), (0, n - t.shape[1])))  # noqa: E731,B023
         np.testing.assert_array_equal(pad(tokens), pad(want), err_msg=f"compiled={compiled}")
         np.testing.assert_allclose(scores, out.sequences_scores.numpy(), rtol=1e-4, atol=1e-4)
 

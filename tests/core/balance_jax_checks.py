@@ -12,12 +12,12 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-import keras_moe  # noqa: E402
-from keras_moe import local_groups, sharding  # noqa: E402
-from tests.core.balance_reference import loss64, routing64  # noqa: E402
+import keras_moe
+from keras_moe import local_groups, sharding
+from tests.core.balance_reference import loss64, routing64
 
 assert keras.backend.backend() == "jax"
 D, E, K = 8, 6, 2

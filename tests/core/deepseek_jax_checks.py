@@ -12,12 +12,12 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-import keras_moe  # noqa: E402
-from keras_moe import sharding  # noqa: E402
-from tests.core import deepseek_reference as reference  # noqa: E402
+import keras_moe
+from keras_moe import sharding
+from tests.core import deepseek_reference as reference
 
 assert keras.backend.backend() == "jax"
 D, E, K, N_GROUP, TOPK_GROUP, RATE = 16, 16, 4, 4, 2, 0.0625

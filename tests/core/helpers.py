@@ -54,6 +54,6 @@ def assert_same_outputs_and_gradients(a, b):
     ya = a[0][0] if isinstance(a[0], tuple) else a[0]
     yb = b[0][0] if isinstance(b[0], tuple) else b[0]
     np.testing.assert_allclose(np.asarray(ya), np.asarray(yb), rtol=1e-5, atol=1e-6)
-    for ga, gb in zip(a[1], b[1]):
+    for ga, gb in zip(a[1], b[1], strict=False):
         np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(a[2], b[2], rtol=1e-5)

@@ -10,10 +10,10 @@ os.environ["KERAS_BACKEND"] = "jax"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-from tests.core import hf_moe_reference as reference  # noqa: E402
+from tests.core import hf_moe_reference as reference
 
 assert keras.backend.backend() == "jax"
 TOL = 1e-5

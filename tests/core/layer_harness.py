@@ -22,12 +22,12 @@ import numpy as np
 
 import keras_moe
 from keras_moe import compat, expert_parallel, routing
+from keras_moe.dense_feedforward import DenseFeedForward
 from keras_moe.models import T5Config
 from keras_moe.models.attention import T5Attention
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
-from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 from keras_moe.routing.base import Router
 
 D = 16  # d_model of every case
@@ -189,7 +189,7 @@ def check_layer(name, case, seed=0):
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
     _assert_same(loaded(inputs), out, f"{name}: .keras round trip")
-    loaded_layer = [l for l in loaded.layers if isinstance(l, type(layer))]
+    loaded_layer = [sub for sub in loaded.layers if isinstance(sub, type(layer))]
     assert len(loaded_layer) == 1 and type(loaded_layer[0]) is type(layer), name
     _check_mixed_bfloat16(name, case, layer, inputs, out)
     _check_training_step(name, layer, inputs, out, rng)
@@ -205,7 +205,7 @@ def _check_mixed_bfloat16(name, case, float32_layer, inputs, float32_out):
         keras.config.set_dtype_policy(before)
     assert all(w.dtype == "float32" for w in layer.weights), (
         name, [(w.path, w.dtype) for w in layer.weights if w.dtype != "float32"])
-    routers = [l for l in [layer] + compat.sublayers(layer) if isinstance(l, Router)]
+    routers = [sub for sub in [layer] + compat.sublayers(layer) if isinstance(sub, Router)]
     assert all(r.compute_dtype == "float32" for r in routers), (name, "router not float32")
     layer.set_weights(float32_layer.get_weights())
     out = layer(*inputs)
@@ -230,6 +230,6 @@ def _check_training_step(name, layer, inputs, out, rng):
     target = rng.normal(size=tuple(out.shape)).astype("float32")
     loss = model.train_on_batch(inputs, target)  # a block's masks broadcast over the batch
     assert np.isfinite(loss), (name, loss)
-    unchanged = [w.path for w, b in zip(layer.trainable_weights, before)
+    unchanged = [w.path for w, b in zip(layer.trainable_weights, before, strict=False)
                  if np.array_equal(keras.ops.convert_to_numpy(w), b)]
     assert not unchanged, (name, "no gradient reached", unchanged)

@@ -8,16 +8,14 @@ NumPy run of the update rule (`deepseek_reference.py`).
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+import torch  # test-only reference
+from transformers import DeepseekV3Config
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
 
 import keras_moe
 from keras_moe import router_losses
 from tests.core import deepseek_reference as reference
 from tests.core.helpers import run_jax_checks
-
-import torch  # noqa: E402  (test-only reference)
-from transformers import DeepseekV3Config  # noqa: E402
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
 
 D, E, K, N_GROUP, TOPK_GROUP = 16, 16, 4, 4, 2
 
@@ -199,7 +197,7 @@ def test_bias_is_saved_and_restored(tmp_path, rng):
     assert [w.path for w in router.non_trainable_weights] == [router.expert_bias.path]
     model.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras")
-    restored = [l for l in loaded.layers if isinstance(l, keras_moe.MoeLayer)][0].router
+    restored = [sub for sub in loaded.layers if isinstance(sub, keras_moe.MoeLayer)][0].router
     np.testing.assert_array_equal(restored.expert_bias.numpy(), bias)
     assert restored.get_config() == router.get_config()
     x = rng.normal(size=(2, 6, D)).astype("float32")

@@ -67,7 +67,7 @@ def test_routing_invariants(case):
     for g in range(kept.shape[0]):
         load = np.zeros(case["num_experts"], int)
         seen = set()
-        for s, c in zip(*np.nonzero(kept[g])):
+        for s, c in zip(*np.nonzero(kept[g]), strict=False):
             e, p = expert[g, s, c], position[g, s, c]
             assert 0 <= p < capacity
             assert (e, p) not in seen

@@ -74,13 +74,13 @@ def check_interpret():
         x, w, sizes, upstream = _case(dtype)
 
         def loss(x, w):
-            y = grouped_matmul(x, w, sizes, kernel="megablox", interpret=True)
-            return jnp.sum(y.astype(jnp.float32) * upstream), y
+            y = grouped_matmul(x, w, sizes, kernel="megablox", interpret=True)  # noqa: B023 - called in this iteration
+            return jnp.sum(y.astype(jnp.float32) * upstream), y  # noqa: B023 - called in this iteration
 
         (_, y), (dx, dw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
             jnp.asarray(x), jnp.asarray(w))
         assert y.dtype == dtype and dx.dtype == dtype and dw.dtype == dtype
-        for got, want in zip((y, dx, dw), reference(x, w, sizes, upstream)):
+        for got, want in zip((y, dx, dw), reference(x, w, sizes, upstream), strict=False):
             got = np.asarray(got, np.float64)
             scale = max(1.0, float(np.abs(want).max()))
             assert np.abs(got - want).max() <= tol * scale, (dtype, np.abs(got - want).max())
@@ -111,14 +111,14 @@ def check_interpret_mesh():
                                 devices=jax.devices()[:4], num_experts=8)
         try:
             def loss(x, w):
-                y = grouped_matmul(x, w, sizes, kernel="megablox", interpret=True)
+                y = grouped_matmul(x, w, sizes, kernel="megablox", interpret=True)  # noqa: B023 - called in this iteration
                 return jnp.sum(y * upstream), y
 
             (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
                 jnp.asarray(x), jnp.asarray(w))
         finally:
             sharding.clear_mesh()
-        for got, want in zip((y, dx, dw), reference(x, w, sizes, upstream)):
+        for got, want in zip((y, dx, dw), reference(x, w, sizes, upstream), strict=False):
             error = np.abs(np.asarray(got, np.float64) - want).max()
             assert error <= 1e-4 * np.abs(want).max(), (name, error)
         print("OK interpret_mesh", name)

@@ -1,13 +1,12 @@
-"""SwitchFeedForward against HF transformers' SwitchTransformersSparseMLP (torch, CPU) on copied weights."""
+"""SwitchFeedForward vs HF transformers' SwitchTransformersSparseMLP (torch, CPU), same weights."""
 
 import numpy as np
 import pytest
+import torch  # test-only reference; .ci/run installs torch==2.13.0
+from transformers import SwitchTransformersConfig
+from transformers.models.switch_transformers import modeling_switch_transformers as switch
 
 import keras_moe
-
-import torch  # noqa: E402  (test-only reference; .ci/run installs torch==2.13.0)
-from transformers.models.switch_transformers import modeling_switch_transformers as switch  # noqa: E402,E501
-from transformers import SwitchTransformersConfig  # noqa: E402
 
 
 def _hf_mlp(num_experts, expert_capacity, d_model=16, d_ff=32):

@@ -102,6 +102,7 @@ def test_gin_reaches_every_part_of_the_recipe():
         "TopKFeedForward.balance_loss = 'global'",
     ]))
     layer = config.make_sparse_ffn("encoder", name="ffn")
-    assert (layer.router.k, layer.router.score_function, layer.router.topk_group) == (3, "sigmoid", 2)
+    router = layer.router
+    assert (router.k, router.score_function, router.topk_group) == (3, "sigmoid", 2)
     assert layer.shared_experts.gate and layer.balance_loss == "global"
     assert layer.router.bias_update_rate == 1e-3

@@ -33,10 +33,10 @@ def np_log_softmax(z):
 
 def np_distillation_loss(labels, student, teacher, weights, alpha, temperature, scale=True):
     """Float64 loop reference: (1 - a) * weighted CE(labels) + a * T^2 * weighted CE(p_T, q_T)."""
-    b, l, _ = student.shape
+    b, length, _ = student.shape
     hard_num = soft_num = kl_num = den = 0.0
     for i in range(b):
-        for j in range(l):
+        for j in range(length):
             w = float(weights[i, j])
             log_q1 = np_log_softmax(student[i, j])
             log_qt = np_log_softmax(np.asarray(student[i, j], np.float64) / temperature)

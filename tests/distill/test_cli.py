@@ -1,14 +1,13 @@
-"""The distillation mode of the training CLI: teacher checkpoint in, checkpoints/resume/TensorBoard out."""
+"""The training CLI's distillation mode: teacher checkpoint in; checkpoints, resume, TensorBoard."""
 
 import json
 import os
 
-import gin
 import numpy as np
 import pytest
 
+import gin
 import keras_moe
-
 from tests.training.helpers import TINY, parse
 
 
@@ -87,9 +86,9 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, cap
     distiller, teacher_config = _load_distiller(model_dir, teacher_dir, config)
     reference = build_model(teacher_config)
     reference.load_weights(resolve_checkpoint(teacher_dir))
-    for a, b in zip(reference.weights, distiller.teacher.weights):
+    for a, b in zip(reference.weights, distiller.teacher.weights, strict=False):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
-    for a, b in zip(student.weights, distiller.student.weights):
+    for a, b in zip(student.weights, distiller.student.weights, strict=False):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
     keras.backend.clear_session()
 
@@ -134,9 +133,9 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     saved = student_weights(os.path.join(second, "student.weights.h5"))
     trained = [w.numpy() for w in _load_distiller(second, teacher_dir, config)[0].student.weights]
     start = student_weights(os.path.join(first, "student.weights.h5"))
-    for a, b in zip(saved, trained):
+    for a, b in zip(saved, trained, strict=False):
         np.testing.assert_array_equal(a, b)
-    assert any(not np.array_equal(a, b) for a, b in zip(saved, start)), \
+    assert any(not np.array_equal(a, b) for a, b in zip(saved, start, strict=False)), \
         "the saved student equals the INIT_CHECKPOINT's: the trained one was not saved"
     keras.backend.clear_session()
 

@@ -67,10 +67,10 @@ def test_fit_moves_student_toward_teacher_and_freezes_teacher(rng):
     assert history["kl_to_teacher"][-1] < history["kl_to_teacher"][0]
     assert {"loss", "hard_loss", "soft_loss", "kl_to_teacher", "accuracy",
             "neg_log_perplexity"} <= set(history)
-    for before, v in zip(teacher_before, teacher.weights):
+    for before, v in zip(teacher_before, teacher.weights, strict=False):
         np.testing.assert_array_equal(before, v.numpy(), err_msg=v.path)
     assert any(not np.array_equal(b, v.numpy())
-               for b, v in zip(student_before, student.trainable_variables))
+               for b, v in zip(student_before, student.trainable_variables, strict=False))
 
 
 @pytest.mark.slow
@@ -98,7 +98,7 @@ def test_two_mirrored_replicas_train_as_one_device(rng, two_cpu_strategy):
     (one, weights_one), (two, weights_two) = runs
     for key in ("loss", "hard_loss", "soft_loss", "kl_to_teacher", "neg_log_perplexity"):
         np.testing.assert_allclose(two[key], one[key], rtol=1e-5, err_msg=key)
-    for a, b in zip(weights_one, weights_two):
+    for a, b in zip(weights_one, weights_two, strict=False):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
 
 

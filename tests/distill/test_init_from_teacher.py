@@ -20,7 +20,7 @@ def _snapshot(model):
 
 
 def _expert_positions(config):
-    """Student FFN paths at the teacher's sparse layers, from the config (independent of the code)."""
+    """Student FFN paths at the teacher's sparse layers, from the config (not from the code)."""
     out = set()
     for side, layers in (("encoder", config.resolved_encoder_sparse_layers()),
                          ("decoder", config.resolved_decoder_sparse_layers())):

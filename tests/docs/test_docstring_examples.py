@@ -8,8 +8,9 @@ import doctest
 import importlib
 import io
 
-import gin
 import pytest
+
+import gin
 
 MODULES = [
     "benchmarks.batch_files",
@@ -20,6 +21,9 @@ MODULES = [
     "keras_moe.compat",
     "keras_moe.convert.hf",
     "keras_moe.dispatch",
+    "keras_moe.dispatch_dropless",
+    "keras_moe.dispatch_einsum",
+    "keras_moe.dispatch_gather",
     "keras_moe.grouped_matmul",
     "keras_moe.distill.builder",
     "keras_moe.distill.distiller",
@@ -63,6 +67,8 @@ MODULES = [
     "keras_moe.startup",
     "keras_moe.token_exchange",
     "keras_moe.training.checkpoint",
+    "keras_moe.training.checkpoint_manager",
+    "keras_moe.training.checkpoint_restore",
     "keras_moe.training.cli",
     "keras_moe.training.compile_memory",
     "keras_moe.training.compile_only",
@@ -78,6 +84,7 @@ MODULES = [
     "keras_moe.training.multihost",
     "keras_moe.training.placement",
     "keras_moe.training.roofline",
+    "keras_moe.training.rng_state",
     "keras_moe.training.run",
     "keras_moe.training.schedules",
     "keras_moe.training.sharded_checkpoint",

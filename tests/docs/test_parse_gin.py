@@ -4,9 +4,9 @@ import os
 import pathlib
 import re
 
-import gin
 import pytest
 
+import gin
 from keras_moe import models
 from keras_moe.gin_config import resolve
 
@@ -30,7 +30,7 @@ def _readme_parse_gin_call():
 def test_the_readme_call_works_as_written():
     call = _readme_parse_gin_call()
     assert call == 'models.parse_gin("switch_tiny.gin")'
-    config = eval(call, {"models": models})  # noqa: S307 - the README's own text
+    config = eval(call, {"models": models})  # the README's own text
     # It stands in for `config = models.T5Config(...)`: switch_tiny.gin's model.
     assert isinstance(config, models.T5Config)
     assert (config.sparse_ffn["class_name"], config.num_experts, config.d_model) == (

@@ -1,10 +1,15 @@
-import gin
 import pytest
 
-from keras_moe.models import T5Config, count_params, hf_sparse_layers, sparse_layers_from_step
-from keras_moe.models import EncoderDecoder
-from keras_moe.moe import MoeLayer
+import gin
 from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.models import (
+    EncoderDecoder,
+    T5Config,
+    count_params,
+    hf_sparse_layers,
+    sparse_layers_from_step,
+)
+from keras_moe.moe import MoeLayer
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 

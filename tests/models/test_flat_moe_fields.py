@@ -5,10 +5,10 @@ and a dense JSON config loads whatever stale MoE fields it carries."""
 import functools
 import json
 
-import gin
 import numpy as np
 import pytest
 
+import gin
 from keras_moe import GShardFeedForward, SwitchFeedForward
 from keras_moe.gin_config import GinConfigError, parse_gin
 from keras_moe.models import EncoderDecoder, T5Config
@@ -120,8 +120,8 @@ def _clean_gin():
 
 def _parse_as_eval(path):
     # keras_moe.training.eval_cli.main's parse of <model_dir>/operative_config.gin.
-    from keras_moe import tasks  # noqa: F401
     import keras_moe.training.gin_configurables  # noqa: F401
+    from keras_moe import tasks  # noqa: F401
 
     return parse_gin([str(path)], [], [], skip_unknown=True, check_required=False)
 
@@ -162,7 +162,8 @@ T5Config:
     old = parse_gin(str(path))
     assert old == parse_gin("switch_tiny.gin")  # today's file for that model
     gshard = parse_gin("tiny.gin", ["T5Config.moe_type = 'gshard'", "T5Config.num_experts = 4",
-                                    "T5Config.expert_d_ff = 32", "T5Config.decoder_sparse_step = 1"])
+                                    "T5Config.expert_d_ff = 32",
+                                    "T5Config.decoder_sparse_step = 1"])
     assert gshard.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
     assert gshard.num_experts == 4 and gshard.sparse_option("d_ff") == 32
     assert gshard.sparse_option("train_capacity_factor") == 1.25  # the old T5Config default

@@ -1,8 +1,8 @@
 import os
 
-import gin
 import pytest
 
+import gin
 from keras_moe.gin_config import GinConfigError, parse_gin, resolve
 from keras_moe.models import count_params
 from keras_moe.moe import MoeLayer

@@ -1,10 +1,10 @@
 """Every router and routing policy of the library reaches a T5 model from gin, through
 the injected sparse FFN (`T5Config.sparse_ffn = @...`) and per-stack scopes."""
 
-import gin
 import numpy as np
 import pytest
 
+import gin
 import keras_moe
 from keras_moe.gin_config import parse_gin
 from keras_moe.models import EncoderDecoder

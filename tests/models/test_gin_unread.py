@@ -1,9 +1,9 @@
 """A gin binding of the model's configurables that nothing read is refused, naming it
 and the model's sparse layer; bindings that a later command reads are not."""
 
-import gin
 import pytest
 
+import gin
 from keras_moe.gin_config import GinConfigError, parse_gin
 from keras_moe.models.gin_configurables import build_model
 

@@ -1,10 +1,10 @@
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from keras import ops
 
-import keras
-from keras_moe.models import (EncoderDecoder, build_model, seqio_to_keras, token_cross_entropy)
+from keras_moe.models import EncoderDecoder, build_model, seqio_to_keras, token_cross_entropy
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 
@@ -60,7 +60,7 @@ def test_fit_on_tf_data():
     # The logged loss is the weighted token loss plus the MoE losses.
     batch = next(iter(ds.map(seqio_to_keras)))
     logits = model(batch[0])
-    moe = float(sum(ops.convert_to_numpy(l) for l in model.losses))
+    moe = float(sum(ops.convert_to_numpy(loss) for loss in model.losses))
     ce = float(token_cross_entropy()(batch[1], logits, sample_weight=batch[2]))
     one = model.evaluate(ds.map(seqio_to_keras).take(1), verbose=0, return_dict=True)
     np.testing.assert_allclose(one["loss"], ce + moe, rtol=1e-4)

@@ -7,6 +7,7 @@ import keras
 import pytest
 
 from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training import checkpoint_manager
 from tests.reliability import helpers
 
 pytestmark = pytest.mark.slow
@@ -101,7 +102,8 @@ def test_a_crash_before_the_metadata_commit_is_not_a_checkpoint(run_at_8, monkey
     def dies(path, text):
         raise SystemExit("died before the json was renamed into place")
 
-    monkeypatch.setattr(ckpt_lib, "atomic_write_text", dies)
+    # CheckpointManager commits through its own module's atomic_write_text.
+    monkeypatch.setattr(checkpoint_manager, "atomic_write_text", dies)
     from keras_moe.training import gin_configurables, trainer
 
     net = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)

@@ -86,5 +86,5 @@ def test_sigkill_at_a_random_point_then_restart_continues_exactly(tmp_path):
     step_a, weights_a, opt_a = helpers.final_weights(straight_dir, _bindings(straight_rec))
     step_b, weights_b, opt_b = helpers.final_weights(killed_dir, _bindings(killed_rec))
     assert step_a == step_b == STEPS
-    for a, b in zip(weights_a + opt_a, weights_b + opt_b):
+    for a, b in zip(weights_a + opt_a, weights_b + opt_b, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.reliability import helpers
+from tests.training.helpers import lines_in_background, wait_for_line
 
 pytestmark = pytest.mark.slow
-from tests.training.helpers import lines_in_background, wait_for_line
 
 RUN = helpers.FAST + ["train.checkpoint_every = 3", "train.collective_timeout = 30",
                       "train.cluster_wait_timeout = 120"]
@@ -62,7 +62,7 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
         for proc in procs + [single]:
             if proc.poll() is None:
                 proc.kill()
-    for proc, out in zip(procs + [single], outputs):
+    for proc, out in zip(procs + [single], outputs, strict=False):
         assert proc.returncode == 0, out[-5000:]
     for out in outputs[:2]:
         assert "strategy multi_worker (" in out and "2 replica(s)" in out, out[-5000:]
@@ -71,8 +71,8 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
     assert multi["replicas"] == 2 and multi["end_step"] == one["end_step"] == 6
     assert os.path.isfile(tmp_path / "mwms" / "checkpoints" / "ckpt-00000006.weights.h5")
     assert multi["eval_end"] is not None  # evaluate works under MWMS too.
-    np.testing.assert_allclose([l for _, l in multi["history"]],
-                               [l for _, l in one["history"]], rtol=1e-5)
+    np.testing.assert_allclose([loss for _, loss in multi["history"]],
+                               [loss for _, loss in one["history"]], rtol=1e-5)
     step_a, weights_a, _ = helpers.final_weights(str(tmp_path / "mwms"), bindings)
     step_b, weights_b, _ = helpers.final_weights(str(tmp_path / "single"), bindings)
     assert step_a == step_b == 6

@@ -1,4 +1,4 @@
-"""Switch Table 2 in miniature: float32 router under mixed_bfloat16, 0.1x init, NaN stops training."""
+"""Switch Table 2 in miniature: float32 router under mixed_bfloat16, 0.1x init, NaN stops a run."""
 
 import os
 
@@ -27,7 +27,7 @@ def _batches(n=6, batch=8, seed=0):
 
 
 def _routers(model):
-    return [l for l in model._flatten_layers() if type(l).__name__.endswith("Router")]
+    return [sub for sub in model._flatten_layers() if type(sub).__name__.endswith("Router")]
 
 
 @pytest.mark.slow
@@ -92,7 +92,7 @@ def test_router_init_follows_the_model_init_scale(init_scale):
 
 def test_default_expert_init_is_the_t5_fan_in_init_per_expert():
     model = _built_switch_model(256)
-    experts = [l for l in model._flatten_layers() if type(l).__name__ == "FeedForwardExperts"]
+    experts = [sub for sub in model._flatten_layers() if type(sub).__name__ == "FeedForwardExperts"]
     assert experts
     for layer in experts:
         for w in layer.weights:

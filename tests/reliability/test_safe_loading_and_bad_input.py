@@ -1,7 +1,7 @@
 """Safe loading (.keras safe mode, gin only binds registered names) and bad input errors."""
 
-import os
 import functools
+import os
 import sys
 
 import keras
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from keras_moe import SwitchFeedForward
-from keras_moe.models import T5Config, build_model
 from keras_moe.gin_config import GinConfigError, parse_gin
+from keras_moe.models import T5Config, build_model
 from keras_moe.training.errors import TrainingConfigError
 
 

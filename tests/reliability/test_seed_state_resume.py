@@ -47,7 +47,7 @@ def test_restore_repeats_the_draws_made_after_the_save(tmp_path, sharded):
     # A second build of the model: other variable paths (seed_generator_<n>), same keys.
     other = _model()
     ckpt_lib.restore(other, manager.latest())
-    for a, b, c in zip(after_save, again, _draws(other)):
+    for a, b, c in zip(after_save, again, _draws(other), strict=False):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
     saved = json.load(open(manager.meta_path(1)))["seed_states"]

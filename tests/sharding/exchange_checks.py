@@ -13,13 +13,13 @@ import os
 os.environ.update(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_SKIP_MDS_QUERY="1",
                   TPU_WORKER_HOSTNAMES="localhost")
 
-import jax  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import keras
+import numpy as np
 
-import keras_moe  # noqa: E402
-from keras_moe import sharding, token_exchange  # noqa: E402
-from keras_moe.training import abstract_arrays, hlo_collectives  # noqa: E402
+import keras_moe
+from keras_moe import sharding, token_exchange
+from keras_moe.training import abstract_arrays, hlo_collectives
 
 E, D, F = 8, 16, 32
 
@@ -62,7 +62,7 @@ def numerics():
             scale = max(float(np.abs(g).max()) for g in g_ref)
             out[mode] = {"max_y_diff": float(np.abs(y - y_ref).max()),
                          "max_grad_diff": max(float(np.abs(a - b).max())
-                                              for a, b in zip(grads, g_ref)),
+                                              for a, b in zip(grads, g_ref, strict=False)),
                          "grad_scale": scale}
             if mode == "all_to_all":
                 try:  # 3 sequences: the mesh cannot split them, one "batch" group
@@ -97,7 +97,7 @@ def local_groups():
                 layer = make_layer(group_size, pad_to_group_size=True)
                 layer.build(x.shape)
                 layer.set_weights(weights)
-                y = np.asarray(jax.jit(lambda x: layer(x, training=True))(x))
+                y = np.asarray(jax.jit(lambda x: layer(x, training=True))(x))  # noqa: B023 - called in this iteration
                 choices = token_exchange.exchange_choices()
             finally:
                 sharding.clear_mesh()
@@ -137,7 +137,7 @@ def tpu_collectives():
                                                jax.sharding.PartitionSpec("expert"))
 
             def forward(weights, state, x):
-                return layer.stateless_call(weights, state, x, training=True)[0]
+                return layer.stateless_call(weights, state, x, training=True)[0]  # noqa: B023 - called in this iteration
 
             def backward(weights, state, x):
                 return jax.grad(lambda w, x: jax.numpy.sum(forward(w, state, x) ** 2),
@@ -200,7 +200,8 @@ def dropless():
             "max_y_diff": float(np.abs(y - y_ref).max()),
             "y_scale": float(np.abs(y_ref).max()),
             "max_loss_diff": float(np.abs(losses - losses_ref).max()),
-            "max_grad_diff": max(float(np.abs(a - b).max()) for a, b in zip(grads, g_ref)),
+            "max_grad_diff": max(float(np.abs(a - b).max())
+                                 for a, b in zip(grads, g_ref, strict=False)),
             "grad_scale": max(float(np.abs(g).max()) for g in g_ref),
             "exchanges": [c["exchange"] for c in choices]}
     # A receive buffer of 0.6 x a device's rows: the rows past it are dropped, counted.

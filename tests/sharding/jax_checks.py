@@ -5,8 +5,8 @@ set before start. Prints one JSON line (prefixed "RESULT ") with what it saw;
 the pytest side asserts on it.
 """
 
-import json
 import functools
+import json
 import os
 import re
 import sys
@@ -14,12 +14,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import keras  # noqa: E402
+import jax
+import keras
+import numpy as np
 
-import keras_moe  # noqa: E402
-from keras_moe import layouts, sharding  # noqa: E402
+import keras_moe
+from keras_moe import sharding
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 E, D, B, L = 8, 16, 8, 16
@@ -105,7 +105,8 @@ for mesh, dispatches in (((2, 4), ("einsum", "gather")), ((1, 8), ("einsum",))):
         res[dispatch] = {
             "shards": shards,
             "loss": loss, "ref_loss": ref_loss,
-            "max_grad_diff": max(float(np.abs(a - b).max()) for a, b in zip(grads, ref_grads)),
+            "max_grad_diff": max(float(np.abs(a - b).max())
+                                 for a, b in zip(grads, ref_grads, strict=False)),
             "max_grad": max(float(np.abs(b).max()) for b in ref_grads),
             "hlo": hlo_counts,
         }
@@ -120,9 +121,9 @@ out["fit_loss"] = [float(v) for v in hist.history["loss"]]
 
 # 5. The tiny Switch T5 (keras_moe.models is part of the package: an ImportError
 # here is a failure of these checks, not a reason to skip them).
+from keras_moe import SwitchFeedForward  # noqa: E402
 from keras_moe.models import build_model  # noqa: E402
 from keras_moe.models.config import T5Config  # noqa: E402
-from keras_moe import SwitchFeedForward  # noqa: E402
 
 cfg = T5Config(vocab_size=64, d_model=16, num_heads=4, d_kv=4, d_ff=32, num_encoder_layers=2,
                num_decoder_layers=2, activation="relu", encoder_sparse_step=2,
@@ -177,6 +178,7 @@ def constrain_unknown():
 expect_error("unknown_tag", constrain_unknown)
 out["errors"] = errors
 sharding.clear_mesh()
-out["cleared"] = sharding.get_logical_axis_rules() is None and keras.distribution.distribution() is None
+out["cleared"] = (sharding.get_logical_axis_rules() is None
+                  and keras.distribution.distribution() is None)
 out["time"] = time.time() - t0
 print("RESULT " + json.dumps(out))

@@ -48,7 +48,8 @@ def test_loss_and_gradients_match_unsharded(jax_result, mesh, dispatch):
 
 
 def test_tokens_are_split_over_data_and_expert(jax_result):
-    assert jax_result["meshes"]["data=2,expert=4"]["data_spec"] == "P(('data', 'expert'), None, None)"
+    data_spec = jax_result["meshes"]["data=2,expert=4"]["data_spec"]
+    assert data_spec == "P(('data', 'expert'), None, None)"
     assert jax_result["meshes"]["data=1,expert=8"]["data_spec"] == "P('expert', None, None)"
 
 

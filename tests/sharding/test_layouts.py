@@ -46,7 +46,8 @@ def test_logical_to_mesh_axes(axes, mesh, shape, expected):
 def test_rule_order_gives_priority():
     rules = (("batch", ("data", "expert")), ("expert", "expert"), ("batch", "data"))
     # batch takes "expert" first, so the expert dim stays replicated.
-    assert layouts.logical_to_mesh_axes(("expert", "batch"), rules, MESH) == (None, ("data", "expert"))
+    assert (layouts.logical_to_mesh_axes(("expert", "batch"), rules, MESH)
+            == (None, ("data", "expert")))
 
 
 @pytest.mark.parametrize("path,rank,expected", [
@@ -86,7 +87,8 @@ def test_variable_table_is_extendable():
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(mesh_shape={"data": 2, "expert": 2}, num_devices=8), "4 devices but 8 devices"),
     (dict(mesh_shape={"expert": 4}, num_experts=6), "`num_experts`=6 is not divisible"),
-    (dict(mesh_shape={"expert": 4}, rules=(("experts", "expert"),)), "Unknown logical axis 'experts'"),
+    (dict(mesh_shape={"expert": 4}, rules=(("experts", "expert"),)),
+     "Unknown logical axis 'experts'"),
     (dict(mesh_shape={"expert": 4}, rules=(("expert", "tensor"),)), "mesh axis 'tensor'"),
     (dict(mesh_shape={"tensor": 4}), "Unknown mesh axis 'tensor'"),
     (dict(mesh_shape={"expert": 0}), "must be an integer >= 1"),

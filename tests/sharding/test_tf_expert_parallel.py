@@ -51,5 +51,5 @@ def test_each_replica_sees_only_its_own_aux_losses(tf_result, case):
 
 def test_fit_logs_the_single_device_loss(tf_result):
     fit = tf_result["fit"]
-    for got, want in zip(fit["loss"], fit["ref_loss"]):
+    for got, want in zip(fit["loss"], fit["ref_loss"], strict=False):
         assert abs(got - want) <= 1e-5 * max(1.0, abs(want))

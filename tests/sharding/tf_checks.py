@@ -11,8 +11,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 N = 8
 tf.config.set_logical_device_configuration(
@@ -20,7 +20,6 @@ tf.config.set_logical_device_configuration(
 
 import keras  # noqa: E402
 
-import keras_moe  # noqa: E402
 from keras_moe.expert_parallel import ExpertParallelExperts, expert_parallel_switch  # noqa: E402
 
 t0 = time.time()
@@ -58,7 +57,7 @@ for dispatch, activation in (("gather", "relu"), ("einsum", "gated-gelu")):
 
     n_losses = []
 
-    def replica_fn(xs, rs_):
+    def replica_fn(xs, rs_, layer=layer, n_losses=n_losses):  # bound: defined in a loop
         ctx = tf.distribute.get_replica_context()
         with tf.GradientTape() as tape:
             y = layer(xs, training=True)
@@ -84,7 +83,8 @@ for dispatch, activation in (("gather", "relu"), ("einsum", "gated-gelu")):
         "max_out_diff": float(np.abs(y_d - y_ref.numpy()).max()),
         "max_out": float(np.abs(y_ref.numpy()).max()),
         "loss": float(loss_d), "ref_loss": float(loss_ref.numpy()),
-        "max_grad_diff": max(float(np.abs(a - b.numpy()).max()) for a, b in zip(g_d, g_ref)),
+        "max_grad_diff": max(float(np.abs(a - b.numpy()).max())
+                             for a, b in zip(g_d, g_ref, strict=False)),
         "num_losses": n_losses[0], "ref_num_losses": len(ref.losses),
         "ref_aux": [float(v) for v in ref.losses],
         "grad_names": [w.path for w in layer.trainable_weights],
@@ -116,8 +116,10 @@ out["fit"] = {
     "loss": [float(v) for v in hist.history["loss"]],
     "ref_loss": [float(v) for v in ref_hist.history["loss"]],
     "max_weight_diff": max(float(np.abs(a - b).max())
-                           for a, b in zip(model.get_weights(), ref_model.get_weights())),
-    "weight_change": max(float(np.abs(a - b).max()) for a, b in zip(ref_model.get_weights(), w0)),
+                           for a, b in zip(model.get_weights(), ref_model.get_weights(),
+                                           strict=False)),
+    "weight_change": max(float(np.abs(a - b).max())
+                         for a, b in zip(ref_model.get_weights(), w0, strict=False)),
     "local_experts": model.get_layer("moe").experts.local_experts,
 }
 

@@ -6,9 +6,7 @@ import pytest
 import seqio
 
 from keras_moe import tasks
-from keras_moe.tasks import docs
-from keras_moe.tasks import markup
-from keras_moe.tasks import registry
+from keras_moe.tasks import docs, markup, registry
 
 REST = """\
 :mod:`glob` --- Pathname expansion

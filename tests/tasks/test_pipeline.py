@@ -28,12 +28,12 @@ def _batches(seed, n=2, name="embedded_span_corruption_byte", **kw):
 def test_get_dataset_is_packed_batched_and_deterministic():
     a, b, c = _batches(7), _batches(7), _batches(8)
     assert set(a[0]) == PACKED
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         for k in PACKED:
             np.testing.assert_array_equal(x[k], y[k])
     assert any(not np.array_equal(x["encoder_input_tokens"],
                                   z["encoder_input_tokens"])
-               for x, z in zip(a, c))
+               for x, z in zip(a, c, strict=False))
     assert a[0]["encoder_input_tokens"].shape == (3, 64)
     assert a[0]["decoder_target_tokens"].shape == (3, 16)
     unpacked = _batches(7, n=1, pack=False)[0]
@@ -77,7 +77,7 @@ def test_embedded_data_is_small_and_inside_the_package():
 def _verse_count(lang):
     with gzip.open(os.path.join(embedded.EMBEDDED_DIR, f"bible_{lang}.tsv.gz"),
                    "rt", encoding="utf-8") as f:
-        rows = [l.split("\t") for l in f]
+        rows = [line.split("\t") for line in f]
     return sum(1 for b, c, _, t in rows
                if t.strip() and helpers.chapter_split(int(b), int(c)) == "train")
 
@@ -85,7 +85,7 @@ def _verse_count(lang):
 def test_embedded_x2en_mixture_rates_and_examples():
     mixture = seqio.get_mixture_or_task("embedded_x2en")
     t = embedded.DEFAULT_TEMPERATURE
-    weights = {l: _verse_count(l) ** (1 / t) for l in ("fr", "es", "it")}
+    weights = {lang: _verse_count(lang) ** (1 / t) for lang in ("fr", "es", "it")}
     for task in mixture.tasks:
         lang = task.name.split("_")[1]
         assert mixture.get_rate(task) / mixture.total_rate == pytest.approx(

@@ -82,7 +82,7 @@ def test_c4_preprocessors_are_the_registered_ones():
         registered = seqio.get_mixture_or_task(name).preprocessors
         built = c4.c4_preprocessors(objective)
         assert len(registered) == len(built)
-        for a, b in zip(registered, built):
+        for a, b in zip(registered, built, strict=False):
             if isinstance(a, functools.partial):
                 assert (a.func, a.keywords) == (b.func, b.keywords)
             else:

@@ -1,7 +1,7 @@
 """WMT tasks: T5 translate recipe on local pairs, BLEU, missing TFDS data."""
 
-import sacrebleu
 import pytest
+import sacrebleu
 import seqio
 import tensorflow as tf
 
@@ -40,7 +40,7 @@ def test_wmt_recipe_on_local_pairs():
     vocab = tasks.get_vocabulary()
     out = list(task.get_dataset({"inputs": 64, "targets": 64}, shuffle=False)
                .as_numpy_iterator())
-    for ex, en, de in zip(out, pairs["en"], pairs["de"]):
+    for ex, en, de in zip(out, pairs["en"], pairs["de"], strict=False):
         assert ex["inputs_pretokenized"].decode() == (
             f"translate English to German: {en}")
         assert ex["inputs"].tolist() == vocab.encode(

@@ -23,7 +23,6 @@ TINY = [
 
 def parse(bindings=(), files=("tiny_local.gin",)):
     import gin
-
     from keras_moe.gin_config import parse_gin
 
     gin.clear_config()

@@ -52,7 +52,7 @@ Total bytes: 117437440 (112.00MiB)
   cumulative_size;       size;       offset; used_by_n_values; shapes_list
   ------------------------------------------------------------
    64.00MiB( 57%);   64.00MiB;            0;                1; f32[4096,4096]
-"""
+"""  # noqa: E501 - verbatim output lines
 
 
 def fake_out_of_memory_report(**changes):

@@ -98,7 +98,7 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
         for p in processes:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(processes, outputs):
+    for p, out in zip(processes, outputs, strict=False):
         assert p.returncode == 0, out[-4000:]
     assert "process 1 of 2: input shards [1] of 2, 8 rows each" in outputs[1]
     # Process 0 alone reports steps and commits checkpoints.

@@ -16,7 +16,7 @@ HLO = """
   %reduce-scatter.1 = bf16[6]{0} reduce-scatter(%r), channel_id=7, replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, dimensions={0}
   %collective-permute.3 = s32[10]{0} collective-permute(%c), channel_id=6, source_target_pairs={{0,1},{1,0}}
   %fusion.9 = f32[4]{0} fusion(%all_to_all.104), kind=kLoop, calls=%fused
-"""
+"""  # noqa: E501 - verbatim output lines
 
 
 def test_collective_bytes_count_what_each_chip_must_send():

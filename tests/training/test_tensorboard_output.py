@@ -1,4 +1,4 @@
-"""What the training CLI leaves for TensorBoard and the expert-load history, run as a user runs it."""
+"""What the training CLI leaves for TensorBoard and the expert-load history, run as users run it."""
 
 import collections
 import glob

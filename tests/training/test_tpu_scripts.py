@@ -16,7 +16,7 @@ def _run(script, *args):
 
 def _argv(result):
     assert result.returncode == 0, result.stderr
-    lines = [l for l in result.stdout.splitlines() if l.strip()]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(lines) == 1
     return shlex.split(lines[0])
 
@@ -35,7 +35,7 @@ def test_create_v4_and_v5e():
 
 def _lines(result):
     assert result.returncode == 0, result.stderr
-    return [shlex.split(l) for l in result.stdout.splitlines() if l.strip()]
+    return [shlex.split(line) for line in result.stdout.splitlines() if line.strip()]
 
 
 def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_name():
@@ -51,7 +51,8 @@ def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_na
     assert 0 <= command.find(install) < command.find("pip install 'tensorflow-tpu==2.21.*'")
     (ssh,) = _lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run",
                          "--repo=https://example.org/keras_moe.git", "--ref=v1"))
-    assert "git clone --depth 1 --branch v1 https://example.org/keras_moe.git ~/keras_moe" in ssh[-1]
+    clone = "git clone --depth 1 --branch v1 https://example.org/keras_moe.git ~/keras_moe"
+    assert clone in ssh[-1]
     scp, ssh = _lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run",
                            "--wheel=dist/keras_moe-0.1.0-py3-none-any.whl"))
     assert scp[5:7] == ["dist/keras_moe-0.1.0-py3-none-any.whl",
@@ -65,8 +66,8 @@ def test_setup_installs_this_checkout_a_repository_or_a_wheel_never_a_package_na
     assert "tensorflow-tpu" not in command
     for lines in (_lines(_run("setup.sh", "--name=moe", "--zone=z1", "--dry-run", *args))
                   for args in ([], ["--repo=https://example.org/k.git"], ["--wheel=k.whl"])):
-        assert not any("pip install 'keras_moe'" in " ".join(l) or "install keras_moe" in
-                       " ".join(l) for l in lines)
+        assert not any("pip install 'keras_moe'" in " ".join(words) or "install keras_moe" in
+                       " ".join(words) for words in lines)
 
 
 def test_setup_launch_logs_delete():

@@ -1,14 +1,13 @@
-"""In-process training: loss falls, resume equals an uninterrupted run, Mirrored == single device."""
+"""In-process training: loss falls, resume == an uninterrupted run, Mirrored == single device."""
 
-import os
 import functools
+import os
 
 import keras
 import numpy as np
 import pytest
 
 from keras_moe import SwitchFeedForward
-
 from tests.training.helpers import parse
 
 
@@ -68,7 +67,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     step_a, weights_a, opt_a = _final_weights(tmp_path / "straight")
     step_b, weights_b, opt_b = _final_weights(tmp_path / "resumed")
     assert step_a == step_b == 12
-    for a, b in zip(weights_a + opt_a, weights_b + opt_b):
+    for a, b in zip(weights_a + opt_a, weights_b + opt_b, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -142,7 +141,7 @@ def _loss_trajectory(strategy, init_weights, batches, z_loss_factor=0.01, dispat
         history = model.fit(ds, epochs=1, verbose=0)
         losses.append(history.history["loss"][0])
     model(batches[0][0], training=True)
-    aux = [float(l) for l in model.losses]
+    aux = [float(loss) for loss in model.losses]
     return weights, np.array(losses), aux, [v.numpy() for v in model.weights]
 
 
@@ -161,7 +160,7 @@ def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy, dispatch):
     _, double, _, w_double = _loss_trajectory(mirrored, init, batches, dispatch=dispatch)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
     assert single[-1] < single[0]
-    for a, b in zip(w_single, w_double):
+    for a, b in zip(w_single, w_double, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -179,7 +178,7 @@ def test_mirrored_normalises_by_the_global_token_count(two_cpu_strategy):
     _, double, _, w_double = _loss_trajectory(two_cpu_strategy, init, batches,
                                               z_loss_factor=0.0)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
-    for a, b in zip(w_single, w_double):
+    for a, b in zip(w_single, w_double, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -208,7 +207,7 @@ def test_mirrored_fit_trains_on_the_first_pass_of_a_reshuffling_dataset(two_cpu_
                       .history["loss"][0])
         weights.append([v.numpy() for v in model.weights])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
-    for a, b in zip(*weights):
+    for a, b in zip(*weights, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe import gin_config
 from keras_moe.gin_config import GinConfigError
+from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training import stages, trainer
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer

@@ -1,0 +1,188 @@
+"""The package's shape: no import cycle between its modules, no module over 450 lines.
+
+Imports are read from the source (ast), not executed. A module-level import
+runs when its module is imported; one inside a function runs when the function
+is called, which is how a few modules defer heavy or mutually dependent
+imports. Module-level imports must form no cycle at all; the cycles that
+deferred imports close are listed below and may only shrink.
+"""
+
+import ast
+import os
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = "keras_moe"
+MAX_LINES = 450
+
+# Cycles closed only by imports inside functions (strongly connected groups of
+# modules). A group may lose members or disappear; a new group, or a module
+# joining one, fails the test.
+KNOWN_DEFERRED_CYCLES = [
+    {"keras_moe.expert_parallel", "keras_moe.moe", "keras_moe.router_losses",
+     "keras_moe.routing", "keras_moe.routing.base", "keras_moe.routing.expert_choice",
+     "keras_moe.routing.selection", "keras_moe.routing.token_choice"},
+    {"keras_moe.gin_config", "keras_moe.gin_unread", "keras_moe.models.flat_moe_gin"},
+    {"keras_moe.training.abstract_step", "keras_moe.training.compile_only",
+     "keras_moe.training.gin_configurables", "keras_moe.training.mesh",
+     "keras_moe.training.placement", "keras_moe.training.run", "keras_moe.training.trainer"},
+]
+
+
+def package_modules(root=ROOT, package=PACKAGE):
+    """{dotted module name: path} of every .py file of `package`, following links
+    (keras_moe/tasks links to the top-level tasks/ folder)."""
+    out = {}
+    base = root / package
+    for folder, subfolders, files in os.walk(base, followlinks=True):
+        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+        for file in sorted(f for f in files if f.endswith(".py")):
+            path = pathlib.Path(folder) / file
+            parts = (package,) + path.relative_to(base).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def imported_modules(name, path, modules, deferred):
+    """The package modules that module `name` imports at module level (`deferred=False`)
+    or inside functions (`deferred=True`). `from a import b` counts as an import of
+    `a.b` when that is a module, else of `a`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    found = set()
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import) and inside == deferred:
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and inside == deferred:
+                source = child.module or ""
+                if child.level:
+                    parts = name.split(".")[:len(name.split(".")) + is_package - child.level]
+                    source = ".".join(parts + ([child.module] if child.module else []))
+                for alias in child.names:
+                    member = f"{source}.{alias.name}"
+                    found.add(member if member in modules else source)
+            visit(child, inside)
+
+    visit(tree, False)
+    out = set()
+    for target in found:
+        while target and target not in modules:  # keras_moe.x.Name -> keras_moe.x
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            out.add(target)
+    return out
+
+
+def import_graph(deferred=False):
+    """{module: modules it imports}; with `deferred`, imports inside functions too."""
+    modules = package_modules()
+    graph = {name: imported_modules(name, path, modules, False)
+             for name, path in modules.items()}
+    if deferred:
+        for name, path in modules.items():
+            graph[name] |= imported_modules(name, path, modules, True)
+    return graph
+
+
+def cyclic_groups(graph):
+    """Strongly connected groups of more than one module (Tarjan), as sets."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def connect(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return groups
+
+
+def one_cycle(graph, group):
+    """A shortest import path from the group's first module back to itself, for messages."""
+    start = min(group)
+    paths, seen = [[start]], {start}
+    while paths:
+        path = paths.pop(0)
+        for target in sorted(graph[path[-1]] & group):
+            if target == start:
+                return " -> ".join(path + [start])
+            if target not in seen:
+                seen.add(target)
+                paths.append(path + [target])
+    return " <-> ".join(sorted(group))
+
+
+def test_cycle_helpers_find_a_cycle_and_accept_a_chain():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cyclic_groups(graph) == [{"a", "b", "c"}]
+    assert one_cycle(graph, {"a", "b", "c"}) == "a -> b -> c -> a"
+    assert cyclic_groups({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_imports_are_read_at_module_level_and_in_functions_separately(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("__init__", "a", "b", "sub/__init__", "sub/c"):
+        (tmp_path / "pkg" / f"{name}.py").write_text("")
+    source = ("import os\nfrom pkg import b\nfrom ..sub import c\nfrom pkg.sub.c import Name\n"
+              "def f():\n    from pkg import a\n")
+    path = tmp_path / "pkg" / "sub" / "d.py"
+    path.write_text(source)
+    modules = package_modules(tmp_path, "pkg")
+    assert "pkg.sub.d" in modules and "pkg.sub" in modules
+    assert imported_modules("pkg.sub.d", path, modules, False) == {"pkg.b", "pkg.sub.c"}
+    assert imported_modules("pkg.sub.d", path, modules, True) == {"pkg.a"}
+
+
+def test_the_graph_covers_the_package():
+    graph = import_graph()
+    assert {"keras_moe", "keras_moe.dispatch", "keras_moe.training.checkpoint",
+            "keras_moe.tasks.registry"} <= set(graph)
+    assert "keras_moe.dispatch_einsum" in graph["keras_moe.dispatch"]
+    assert "keras_moe.training.checkpoint_manager" in graph["keras_moe.training.checkpoint"]
+
+
+def test_no_import_cycle_at_module_level():
+    graph = import_graph()
+    cycles = [one_cycle(graph, group) for group in cyclic_groups(graph)]
+    assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
+
+
+def test_deferred_import_cycles_only_shrink():
+    graph = import_graph(deferred=True)
+    new = [group for group in cyclic_groups(graph)
+           if not any(group <= known for known in KNOWN_DEFERRED_CYCLES)]
+    assert not new, ("new import cycles through imports inside functions:\n" + "\n".join(
+        one_cycle(graph, group) for group in new))
+
+
+def test_no_module_exceeds_the_line_limit():
+    too_long = {}
+    for path in package_modules().values():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES:
+            too_long[str(path.relative_to(ROOT))] = lines
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by concern): {too_long}"
