@@ -89,7 +89,7 @@ def check_sources(doc_roots) -> None:
       Traceback (most recent call last):
       ...
       keras_moe.tasks.errors.SourceMissingError: The Debian perl documentation is not available. Get it with: apt-get update && apt-get install -y perl-doc (no *.pod under /nonexistent)
-    """
+    """  # noqa: E501 - a doctest output line
     missing = [r for r in doc_roots if not _paths(r)]
     if missing:
         raise SourceMissingError(

@@ -164,8 +164,10 @@ def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_pa
     out = run_python(_hf_block_in(tmp_path) + (
         "import tensorflow as tf, tensorflow_text\n"
         f"served = tf.saved_model.load({str(tmp_path / 'switch-tiny-hf-served')!r})\n"
-        "text = served.signatures['generate_text'](inputs=tf.constant(['The module reads a file.']))\n"
-        "print('served text', text['outputs'].numpy()[0].decode() == vocab.decode(ours[0].tolist()))\n"
+        "text = served.signatures['generate_text'](\n"
+        "    inputs=tf.constant(['The module reads a file.']))\n"
+        "decoded = vocab.decode(ours[0].tolist())\n"
+        "print('served text', text['outputs'].numpy()[0].decode() == decoded)\n"
         "with torch.no_grad():\n"
         "    hf8 = hf.generate(input_ids=torch.tensor(inputs), max_length=8, do_sample=False,\n"
         "                      num_beams=1).numpy()\n"

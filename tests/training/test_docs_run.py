@@ -4,9 +4,9 @@ import os
 import shutil
 import subprocess
 
-import gin
 import pytest
 
+import gin
 from tests.training.helpers import REPO
 
 APT = "apt-get update && apt-get install -y python3.11-doc perl-doc"
