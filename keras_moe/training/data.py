@@ -43,7 +43,7 @@ def check_data(name: str) -> None:
     Example:
     >>> check_data("embedded_span_corruption")  # the embedded corpus is always here
     """
-    from keras_moe.tasks import registry, SourceMissingError
+    from keras_moe.tasks import SourceMissingError, registry
 
     try:
         registry.check_sources(name)
