@@ -38,11 +38,10 @@ def test_gin_files_resolve_and_parse(name):
         assert config.num_experts == int(name.rsplit("_", 1)[1])
     if name == "gshard_top2_base":
         assert config.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
-    if name.startswith("fine_grained"):  # k + 1 shared experts of d_ff / 4: the dense FLOPs
+    if name.startswith("fine_grained"):  # k experts of d_ff / k: the dense FLOPs per token
         spec = config.sparse_ffn["config"]
         assert config.sparse_ffn["class_name"] == "keras_moe>TopKFeedForward"
-        assert (spec["k"] + 1) * spec["d_ff"] == config.d_ff == 4 * spec["shared_d_ff"]
-        assert spec["selection_bias"] and spec["bias_update_rate"] > 0
+        assert spec["k"] * spec["d_ff"] == config.d_ff and spec["num_experts"] == 32
 
 
 def test_resolve_unknown_name():
