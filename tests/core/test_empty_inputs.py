@@ -18,7 +18,7 @@ from tests.core.reference import reference_moe
 LENGTH, D_MODEL, NUM_EXPERTS = 4, 8, 4
 ROUTERS = ("top1", "top1_batch_prioritized", "top2", "expert_choice")
 DISPATCH = ("gather", "einsum", "dropless")
-STAT_NAMES = set(metrics.SCALAR_METRICS) | {"expert_load", "num_tokens"}
+STAT_NAMES = set(metrics.SCALAR_METRICS) | {"expert_load", "selection_load", "num_tokens"}
 
 
 def _router(kind):
