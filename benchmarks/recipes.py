@@ -147,28 +147,24 @@ def main(argv=None):
         (name, o["seed"]): o for name, run in previous.get("runs", {}).items()
         for o in run.get("per_seed", [])}
 
-    def run_one(name, seed):
+    def train(config, seed, label):
+        """One model of `config` trained from `seed` (the same batches per seed)."""
         keras.utils.set_random_seed(seed)
-        model = build_model(configs[name])
+        model = build_model(config)
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(base.learning_rate)))
         out = quality.train_with_curve(model, source.train(seed), source.held_out()[0],
-                                       args.steps, args.eval_every, f"{name} (seed {seed})")
+                                       args.steps, args.eval_every, f"{label} (seed {seed})")
         out["seed"] = seed
         return out
 
+    def run_one(name, seed):
+        return train(configs[name], seed, name)
+
     if baseline is None:  # smoke: train the dense and Switch references here
-        def reference(config):
-            outs = []
-            for seed in seeds:
-                keras.utils.set_random_seed(seed)
-                model = build_model(config)
-                model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(1e-3)))
-                outs.append(quality.train_with_curve(model, source.train(seed),
-                                                     source.held_out()[0], args.steps,
-                                                     args.eval_every, "reference"))
-            return quality.mean_over_seeds(outs, seeds)
-        dense = reference(dense_config)
-        switch8 = reference(quality.sparse_config(dense_config, "switch", 4))
+        def reference(config, label):
+            return quality.mean_over_seeds([train(config, seed, label) for seed in seeds], seeds)
+        dense = reference(dense_config, "dense")
+        switch8 = reference(quality.sparse_config(dense_config, "switch", 4), "switch")
     else:
         dense, switch8 = baseline["runs"]["dense"], baseline["runs"]["switch8"]
     timing_configs = {"dense": dense_config, **configs}

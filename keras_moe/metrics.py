@@ -5,6 +5,8 @@ import warnings
 import keras
 from keras import ops
 
+from keras_moe import router_losses
+
 SCALAR_METRICS = (
     "dropped_fraction",
     "router_confidence",
@@ -68,9 +70,9 @@ def router_metrics(routing, token_mask):
     entropy_per_token = -ops.sum(probs * ops.log(ops.maximum(probs, 1e-9)), axis=-1)
     entropy = ops.sum(entropy_per_token * mask) / divisor
     selected = routing.selected if routing.selected is not None else routing.kept
-    chosen = ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
-    counts = ops.sum(chosen * (ops.cast(selected, "float32") * mask[..., None])[..., None],
-                     axis=(0, 1, 2))
+    counts = ops.sum(router_losses.choice_counts(
+        routing.expert_index, ops.cast(selected, "float32") * mask[..., None],
+        routing.num_experts), axis=(0, 1))
     total_count = ops.sum(counts)
     mean_count = total_count / routing.num_experts
     max_violation = ops.where(mean_count > 0,
