@@ -28,6 +28,7 @@ def _loss_on_mesh(balance_loss, x, mask):
     sharding.configure_mesh({"data": 4, "expert": 2}, num_experts=E)
     try:
         assert local_groups.batch_shards(x)[1] == 8  # each shard's sequence is its own group
+        keras.utils.set_random_seed(0)  # a fixed router init (see test_balance_losses._layer)
         layer = keras_moe.TopKFeedForward(E, 4, k=K, balance_loss=balance_loss,
                                           aux_loss_factor=1.0, z_loss_factor=0.0,
                                           track_metrics=False)
