@@ -44,24 +44,9 @@ Example:
 import keras
 
 from keras_moe.experts import FeedForwardExperts
+from keras_moe.replica_context import replica_context  # noqa: F401  (re-exported)
 
 EXCHANGES = ("auto", "all_gather", "all_to_all")
-
-
-def replica_context():
-    """The `tf.distribute` replica context with > 1 replicas, or None.
-
-    None on the JAX backend, in cross-replica context, and under the default
-    (single-replica) strategy.
-    """
-    if keras.backend.backend() != "tensorflow":
-        return None
-    import tensorflow as tf
-
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync <= 1:
-        return None
-    return ctx
 
 
 def _is_tpu_strategy(strategy):

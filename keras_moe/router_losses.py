@@ -17,7 +17,7 @@ uniform router, differ in the tokens `f` and `P` are taken over
 
 from keras import ops
 
-from keras_moe import expert_parallel
+from keras_moe.replica_context import replica_context
 
 BALANCE_LOSSES = ("group", "sequence", "global")
 
@@ -175,7 +175,7 @@ def global_balance_loss(router_probs, counts, token_mask):
     counts = ops.sum(ops.reshape(ops.cast(counts, "float32"), (-1, num_experts)) * mask, axis=0)
     probs_sum = ops.sum(
         ops.reshape(ops.cast(router_probs, "float32"), (-1, num_experts)) * mask, axis=0)
-    ctx = expert_parallel.replica_context()
+    ctx = replica_context()
     if ctx is not None:
         counts = ctx.all_reduce("sum", counts)
     return _f_times_p(counts, probs_sum, ops.sum(mask))

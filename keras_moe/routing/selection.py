@@ -10,7 +10,7 @@ only, and after each training step moves it by `rate * sign(mean_load - load)`.
 
 from keras import ops
 
-from keras_moe import expert_parallel
+from keras_moe.replica_context import replica_context
 
 
 def group_limited_top_k(scores, k, n_group, topk_group):
@@ -66,7 +66,7 @@ def expert_counts(expert_index, token_mask, num_experts):
     chosen = ops.one_hot(expert_index, num_experts, dtype="float32")
     chosen = chosen * ops.cast(token_mask, "float32")[..., None, None]
     counts = ops.sum(ops.reshape(chosen, (-1, num_experts)), axis=0)
-    ctx = expert_parallel.replica_context()
+    ctx = replica_context()
     if ctx is not None:
         counts = ctx.all_reduce("sum", counts)
     return counts

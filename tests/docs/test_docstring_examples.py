@@ -56,6 +56,7 @@ MODULES = [
     "keras_moe.models.transformer",
     "keras_moe.dropless_exchange",
     "keras_moe.moe",
+    "keras_moe.replica_context",
     "keras_moe.router_losses",
     "keras_moe.routing_scope",
     "keras_moe.shared_experts",
