@@ -21,6 +21,12 @@ times timed interleaved with dense in this run), and MaxVio per MoE layer
     python benchmarks/recipes.py                       # every recipe, 3 seeds
     python benchmarks/recipes.py --recipes fg32_top4 --seeds 1 --reuse
     python benchmarks/recipes.py --smoke               # about a minute
+    python benchmarks/recipes.py --recipes fg32_top4 --steps 3200 --eval_every 400 \
+        --output recipes_long                          # 4x the length, dense trained here
+
+At a run length other than the stored baseline's, dense is trained here on the
+same seeds and batches (and Switch-8 too with `--switch8`); without Switch-8
+the rows leave out the gain ratio to it.
 
 The JSON (`results/recipes.json`) is rewritten after every (recipe, seed), and
 `--reuse` keeps the (recipe, seed) runs it already holds.
@@ -72,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--reuse", action="store_true")
     p.add_argument("--output", default="recipes")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--switch8", action="store_true",
+                   help="when dense is trained here (another run length), train Switch-8 too")
     args = p.parse_args(argv)
     if args.smoke:
         base = quality.parse_args(["--smoke", "--seeds", "1"])
@@ -113,12 +121,13 @@ def max_violation(router_stats):
 def summarize(name, run, dense, switch8, step_time_ratio):
     """The recipe's row: final value, gains, steps and time to dense's final, MaxVio."""
     row = quality.compare(run, dense, step_time_ratio)
-    switch_gain = switch8["final_neg_log_perplexity"] - dense["final_neg_log_perplexity"]
+    if switch8 is not None:
+        switch_gain = switch8["final_neg_log_perplexity"] - dense["final_neg_log_perplexity"]
+        row.update(gain_vs_switch8_gain=row["final_gain_over_dense"] / switch_gain,
+                   vs_switch8=quality.difference_with_noise(run, switch8))
     row.update(
         description=RECIPES[name][1], final_neg_log_perplexity=run["final_neg_log_perplexity"],
         final_std=run["final_std"], final_per_seed=run["final_per_seed"],
-        gain_vs_switch8_gain=row["final_gain_over_dense"] / switch_gain,
-        vs_switch8=quality.difference_with_noise(run, switch8),
         max_violation_per_seed=[max_violation(o["router"]) for o in run["per_seed"]])
     per_seed_mean = [statistics.fmean(v.values()) for v in row["max_violation_per_seed"] if v]
     row["max_violation_mean"] = statistics.fmean(per_seed_mean) if per_seed_mean else None
@@ -143,9 +152,11 @@ def main(argv=None):
         num_decoder_layers=base.layers, activation=base.activation, dropout_rate=0.0)
     configs = {name: recipe_config(dense_config, args, name) for name in args.recipes}
     previous = common.read_result(args.output) if args.reuse else None
-    done = {} if previous is None else {
-        (name, o["seed"]): o for name, run in previous.get("runs", {}).items()
-        for o in run.get("per_seed", [])}
+    stored_runs = {} if previous is None else {
+        **{k: v for k, v in (previous.get("references") or {}).items() if v},
+        **previous.get("runs", {})}
+    done = {(name, o["seed"]): o for name, run in stored_runs.items()
+            for o in run.get("per_seed", [])}
 
     def train(config, seed, label):
         """One model of `config` trained from `seed` (the same batches per seed)."""
@@ -160,11 +171,15 @@ def main(argv=None):
     def run_one(name, seed):
         return train(configs[name], seed, name)
 
-    if baseline is None:  # smoke: train the dense and Switch references here
+    if baseline is not None and baseline["args"]["steps"] != args.steps:
+        baseline = None  # another run length: the references are trained here
+    if baseline is None:
         def reference(config, label):
-            return quality.mean_over_seeds([train(config, seed, label) for seed in seeds], seeds)
+            outs = [done.get((label, seed)) or train(config, seed, label) for seed in seeds]
+            return quality.mean_over_seeds(outs, seeds)
         dense = reference(dense_config, "dense")
-        switch8 = reference(quality.sparse_config(dense_config, "switch", 4), "switch")
+        switch8 = (reference(quality.sparse_config(dense_config, "switch", 4), "switch8")
+                   if args.smoke or args.switch8 else None)
     else:
         dense, switch8 = baseline["runs"]["dense"], baseline["runs"]["switch8"]
     timing_configs = {"dense": dense_config, **configs}
@@ -184,8 +199,9 @@ def main(argv=None):
             "held_out_target_tokens": source.held_out()[1],
             "dense_final_neg_log_perplexity": dense["final_neg_log_perplexity"],
             "dense_final_std": dense["final_std"],
-            "switch8_final_neg_log_perplexity": switch8["final_neg_log_perplexity"],
-            "switch8_final_std": switch8["final_std"],
+            "references": {"dense": dense, "switch8": switch8} if baseline is None else None,
+            "switch8_final_neg_log_perplexity": switch8 and switch8["final_neg_log_perplexity"],
+            "switch8_final_std": switch8 and switch8["final_std"],
             "interleaved_step_times": step_times, "runs": runs, "rows": rows,
             "total_seconds": time.time() - start, "environment": common.environment()}
         return common.write_result(args.output, payload)
@@ -201,12 +217,14 @@ def main(argv=None):
             rows[name] = summarize(name, runs[name], dense, switch8, ratio)
             save()
     path = save(final=True)
-    print(f"\ndense {dense['final_neg_log_perplexity']:.4f}, Switch-8 "
-          f"{switch8['final_neg_log_perplexity']:.4f}")
+    print(f"\ndense {dense['final_neg_log_perplexity']:.4f}" + (
+        "" if switch8 is None else f", Switch-8 {switch8['final_neg_log_perplexity']:.4f}"))
     for name, row in rows.items():
         std = "" if row["final_std"] is None else f" ± {row['final_std']:.4f}"
         print(f"{name:>30s}: {row['final_neg_log_perplexity']:.4f}{std}, gain "
-              f"{row['final_gain_over_dense']:+.4f} ({row['gain_vs_switch8_gain']:.2f}x Switch-8's)"
+              f"{row['final_gain_over_dense']:+.4f}" + (
+                  f" ({row['gain_vs_switch8_gain']:.2f}x Switch-8's)"
+                  if "gain_vs_switch8_gain" in row else "") +
               f", MaxVio {row['max_violation_mean']}")
     print(f"wrote {path}")
 
