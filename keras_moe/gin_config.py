@@ -156,12 +156,47 @@ def _as_list(value, what, allowed):
 # binding to use instead.
 RETIRED_MACROS = {
     **{name.upper(): f"train.{name}" for name in (
-        "checkpoint_every", "keep_checkpoints", "backup_every", "log_every", "steps_per_epoch",
-        "pack", "seed", "strategy", "tpu_name", "steps_per_execution", "expert_load_every",
-        "summary_batches", "dtype_policy", "mesh_shape", "logical_axis_rules", "input_shards")},
+        "log_every", "steps_per_epoch", "steps_per_execution", "expert_load_every",
+        "summary_batches", "dtype_policy")},
+    **{name.upper(): f"DatasetConfig.{name}" for name in ("pack", "seed", "input_shards")},
+    "CHECKPOINT_EVERY": "CheckpointConfig.every", "KEEP_CHECKPOINTS": "CheckpointConfig.keep",
+    "BACKUP_EVERY": "CheckpointConfig.backup_every",
+    "STRATEGY": "StrategyPlacement.strategy", "TPU_NAME": "StrategyPlacement.tpu_name",
+    "MESH_SHAPE": "MeshPlacement.mesh_shape",
+    "LOGICAL_AXIS_RULES": "MeshPlacement.logical_axis_rules",
     "OPTIMIZER": "make_optimizer.name", "LEARNING_RATE": "make_optimizer.learning_rate",
     "LR_SCHEDULE": "make_optimizer.schedule", "WARMUP_STEPS": "make_optimizer.warmup_steps",
 }
+
+# Configurables that take **kwargs, which gin accepts under any parameter name
+# (`train` takes the flat settings of earlier run files so): the names each
+# accepts, checked once the gin is parsed (`register_keyword_names`).
+KEYWORD_NAMES = {}
+
+
+def register_keyword_names(configurable, names):
+    """Declares the parameter names gin bindings of `configurable` may use.
+
+    Args:
+        configurable: the gin name, e.g. "train".
+        names: every accepted parameter name.
+    """
+    KEYWORD_NAMES[configurable] = frozenset(names)
+
+
+def _refuse_unknown_keywords():
+    import gin
+
+    for configurable, allowed in KEYWORD_NAMES.items():
+        try:
+            bound = gin.get_bindings(configurable)
+        except ValueError:  # not registered in this process
+            continue
+        unknown = sorted(set(bound) - allowed)
+        if unknown:
+            raise GinConfigError(
+                f"gin binding {configurable}.{unknown[0]}: {configurable} has no parameter "
+                f"{unknown[0]!r}; it takes {', '.join(sorted(allowed))}.")
 
 
 def _retired_macro_error(name, where):
@@ -310,6 +345,7 @@ def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_un
             _parse_binding(binding, files, skip_unknown)
     flat_moe_gin.apply(flat_fields)
     _refuse_unread_retired_macros(paths)
+    _refuse_unknown_keywords()
     missing = unbound_required_macros() if check_required else []
     if missing:
         raise GinConfigError(

@@ -5,9 +5,9 @@
 #       [--tfds_data_dir=gs://BUCKET/tensorflow_datasets] [--backend=jax] [--dry-run]
 # --model_dir is a folder on every worker (a gcsfuse mount of a bucket; gs:// paths are
 # refused by the checkpoint writer); --tfds_data_dir sets $TFDS_DATA_DIR for the job.
-# --backend=tensorflow (default): train.strategy = "tpu", every variable replicated on every chip.
+# --backend=tensorflow (default): a StrategyPlacement of strategy "tpu", every variable replicated on every chip.
 # --backend=jax: KERAS_BACKEND=jax with one process per worker joined by
-#   --coordinator_address=auto; the gin file's train.mesh_shape shards the experts over all chips
+#   --coordinator_address=auto; the gin file's MeshPlacement shards the experts over all chips
 #   of the slice (e.g. pretrain_c4_mesh.gin; install with setup.sh --backend=jax).
 source "$(dirname "$0")/common.sh"
 GIN_FILE=""; MODEL_DIR=""; TFDS_DIR=""; BINDINGS=(); BACKEND="tensorflow"
@@ -34,7 +34,10 @@ TRAIN+=" keras-moe-train --gin_file=$(printf %q "$GIN_FILE") --model_dir=$(print
 if [[ "$BACKEND" == jax ]]; then
   TRAIN+=" --coordinator_address=auto"
 else
-  TRAIN+=" --gin_bindings=$(printf %q 'train.strategy = "tpu"') --gin_bindings=$(printf %q 'train.tpu_name = "local"')"
+  for b in 'train.placement = @StrategyPlacement()' 'StrategyPlacement.strategy = "tpu"' \
+           'StrategyPlacement.tpu_name = "local"'; do
+    TRAIN+=" --gin_bindings=$(printf %q "$b")"
+  done
 fi
 for b in "${BINDINGS[@]+"${BINDINGS[@]}"}"; do TRAIN+=" --gin_bindings=$(printf %q "$b")"; done
 CMD="nohup $TRAIN > ~/keras_moe_train.log 2>&1 &"

@@ -21,7 +21,7 @@ def abstract_model(config, distribution, gin_configurables, dtype_policy):
     import keras
 
     from keras_moe import compat, models
-    from keras_moe.training.trainer import dtype_policy_scope
+    from keras_moe.training.dtype_policy import dtype_policy_scope
 
     # Variables created in this scope get a shape and a layout, never a value:
     # a compile-only client cannot hold one.

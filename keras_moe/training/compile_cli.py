@@ -7,7 +7,7 @@ FLOPs per step and the collectives GSPMD inserted (all-to-all for experts).
 
 Example:
   keras-moe-compile --gin_file=pretrain_c4_mesh.gin --topology=v5e:4x4 \\
-      --gin_bindings='train.mesh_shape = {"data": 1, "expert": 16, "model": 1}'
+      --gin_bindings='MeshPlacement.mesh_shape = {"data": 1, "expert": 16, "model": 1}'
   keras-moe-compile --gin_file=pretrain_c4_mesh.gin --topology=v5p:2x2x2 \\
       --dtype_policy=mixed_bfloat16 --batch_size=64
   keras-moe-compile --gin_file=tiny_local.gin --num_cpu_devices=4 \\
@@ -21,7 +21,7 @@ When the step does not fit, the report names its largest buffers and the
 settings that shrink it.
 
 Exit status: 0 compiled (and fits, for a topology), 1 does not fit the HBM,
-2 invalid settings (unknown topology, libtpu missing, train.mesh_shape whose product
+2 invalid settings (unknown topology, libtpu missing, a mesh shape whose product
 is not the chip count, bad gin).
 """
 
@@ -45,13 +45,13 @@ def build_parser(prog="keras-moe-compile"):
                                           "v5p:2x2x2, v6e:4x4 (needs libtpu)")
     where.add_argument("--num_cpu_devices", type=int,
                        help="compile for this many emulated CPU devices instead (default "
-                            "without --topology: train.mesh_shape's size)")
+                            "without --topology: the size of the job's mesh)")
     parser.add_argument("--batch_size", type=int, help="global batch (default: the job's)")
     parser.add_argument("--inputs_length", type=int, help="default: the job's "
                                                           "TASK_FEATURE_LENGTHS['inputs']")
     parser.add_argument("--targets_length", type=int, help="default: the job's "
                                                            "TASK_FEATURE_LENGTHS['targets']")
-    from keras_moe.training.trainer import DTYPE_POLICIES
+    from keras_moe.training.dtype_policy import DTYPE_POLICIES
 
     parser.add_argument("--dtype_policy", choices=DTYPE_POLICIES,
                         help="Keras dtype policy of the model (default: the job's "
@@ -65,7 +65,7 @@ def build_parser(prog="keras-moe-compile"):
 
 
 def _cpu_device_count(args):
-    """Without --topology: --num_cpu_devices, else the size of the job's train.mesh_shape."""
+    """Without --topology: --num_cpu_devices, else the size of the job's mesh."""
     if args.num_cpu_devices:
         return args.num_cpu_devices
     from keras_moe import gin_config
@@ -73,7 +73,7 @@ def _cpu_device_count(args):
 
     gin_config.parse_gin(args.gin_file, args.gin_bindings, allowed_imports=args.gin_allow_import,
                          check_required=False)
-    shape = compile_only._gin_value("train.mesh_shape")
+    shape = compile_only._job_mesh(compile_only.job_config())[0]
     count = 1
     for size in (shape or {}).values():
         count *= int(size)

@@ -81,7 +81,7 @@ def memory_levers(report: dict) -> list:
     >>> print("\\n".join(levers))  # doctest: +ELLIPSIS
     batch: BATCH_SIZE = 128 (or --batch_size=128): temporaries scale with the sequences per chip
     routing groups: SwitchFeedForward.group_size (now 'sequence'): ...
-    chips: a larger --topology (now v5e:4x4, 16 chips) with train.mesh_shape's product equal to its chip count
+    chips: a larger --topology (now v5e:4x4, 16 chips) with the mesh_shape's product equal to its chip count
     precision: train.dtype_policy = "mixed_bfloat16" (or --dtype_policy=mixed_bfloat16): ...
     rematerialisation: keras_moe has no option for it ...
     """  # noqa: E501 - verbatim output lines
@@ -94,7 +94,7 @@ def memory_levers(report: dict) -> list:
              "shrink the dispatch/combine tensors [groups, tokens, experts, capacity], "
              'e.g. "sequence" or a token count',
              f"chips: a larger --topology (now {report.get('topology')}, {report['chips']} chips) "
-             "with train.mesh_shape's product equal to its chip count"]
+             "with the mesh_shape's product equal to its chip count"]
     if report.get("dtype_policy") != "mixed_bfloat16":
         lines.append('precision: train.dtype_policy = "mixed_bfloat16" (or '
                      "--dtype_policy=mixed_bfloat16): bfloat16 activations, half the bytes "

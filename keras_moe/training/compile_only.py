@@ -15,7 +15,7 @@ TPU compiler raises RESOURCE_EXHAUSTED when it does not; that is reported as
     from keras_moe.training.compile_only import compile_train_step
     report = compile_train_step(
         ["pretrain_c4_mesh.gin"], topology="v5e:4x4",
-        bindings=['train.mesh_shape = {"data": 1, "expert": 16, "model": 1}'])
+        bindings=['MeshPlacement.mesh_shape = {"data": 1, "expert": 16, "model": 1}'])
 
 Set the environment before jax is imported (`setup_environment()`; the
 `keras-moe-compile` CLI does it): KERAS_BACKEND=jax, JAX_PLATFORMS=cpu (the
@@ -67,24 +67,24 @@ def cpu_devices(num):
     return devices[:num]
 
 
-def _gin_value(name, macro=None):
-    """The job's value of `name` (e.g. "train.batch_size"), else of the macro."""
-    import gin
+def job_config():
+    """The job's `TrainConfig` (`gin_configurables.job_config`): its dataset,
+    placement and dtype policy; gin's errors become `CompileOnlyError`."""
+    from keras_moe.training import gin_configurables
 
-    for query in (name, macro):
-        if query is None:
-            continue
-        try:
-            value = gin.query_parameter(query)
-        except (ValueError, KeyError):
-            continue
-        if isinstance(value, gin.config.ConfigurableReference) and str(value).startswith("%"):
-            try:
-                value = gin.query_parameter(str(value))
-            except (ValueError, KeyError):
-                continue
-        return value
-    return None
+    try:
+        return gin_configurables.job_config()
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise CompileOnlyError(f"the gin job's train settings: {e}") from None
+
+
+def _job_mesh(config):
+    """`(mesh shape, logical axis rules)` of the job's placement; `(None, None)` without a mesh."""
+    from keras_moe.training.placement import MeshPlacement
+
+    if isinstance(config.placement, MeshPlacement):
+        return config.placement.mesh_shape, config.placement.logical_axis_rules
+    return None, None
 
 
 def _count_collectives(hlo):
@@ -113,13 +113,13 @@ def matmul_dtypes(hlo):
 
 def _job_dtype_policy(dtype_policy):
     """`dtype_policy`, else the job's `train.dtype_policy` (float32 when unbound), checked."""
-    from keras_moe.training import trainer
+    from keras_moe.training.dtype_policy import check_dtype_policy
     from keras_moe.training.errors import TrainingConfigError
 
     if dtype_policy is None:
-        dtype_policy = _gin_value("train.dtype_policy") or "float32"
+        dtype_policy = job_config().dtype_policy
     try:
-        return trainer.check_dtype_policy(dtype_policy)
+        return check_dtype_policy(dtype_policy)
     except TrainingConfigError as e:
         raise CompileOnlyError(str(e)) from None
 
@@ -168,7 +168,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         topology: a TPU slice, e.g. "v5e:4x4" (needs libtpu); None: CPU devices.
         num_cpu_devices: without a topology, the number of emulated CPU devices
             (default: the mesh's size, else 1).
-        mesh_shape: dict axis -> size; default the job's train.mesh_shape; or a
+        mesh_shape: dict axis -> size; default the job's `MeshPlacement.mesh_shape`; or a
             callable `(num_devices, t5_config) -> dict`.
         batch_size: global batch; default the job's `train.batch_size`.
         feature_lengths: {"inputs": n, "targets": m}; default the job's
@@ -291,10 +291,11 @@ def _parse_job(gin_files, bindings, allowed_imports, target_platform):
 
 def _job_batch(batch_size, feature_lengths):
     """`batch_size` and `feature_lengths`, else the job's; raises when neither gives them."""
-    if batch_size is None:
-        batch_size = _gin_value("train.batch_size", "%BATCH_SIZE")
-    if feature_lengths is None:
-        feature_lengths = _gin_value("train.feature_lengths", "%TASK_FEATURE_LENGTHS")
+    dataset = job_config().dataset
+    if batch_size is None and dataset is not None:
+        batch_size = dataset.batch_size
+    if feature_lengths is None and dataset is not None:
+        feature_lengths = dataset.feature_lengths
     if not batch_size or not feature_lengths:
         raise CompileOnlyError("the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
                                "bind them or pass batch_size= and feature_lengths=.")
@@ -302,13 +303,12 @@ def _job_batch(batch_size, feature_lengths):
 
 
 def _num_cpu_devices(num_cpu_devices, mesh_shape):
-    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of train.mesh_shape, else 1."""
+    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of the job's mesh, else 1."""
     import numpy as np
 
     if num_cpu_devices is not None:
         return num_cpu_devices
-    shape = mesh_shape if isinstance(mesh_shape, dict) else _gin_value(
-        "train.mesh_shape")
+    shape = mesh_shape if isinstance(mesh_shape, dict) else _job_mesh(job_config())[0]
     return int(np.prod(list(shape.values()))) if shape else 1
 
 
@@ -319,17 +319,18 @@ def _checked_mesh_shape(mesh_shape, devices, config, topology):
     if callable(mesh_shape):
         mesh_shape = mesh_shape(len(devices), config)
     if mesh_shape is None:
-        mesh_shape = _gin_value("train.mesh_shape")
+        mesh_shape = _job_mesh(job_config())[0]
     if mesh_shape is None:
         mesh_shape = {"data": len(devices)}
     size = int(np.prod([int(v) for v in dict(mesh_shape).values()]))
     if size != len(devices):
         where = f"the topology {topology}" if topology else "the emulated CPU devices"
         raise CompileOnlyError(
-            f"train.mesh_shape={dict(mesh_shape)!r} has {size} devices but {where} has "
-            f"{len(devices)}: the product of train.mesh_shape's sizes must equal the chip count "
-            f"(e.g. --gin_bindings='train.mesh_shape = {{\"data\": 1, \"expert\": {len(devices)}, "
-            f"\"model\": 1}}').")
+            f"the mesh {dict(mesh_shape)!r} has {size} devices but {where} has "
+            f"{len(devices)}: the product of its sizes must equal the chip count (e.g. "
+            f"--gin_bindings='MeshPlacement.mesh_shape = {{\"data\": 1, \"expert\": "
+            f"{len(devices)}, \"model\": 1}}', or the shorthand train.mesh_shape where the "
+            "job binds no placement).")
     return mesh_shape
 
 
@@ -337,7 +338,7 @@ def _configure_mesh(config, devices, mesh_shape):
     """Sets the mesh over `devices` with the job's logical axis rules; the distribution."""
     from keras_moe import layouts, sharding
 
-    rules = _gin_value("train.logical_axis_rules")
+    rules = _job_mesh(job_config())[1]
     rules = layouts.DEFAULT_RULES if rules is None else rules
     num_experts = config.num_experts
     if isinstance(num_experts, (list, tuple)):
@@ -346,7 +347,7 @@ def _configure_mesh(config, devices, mesh_shape):
         return sharding.configure_mesh(mesh_shape, rules, devices=devices,
                                        num_experts=num_experts)
     except ValueError as e:
-        raise CompileOnlyError(f"train.mesh_shape={dict(mesh_shape)!r}: {e}") from None
+        raise CompileOnlyError(f"mesh_shape={dict(mesh_shape)!r}: {e}") from None
 
 
 def _job_summary(config, devices, distribution, batch_size, feature_lengths, target_platform):

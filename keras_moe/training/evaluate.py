@@ -70,17 +70,17 @@ def restore_from_run(model_dir, checkpoint=None):
     """The gin-configured model with the newest (or the given) checkpoint of `model_dir`.
 
     Returns:
-        `(model, checkpoint metadata, the gin bindings of train)`.
+        `(model, checkpoint metadata, the job's checked DatasetConfig)`.
     """
-    import gin
     from keras_moe.training import gin_configurables
-    from keras_moe.training.trainer import build_compiled_model
+    from keras_moe.training.compiled_model import build_compiled_model
 
-    bindings = gin.get_bindings("train")
-    if not bindings.get("task") or not bindings.get("feature_lengths"):
+    dataset = gin_configurables.job_config().dataset
+    if dataset is None or dataset.feature_lengths is None:
         raise TrainingConfigError(
-            "the gin config does not bind train.task and train.feature_lengths; pass "
+            "the gin config binds no train.dataset with its task and feature_lengths; pass "
             "--gin_file (e.g. the run's operative_config.gin).")
+    dataset.check()
     if checkpoint is None:
         meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
         if meta is None:
@@ -92,7 +92,7 @@ def restore_from_run(model_dir, checkpoint=None):
     # The run's optimizer, as gin binds it: the checkpoint holds its variables.
     model = build_compiled_model(optimizer=gin_configurables.make_optimizer)
     ckpt_lib.restore(model, meta, seed_states=False)  # evaluation draws no random numbers
-    return model, meta, bindings
+    return model, meta, dataset
 
 
 def export_run(model_dir, export_dir, checkpoint=None, max_decode_length=None,
@@ -110,12 +110,12 @@ def export_run(model_dir, export_dir, checkpoint=None, max_decode_length=None,
 
     from keras_moe.models.serving import export_for_serving
 
-    model, meta, bindings = restore_from_run(model_dir, checkpoint)
-    task = seqio.get_mixture_or_task(bindings["task"])
+    model, meta, dataset = restore_from_run(model_dir, checkpoint)
+    task = seqio.get_mixture_or_task(dataset.task)
     vocabulary = task.output_features["inputs"].vocabulary
     if not isinstance(vocabulary, seqio.SentencePieceVocabulary):
         vocabulary = None  # a byte vocabulary: the token signature only
-    lengths = bindings["feature_lengths"]
+    lengths = dataset.feature_lengths
     max_length = max_decode_length or lengths["targets"]
     export_for_serving(model, export_dir, vocabulary=vocabulary,
                        max_input_length=lengths["inputs"], max_length=max_length,
@@ -140,13 +140,12 @@ def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, de
     """
     from keras_moe.training import data as data_lib
 
-    model, meta, bindings = restore_from_run(model_dir, checkpoint)
-    task = task or bindings.get("task")
-    feature_lengths = bindings["feature_lengths"]
-    batch_size = bindings.get("batch_size", 16)
+    model, meta, dataset = restore_from_run(model_dir, checkpoint)
+    task = task or dataset.task
+    feature_lengths = dataset.feature_lengths
     step = int(model.optimizer.iterations.numpy())
-    ds = data_lib.make_dataset(task, feature_lengths, split, batch_size,
-                               pack=bindings.get("pack", True), shuffle=False, seed=0,
+    ds = data_lib.make_dataset(task, feature_lengths, split, dataset.batch_size,
+                               pack=dataset.pack, shuffle=False, seed=0,
                                repeat=False).take(eval_batches)
     data_lib.check_not_empty(ds, task, split)
     ds = data_lib.finite(ds)

@@ -138,3 +138,31 @@ def save_figure(fig, path):
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def write_expert_load(model, data, split, model_dir, step):
+    """Writes `expert_load.png` / `.json` of the tokens of `data` into `model_dir`.
+
+    Args:
+        model: the trained model.
+        data: a finite dataset of Keras batches.
+        split: the split `data` came from (the plot's title).
+        model_dir: the run's folder.
+        step: the optimizer step (the plot's title).
+
+    Returns:
+        the plot's path, or None when the model has no experts.
+    """
+    import json
+    import os
+
+    from keras_moe.training.atomic_files import atomic_write_text
+
+    loads = measure_expert_load(model, data)
+    if not loads:
+        return None
+    path = os.path.join(model_dir, "expert_load.png")
+    plot_expert_load(loads, path, title=f"Expert load at step {step} ({split})")
+    atomic_write_text(os.path.join(model_dir, "expert_load.json"),
+                      json.dumps({k: [float(x) for x in v] for k, v in loads.items()}, indent=1))
+    return path

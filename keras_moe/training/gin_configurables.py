@@ -1,29 +1,41 @@
 """gin registrations of the training job (module `keras_moe.training`).
 
-Run files write `train.batch_size = %BATCH_SIZE`, `train.optimizer = @make_optimizer()`,
-`make_optimizer.name = "adam"` and so on; the model comes from
-`keras_moe.models.gin_configurables` (`build_model`, `T5Config`).
+Run files inject the job's collaborators, as T5X's do:
+`train.dataset = @DatasetConfig()` (`DatasetConfig.batch_size = %BATCH_SIZE`),
+`train.checkpoint = @CheckpointConfig()`, `train.placement = @MeshPlacement()`
+or `@StrategyPlacement()`, `train.optimizer = @make_optimizer`; the model comes
+from `keras_moe.models.gin_configurables` (`build_model`, `T5Config`).
 """
 
+import dataclasses
 import os
 
 import gin
 import keras_moe.models.gin_configurables  # noqa: F401  (registers build_model, T5Config)
+from keras_moe import gin_config
 from keras_moe.training import schedules, trainer
-from keras_moe.training.checkpoint import atomic_write_text
+from keras_moe.training.atomic_files import atomic_write_text
+from keras_moe.training.checkpoint_config import CheckpointConfig
+from keras_moe.training.dataset_config import DatasetConfig
+from keras_moe.training.placement import MeshPlacement, StrategyPlacement
+from keras_moe.training.train_config import SHORTHANDS, TrainConfig
 
-train = gin.external_configurable(trainer.train, name="train", module="keras_moe.training",
-                                  denylist=["model_dir", "write_config"])
+_MODULE = "keras_moe.training"
+train = gin.external_configurable(trainer.train, name="train", module=_MODULE,
+                                  denylist=["model_dir", "write_config", "return_config"])
 make_optimizer = gin.external_configurable(schedules.make_optimizer, name="make_optimizer",
-                                           module="keras_moe.training")
+                                           module=_MODULE)
+for _cls in (DatasetConfig, CheckpointConfig, StrategyPlacement, MeshPlacement):
+    gin.external_configurable(_cls, module=_MODULE)
+# `train` takes **settings (the flat shorthands): gin would accept any name.
+gin_config.register_keyword_names(
+    "train", {f.name for f in dataclasses.fields(TrainConfig)} | set(SHORTHANDS))
 
 
-@gin.configurable(module="keras_moe.training", denylist=["model_dir"])
-def evaluate_config(model_dir=None, split="validation", eval_batches=20, decode_examples=32,
-                    max_decode_length=None, beam_size=1):
-    """Defaults of `keras-moe-eval` that a run file may set (`evaluate_config.split = ...`)."""
-    return dict(split=split, eval_batches=eval_batches, decode_examples=decode_examples,
-                max_decode_length=max_decode_length, beam_size=beam_size)
+def job_config():
+    """The `TrainConfig` that `train` gets from the parsed gin (unchecked; collaborators
+    None where unbound): how the compile and eval tools read the same job."""
+    return train(None, return_config=True)
 
 
 def write_operative_config(model_dir):

@@ -1,4 +1,4 @@
-"""The gin job on a JAX device mesh: `train.mesh_shape` (and its rules) -> `configure_mesh`.
+"""The gin job on a JAX device mesh: `MeshPlacement.mesh_shape` (and its rules) -> `configure_mesh`.
 
 `train(mesh_shape=..., logical_axis_rules=...)` shards the model over a
 `keras.distribution` mesh (expert weights over the "expert" axis, batches over
@@ -14,14 +14,14 @@ from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 
 
-def check_mesh(mesh_shape, logical_axis_rules, strategy):
+def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
     """Raises `TrainingConfigError` unless the mesh arguments can be applied here.
 
     Args:
-        mesh_shape: dict mesh axis -> size (`train.mesh_shape`), or None (no mesh).
-        logical_axis_rules: `(logical axis, mesh axes)` pairs (`train.logical_axis_rules`),
+        mesh_shape: dict mesh axis -> size (`MeshPlacement.mesh_shape`), or None (no mesh).
+        logical_axis_rules: `(logical axis, mesh axes)` pairs (`MeshPlacement.logical_axis_rules`),
             or None for `keras_moe.layouts.DEFAULT_RULES`.
-        strategy: the run's `train.strategy`.
+        strategy: the tf.distribute strategy named beside the mesh ("default": none).
 
     Example:
     >>> check_mesh(None, None, "default")  # no mesh: nothing to check
@@ -29,25 +29,26 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy):
     if mesh_shape is None:
         if logical_axis_rules is not None:
             raise TrainingConfigError(
-                "train.logical_axis_rules is set but train.mesh_shape is not: bind "
-                'train.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.')
+                "MeshPlacement.logical_axis_rules is set but its mesh_shape is not: bind "
+                'MeshPlacement.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.')
         return
     if keras.backend.backend() != "jax":
         raise TrainingConfigError(
-            f"train.mesh_shape={mesh_shape!r} needs KERAS_BACKEND=jax (keras.distribution); on "
-            f"{keras.backend.backend()!r} use train.strategy = \"mirrored\" / \"multi_worker\" / "
-            "\"tpu\" for data parallelism, or run with KERAS_BACKEND=jax.")
+            f"MeshPlacement.mesh_shape={mesh_shape!r} needs KERAS_BACKEND=jax "
+            f"(keras.distribution); on {keras.backend.backend()!r} use "
+            "StrategyPlacement.strategy = \"mirrored\" / \"multi_worker\" / \"tpu\" for data "
+            "parallelism, or run with KERAS_BACKEND=jax.")
     if strategy != "default":
         raise TrainingConfigError(
-            f"train.mesh_shape shards over a JAX device mesh; train.strategy={strategy!r} is a "
-            "tf.distribute strategy: keep train.strategy = \"default\" with a mesh.")
+            f"MeshPlacement.mesh_shape shards over a JAX device mesh; strategy={strategy!r} is a "
+            "tf.distribute strategy: bind one placement, @MeshPlacement() or @StrategyPlacement().")
     from keras_moe import sharding
 
     devices = keras.distribution.list_devices()
     try:  # axes, sizes, rules and the device count, before anything is written
         sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules), num_devices=len(devices))
     except ValueError as e:
-        raise TrainingConfigError(f"train.mesh_shape={mesh_shape!r}: {e}") from None
+        raise TrainingConfigError(f"MeshPlacement.mesh_shape={mesh_shape!r}: {e}") from None
     import jax
 
     local = jax.local_devices()
@@ -61,7 +62,7 @@ def batch_split(mesh_shape, logical_axis_rules, batch_size=None):
     """The mesh axes the batch dimension is split over, and over how many devices.
 
     Args:
-        mesh_shape: dict mesh axis -> size (`train.mesh_shape`).
+        mesh_shape: dict mesh axis -> size (`MeshPlacement.mesh_shape`).
         logical_axis_rules: `(logical axis, mesh axes)` pairs, or None for the defaults.
         batch_size: the global batch; None: the split the rules intend, whatever the size.
 
@@ -149,7 +150,7 @@ def _rules(logical_axis_rules):
 def apply_mesh(mesh_shape, logical_axis_rules):
     """Sets the `keras.distribution` mesh (before any layer is created); returns its shape.
 
-    Errors of the mesh come back as `TrainingConfigError` naming train.mesh_shape
+    Errors of the mesh come back as `TrainingConfigError` naming MeshPlacement.mesh_shape
     (`check_mesh` has already caught those it can see before the model dir
     is written).
     """
@@ -158,7 +159,7 @@ def apply_mesh(mesh_shape, logical_axis_rules):
     try:
         distribution = sharding.configure_mesh(mesh_shape, _rules(logical_axis_rules))
     except ValueError as e:
-        raise TrainingConfigError(f"train.mesh_shape={mesh_shape!r}: {e}") from None
+        raise TrainingConfigError(f"MeshPlacement.mesh_shape={mesh_shape!r}: {e}") from None
     # Each process feeds its own rows (trainer: multihost.input_plan), so Keras
     # must not shard the per-process dataset again.
     distribution.auto_shard_dataset = False
@@ -203,12 +204,12 @@ def exchange_report(model, batch_size, feature_lengths):
         feature_lengths: `{"inputs": n, "targets": m}`.
 
     Returns:
-        one line per MoE layer (`compile_only.format_exchange_choices`).
+        one line per MoE layer (`compile_report.format_exchange_choices`).
     """
     import jax
 
     from keras_moe import token_exchange
-    from keras_moe.training import abstract_step, compile_only
+    from keras_moe.training import abstract_step, compile_report
 
     distribution = keras.distribution.distribution()
     inputs = abstract_step.abstract_batch(distribution, batch_size, feature_lengths)[0]
@@ -222,4 +223,4 @@ def exchange_report(model, batch_size, feature_lengths):
     jax.eval_shape(forward, trainable, non_trainable, inputs)
     choices = token_exchange.exchange_choices()
     token_exchange.clear_exchange_choices()
-    return compile_only.format_exchange_choices(choices)
+    return compile_report.format_exchange_choices(choices)

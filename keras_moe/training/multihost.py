@@ -17,7 +17,7 @@ from keras_moe.validation import is_int
 def add_flags(parser):
     """The multi-process flags of `keras-moe-train`."""
     group = parser.add_argument_group(
-        "multi-process (KERAS_BACKEND=jax with train.mesh_shape; one process per host)")
+        "multi-process (KERAS_BACKEND=jax with a MeshPlacement; one process per host)")
     group.add_argument("--coordinator_address", default=None, metavar="HOST:PORT|auto",
                        help="process 0's address for jax.distributed; 'auto' detects it "
                             "(Cloud TPU VM slices, SLURM, Open MPI, Kubernetes)")
@@ -54,7 +54,8 @@ def initialize(coordinator_address=None, process_count=None, process_index=None,
     if backend != "jax":
         raise TrainingConfigError(
             f"--coordinator_address starts JAX processes; on {backend!r} run several workers "
-            "with train.strategy = \"multi_worker\" (TF_CONFIG) instead, or use KERAS_BACKEND=jax.")
+            "with StrategyPlacement.strategy = \"multi_worker\" (TF_CONFIG) instead, or use "
+            "KERAS_BACKEND=jax.")
     # "auto": the cluster's environment fills in what is not given here.
     kwargs = dict(num_processes=process_count, process_id=process_index)
     if coordinator_address != "auto":
@@ -102,7 +103,7 @@ def input_plan(batch_size, input_shards, process_index, process_count):
 
     Args:
         batch_size: global batch (`BATCH_SIZE`).
-        input_shards: `train.input_shards`; None: one per process.
+        input_shards: `DatasetConfig.input_shards`; None: one per process.
         process_index, process_count: this process and the count.
 
     Returns:
@@ -117,11 +118,12 @@ def input_plan(batch_size, input_shards, process_index, process_count):
     shards = process_count if input_shards is None else input_shards
     if not is_int(shards) or shards < 1 or shards % process_count:
         raise TrainingConfigError(
-            f"train.input_shards={input_shards!r} must be a positive multiple of the "
+            f"DatasetConfig.input_shards={input_shards!r} must be a positive multiple of the "
             f"{process_count} process(es).")
     if batch_size % shards:
         raise TrainingConfigError(
-            f"BATCH_SIZE={batch_size} must divide into train.input_shards={shards} equal slices.")
+            f"BATCH_SIZE={batch_size} must divide into DatasetConfig.input_shards={shards} equal "
+            "slices.")
     per_process = shards // process_count
     first = process_index * per_process
     return list(range(first, first + per_process)), shards, batch_size // shards

@@ -1,4 +1,4 @@
-"""`tf.distribute` strategy from one setting (gin `train.strategy`, `train.tpu_name`).
+"""`tf.distribute` strategy from one setting (gin `StrategyPlacement.strategy`, `.tpu_name`).
 
 - "default": the default (no-op) strategy, one device.
 - "mirrored": `MirroredStrategy` over the local GPUs (or the given devices).
@@ -43,7 +43,8 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
     import tensorflow as tf
 
     if name not in STRATEGIES:
-        raise TrainingConfigError(f"train.strategy must be one of {STRATEGIES}, got {name!r}.")
+        raise TrainingConfigError(
+            f"StrategyPlacement.strategy must be one of {STRATEGIES}, got {name!r}.")
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
@@ -51,8 +52,9 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
     if name == "multi_worker":
         if not os.environ.get("TF_CONFIG"):
             raise TrainingConfigError(
-                'train.strategy="multi_worker" needs the TF_CONFIG environment variable '
-                '({"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}).')
+                'StrategyPlacement.strategy="multi_worker" needs the TF_CONFIG environment '
+                'variable ({"cluster": {"worker": [...]}, "task": {"type": "worker", '
+                '"index": i}}).')
         try:
             json.loads(os.environ["TF_CONFIG"])
         except ValueError as e:
@@ -61,7 +63,7 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
                              ("cluster_wait_timeout", cluster_wait_timeout)):
             if value is not None and (not is_number(value) or value <= 0):
                 raise TrainingConfigError(
-                    f"`train.{name_}` must be a positive number of seconds or None, "
+                    f"`StrategyPlacement.{name_}` must be a positive number of seconds or None, "
                     f"got {value!r}.")
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=collective_timeout)

@@ -16,7 +16,7 @@ def teacher_dir(tmp_path_factory):
     from keras_moe.training import gin_configurables
 
     model_dir = str(tmp_path_factory.mktemp("teacher"))
-    parse(["TRAIN_STEPS = 2", "train.checkpoint_every = 2", "train.summary_batches = 0"])
+    parse(["TRAIN_STEPS = 2", "CheckpointConfig.every = 2", "train.summary_batches = 0"])
     gin_configurables.train(model_dir, tensorboard=False, verbose=0)
     gin.clear_config()
     return model_dir
@@ -28,7 +28,7 @@ def _distill(model_dir, teacher_dir, steps):
     gin.clear_config()
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={model_dir}"]
     for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', f"TRAIN_STEPS = {steps}",
-                     "train.checkpoint_every = 2", "train.summary_batches = 1",
+                     "CheckpointConfig.every = 2", "train.summary_batches = 1",
                      "DISTILL_TEMPERATURE = 2.0"]:
         args.append(f"--gin_bindings={b}")
     try:
@@ -115,7 +115,7 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     gin.clear_config()
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={second}"]
     for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', "TRAIN_STEPS = 2",
-                     "train.checkpoint_every = 2", "train.summary_batches = 0",
+                     "CheckpointConfig.every = 2", "train.summary_batches = 0",
                      f'INIT_CHECKPOINT = "{first}"']:
         args.append(f"--gin_bindings={b}")
     try:

@@ -101,8 +101,9 @@ def test_readme_command_line_training_and_eval(tmp_path):
     assert [c[0] for c in commands] == ["keras-moe-train", "keras-moe-eval", "keras-moe-eval"]
     model_dir = str(tmp_path / "run")
     shrink = [f"--gin_bindings={b}" for b in (
-        "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "train.checkpoint_every = 2",
-        "train.summary_batches = 0", "train.expert_load_every = 0", "train.backup_every = None",
+        "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "CheckpointConfig.every = 2",
+        "train.summary_batches = 0", "train.expert_load_every = 0",
+        "CheckpointConfig.backup_every = None",
         "train.log_every = 1", "T5Config.num_encoder_layers = 2",
         "T5Config.num_decoder_layers = 2")]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -181,7 +182,7 @@ def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_pa
     command = shlex.split(block, comments=True)
     assert command[0] == "keras-moe-train"
     shrink = [f"--gin_bindings={b}" for b in (
-        "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "train.checkpoint_every = 2",
+        "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "CheckpointConfig.every = 2",
         "train.summary_batches = 0", "train.expert_load_every = 0")]
     env = dict(os.environ, PYTHONPATH=REPO)
     result = subprocess.run([shutil.which(command[0])] + command[1:] + shrink, cwd=str(tmp_path),

@@ -59,10 +59,10 @@ def test_read_bindings_reach_the_model():
 
 
 def test_bindings_that_another_command_or_a_later_call_reads_are_kept():
-    from keras_moe.training import gin_configurables  # noqa: F401  (train, evaluate_config)
+    from keras_moe.training import gin_configurables  # noqa: F401  (train, CheckpointConfig)
 
     parse_gin("tiny_local.gin", [
-        "evaluate_config.split = 'test'", "evaluate_config.beam_size = 4",  # keras-moe-eval
+        "CheckpointConfig.keep = 2", "DatasetConfig.shuffle = False",  # the job's collaborators
         "build_model.compile = True",  # the job calls build_model after parsing
         "make_optimizer.name = 'sgd'", "train.log_every = 3", "BATCH_SIZE = 4"])
     parse_gin(["tiny_local.gin", "distill.gin"], ['TEACHER_CHECKPOINT = "/tmp/teacher"',

@@ -7,8 +7,8 @@ import sys
 from tests.training.helpers import REPO, TINY, cli_bindings, parse  # noqa: F401
 
 # One fast configuration for every subprocess run: SGD (exact resume), no summary pass.
-FAST = ["train.checkpoint_every = 4", "train.summary_batches = 0", "make_optimizer.name = 'sgd'",
-        "make_optimizer.learning_rate = 0.5", "train.log_every = 1", "train.keep_checkpoints = 3"]
+FAST = ["CheckpointConfig.every = 4", "train.summary_batches = 0", "make_optimizer.name = 'sgd'",
+        "make_optimizer.learning_rate = 0.5", "train.log_every = 1", "CheckpointConfig.keep = 3"]
 
 
 def env(extra=None):

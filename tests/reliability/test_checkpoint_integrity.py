@@ -12,7 +12,7 @@ from tests.reliability import helpers
 
 pytestmark = pytest.mark.slow
 
-RUN = helpers.FAST + ["train.checkpoint_every = 4", "train.keep_checkpoints = 3"]
+RUN = helpers.FAST + ["CheckpointConfig.every = 4", "CheckpointConfig.keep = 3"]
 
 
 def _ckpt_dir(model_dir):

@@ -7,7 +7,7 @@ Every consumed training batch is fingerprinted to a file (`train.record_batches`
 written when the training loop takes the batch), so the test counts the data
 directly: the killed run's batches up to its last checkpoint followed by the
 resumed run's batches must be exactly the uninterrupted run's sequence, and
-only the batches after that checkpoint (at most train.checkpoint_every, plus the one
+only the batches after that checkpoint (at most CheckpointConfig.every, plus the one
 in flight) are seen twice.
 """
 
@@ -30,7 +30,7 @@ EVERY = 4
 
 
 def _bindings(record):
-    return helpers.FAST + [f"TRAIN_STEPS = {STEPS}", f"train.checkpoint_every = {EVERY}",
+    return helpers.FAST + [f"TRAIN_STEPS = {STEPS}", f"CheckpointConfig.every = {EVERY}",
                            f"train.record_batches = '{record}'"]
 
 

@@ -15,7 +15,7 @@ from tests.training.helpers import lines_in_background, wait_for_line
 
 pytestmark = pytest.mark.slow
 
-RUN = helpers.FAST + ["train.checkpoint_every = 3", "train.collective_timeout = 30",
+RUN = helpers.FAST + ["CheckpointConfig.every = 3", "train.collective_timeout = 30",
                       "train.cluster_wait_timeout = 120"]
 
 

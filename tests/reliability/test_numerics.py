@@ -108,7 +108,7 @@ def test_nan_loss_stops_training_naming_the_step_without_a_checkpoint(tmp_path, 
 
     model_dir = tmp_path / "run"
     args = ["--gin_file=tiny_local.gin", f"--model_dir={model_dir}"] + helpers.cli_bindings(
-        helpers.FAST + ["TRAIN_STEPS = 20", "train.checkpoint_every = 1",
+        helpers.FAST + ["TRAIN_STEPS = 20", "CheckpointConfig.every = 1",
                         "make_optimizer.learning_rate = 1e30"])
     import gin
 

@@ -19,7 +19,7 @@ STEPS = 4
 EVERY = 2
 RANDOM = ["T5Config.dropout_rate = 0.1", "SwitchFeedForward.jitter_noise = 0.01",
           "SwitchFeedForward.expert_dropout_rate = 0.1"]
-RUN = helpers.FAST + RANDOM + [f"train.checkpoint_every = {EVERY}", f"TRAIN_STEPS = {STEPS}"]
+RUN = helpers.FAST + RANDOM + [f"CheckpointConfig.every = {EVERY}", f"TRAIN_STEPS = {STEPS}"]
 X = np.ones((2, 8), "float32")
 
 

@@ -197,7 +197,7 @@ def test_mesh_product_must_equal_chip_count(libtpu):
     bindings = BINDINGS[:-1] + ['train.mesh_shape = {"data": 1, "expert": 8, "model": 1}']
     done = run_cli(_args(bindings), timeout=180, env=env, module=MODULE)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "train.mesh_shape" in done.stderr and "has 8 devices" in done.stderr
+    assert "MeshPlacement.mesh_shape" in done.stderr and "has 8 devices" in done.stderr
     assert "4" in done.stderr
 
 

@@ -51,7 +51,7 @@ def test_the_short_variant_is_the_same_job_with_fewer_steps(_clean_gin):
     from keras_moe.gin_config import parse_gin
 
     names = ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE", "TRAIN_STEPS",
-             "train.checkpoint_every", "train.log_every", "train.expert_load_every",
+             "CheckpointConfig.every", "train.log_every", "train.expert_load_every",
              "make_optimizer.learning_rate", "make_optimizer.warmup_steps",
              "SwitchFeedForward.num_experts", "T5Config.d_model", "T5Config.num_encoder_layers")
 
@@ -65,9 +65,9 @@ def test_the_short_variant_is_the_same_job_with_fewer_steps(_clean_gin):
     full, short = job(["pretrain_docs.gin"]), job(["pretrain_docs_short.gin"])
     assert (full["TRAIN_STEPS"], short["TRAIN_STEPS"]) == (20000, 100)
     # A checkpoint, an expert-load plot and a log line every 50 / 50 / 10 steps.
-    assert (short["train.checkpoint_every"], short["train.expert_load_every"],
+    assert (short["CheckpointConfig.every"], short["train.expert_load_every"],
             short["train.log_every"]) == (50, 50, 10)
-    rest = set(names) - {"TRAIN_STEPS", "train.checkpoint_every", "train.log_every",
+    rest = set(names) - {"TRAIN_STEPS", "CheckpointConfig.every", "train.log_every",
                          "train.expert_load_every"}
     assert {k: short[k] for k in rest} == {k: full[k] for k in rest}
     assert short["MIXTURE_OR_TASK_NAME"] == "docs_span_corruption" and short["BATCH_SIZE"] == 32

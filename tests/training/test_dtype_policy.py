@@ -39,7 +39,7 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
     before = keras.config.dtype_policy().name
     keras.utils.set_random_seed(0)
     summary = _train(tmp_path, ['train.dtype_policy = "mixed_bfloat16"', "TRAIN_STEPS = 12",
-                                "train.checkpoint_every = 6"], model=factory)
+                                "CheckpointConfig.every = 6"], model=factory)
     assert keras.config.dtype_policy().name == before  # restored once train returned
     assert summary["dtype_policy"] == "mixed_bfloat16" and summary["end_step"] == 12
     model = built[0]

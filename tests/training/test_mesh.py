@@ -1,4 +1,4 @@
-"""The gin job on a JAX device mesh (train.mesh_shape), and the clear refusals elsewhere."""
+"""The gin job on a JAX device mesh (a MeshPlacement), and the clear refusals elsewhere."""
 
 import json
 import os
@@ -33,8 +33,8 @@ def _with_model_dir(args, model_dir):
 
 # Short runs of the doc command; the input is read as 2 seqio shards, so a run with 2
 # processes (one shard each) sees the same global batches as one process reading both.
-SHORT = ["TRAIN_STEPS = 6", "train.checkpoint_every = 2", "train.summary_batches = 0",
-         "train.input_shards = 2"]
+SHORT = ["TRAIN_STEPS = 6", "CheckpointConfig.every = 2", "train.summary_batches = 0",
+         "DatasetConfig.input_shards = 2"]
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_a_batch_that_does_not_split_over_the_mesh_is_refused_at_start_up(tmp_pa
 
 
 @pytest.mark.parametrize("bindings,message", [
-    (['train.mesh_shape = {"data": 2}'], "needs KERAS_BACKEND=jax.*train.strategy"),
+    (['train.mesh_shape = {"data": 2}'], "needs KERAS_BACKEND=jax.*StrategyPlacement.strategy"),
     (["train.logical_axis_rules = [('batch', 'data')]"],
      "train.logical_axis_rules is set but train.mesh_shape"),
 ])
@@ -184,7 +184,7 @@ def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh
 @pytest.mark.parametrize("kwargs,message", [
     (dict(process_count=2, process_index=0), "need --coordinator_address"),
     (dict(coordinator_address="h:1", process_count=2, process_index=0, backend="tensorflow"),
-     'train.strategy = "multi_worker"'),
+     'StrategyPlacement.strategy = "multi_worker"'),
     (dict(coordinator_address="host0", process_count=2, process_index=0, backend="jax"),
      "must be HOST:PORT or 'auto'"),
     (dict(coordinator_address="h:1", process_count=None, process_index=0, backend="jax"),
@@ -214,7 +214,7 @@ def test_input_plan_gives_each_process_its_block_of_the_global_batch(args, expec
 
 @pytest.mark.parametrize("args,message", [
     ((16, 3, 0, 2), "positive multiple of the 2 process"),
-    ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into train.input_shards=4"),
+    ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into DatasetConfig.input_shards=4"),
     ((16, 0, 0, 1), "positive multiple"),
 ])
 def test_input_plan_refuses_shards_that_do_not_split_evenly(args, message):

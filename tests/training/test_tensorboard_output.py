@@ -12,7 +12,7 @@ from tests.training.helpers import cli_bindings, run_cli
 
 # Two epochs of 5 steps: a validation pass at steps 5 and 10 (and the start
 # evaluation at 0), training scalars and an expert-load measurement at 5 and 10.
-RUN = ["TRAIN_STEPS = 10", "train.checkpoint_every = 5", "train.log_every = 5",
+RUN = ["TRAIN_STEPS = 10", "CheckpointConfig.every = 5", "train.log_every = 5",
        "train.expert_load_every = 5"]
 # Keras' TensorBoard callback names a metric `batch_<name>` and `epoch_<name>`.
 KERAS_FORMS = re.compile(r"^(batch_|epoch_)")

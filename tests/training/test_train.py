@@ -23,7 +23,7 @@ def _train(model_dir, bindings=()):
 @pytest.mark.slow
 def test_a_few_steps_lower_the_loss_on_the_embedded_data(tmp_path):
     keras.utils.set_random_seed(0)
-    summary = _train(tmp_path, ["TRAIN_STEPS = 40", "train.checkpoint_every = 20"])
+    summary = _train(tmp_path, ["TRAIN_STEPS = 40", "CheckpointConfig.every = 20"])
     # Loss of the same held-out batches before and after training (model.evaluate).
     start, end = summary["eval_start"]["loss"], summary["eval_end"]["loss"]
     assert np.isfinite(start) and end < start - 0.5, (start, end)
@@ -53,7 +53,7 @@ def _final_weights(model_dir):
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     # SGD: Adam's m/sqrt(v) turns float round-off of near-zero gradients into
     # lr-sized steps, which would hide nothing but makes exact comparison noisy.
-    common = ["train.checkpoint_every = 6", "train.summary_batches = 0",
+    common = ["CheckpointConfig.every = 6", "train.summary_batches = 0",
               "make_optimizer.name = 'sgd'", "make_optimizer.learning_rate = 0.5"]
     keras.utils.set_random_seed(1)
     _train(tmp_path / "straight", common + ["TRAIN_STEPS = 12"])

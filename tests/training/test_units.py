@@ -10,7 +10,7 @@ import pytest
 from keras_moe import gin_config
 from keras_moe.gin_config import GinConfigError
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training import stages, trainer
+from keras_moe.training import run, trainer
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
 
@@ -46,7 +46,7 @@ def test_make_optimizer_kinds_and_errors():
     (30, 30, 10, []),
 ])
 def test_fit_segments_cover_exactly_the_remaining_steps(start, total, spe, expected):
-    segments = stages.fit_segments(start, total, spe)
+    segments = run.fit_segments(start, total, spe)
     assert segments == expected
     steps = sum((epochs - initial) * n for initial, epochs, n, _ in segments)
     assert steps == total - start
@@ -110,7 +110,7 @@ def test_gin_files_resolve_by_name():
     ("train.no_such_arg = 4", "no_such_arg"),
     ("no_such_configurable.x = 1", "no_such_configurable"),
     ("BATCH_SIZE 4", "NAME = VALUE"),
-    ("CHECKPOINT_EVERY = 5", r"CHECKPOINT_EVERY is no longer a macro.*train\.checkpoint_every"),
+    ("CHECKPOINT_EVERY = 5", r"CHECKPOINT_EVERY is no longer a macro.*CheckpointConfig\.every"),
     ("LEARNING_RATE = 0.1", r"bind make_optimizer\.learning_rate instead"),
 ])
 def test_bad_gin_bindings_are_named(binding, message):
@@ -129,11 +129,12 @@ def test_a_run_file_setting_a_retired_macro_is_refused(tmp_path):
     run_file = tmp_path / "old_run.gin"
     run_file.write_text("include 'runs/tiny_local.gin'\nMESH_SHAPE = {'data': 2}\n")
     gin.clear_config()
-    with pytest.raises(GinConfigError, match=r"old_run.gin: MESH_SHAPE .*train\.mesh_shape"):
+    with pytest.raises(GinConfigError,
+                       match=r"old_run.gin: MESH_SHAPE .*MeshPlacement\.mesh_shape"):
         gin_config.parse_gin([str(run_file)])
     gin.clear_config()
-    gin_config.parse_gin(["tiny_local.gin"], ["train.checkpoint_every = 7"])
-    assert gin.query_parameter("train.checkpoint_every") == 7
+    gin_config.parse_gin(["tiny_local.gin"], ["CheckpointConfig.every = 7"])
+    assert gin.query_parameter("CheckpointConfig.every") == 7
     # A file that defines such a macro and reads it itself is left alone.
     own = tmp_path / "own_macro.gin"
     own.write_text("include 'runs/tiny_local.gin'\nOPTIMIZER = 'sgd'\n"
@@ -183,13 +184,14 @@ def test_parse_gin_takes_one_file_or_a_list(tmp_path):
 
 def test_all_run_files_parse():
     import gin
+    from keras_moe.training import gin_configurables
 
     for name in ("tiny_local", "pretrain_c4", "pretrain_c4_mesh", "pretrain_docs",
                  "translate_bible_x2en", "finetune"):
         gin.clear_config()
         gin_config.parse_gin([name + ".gin"], ['INIT_CHECKPOINT = "/x"'] * (name == "finetune"))
-        bindings = gin.get_bindings("train")
-        assert bindings["task"] and bindings["batch_size"] > 0, name
+        dataset = gin_configurables.job_config().dataset.check()
+        assert dataset.task and dataset.batch_size > 0, name
     gin.clear_config()
 
 
@@ -230,7 +232,7 @@ def test_init_checkpoint_reads_into_the_models_own_factory(tmp_path):
     import keras
 
     from keras_moe.models import build_model
-    from keras_moe.training import stages
+    from keras_moe.training.checkpoint_config import load_init_checkpoint
     from tests.models.helpers import tiny_config
 
     def factory():
@@ -245,7 +247,7 @@ def test_init_checkpoint_reads_into_the_models_own_factory(tmp_path):
     keras.utils.set_random_seed(2)
     fresh = factory()
     fresh(tokens)
-    stages.load_init_checkpoint(fresh, str(tmp_path), factory)
+    load_init_checkpoint(fresh, str(tmp_path), factory)
     for a, b in zip(trained.weights, fresh.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
@@ -268,13 +270,14 @@ def test_a_required_macro_left_unbound_is_named():
 
 
 def test_the_placement_is_a_mesh_or_a_strategy_and_only_process_0_is_chief():
-    from keras_moe.training.placement import MeshPlacement, StrategyPlacement, make_placement
-    from keras_moe.training.run import TrainConfig
+    from keras_moe.training.placement import MeshPlacement, StrategyPlacement
+    from keras_moe.training.train_config import TrainConfig
 
-    mesh = make_placement(TrainConfig(mesh_shape={"data": 2, "expert": 4}), process_index=1)
-    assert isinstance(mesh, MeshPlacement) and not mesh.chief and mesh.replicas == 1
+    mesh = TrainConfig.from_settings(mesh_shape={"data": 2, "expert": 4}).placement
+    assert isinstance(mesh, MeshPlacement) and mesh.replicas == 1
+    assert not mesh.start(process_index=1).chief and mesh.start(process_index=0).chief
     assert mesh.mesh is None  # nothing set before `apply`, which a Run calls before building
-    strategy = make_placement(TrainConfig(strategy="default"))
+    strategy = TrainConfig.from_settings(strategy="default").placement.start()
     assert isinstance(strategy, StrategyPlacement) and strategy.chief
     assert strategy.shard_report(model=None) is None
-    assert not StrategyPlacement(strategy.strategy, "default", process_index=1).chief
+    assert not StrategyPlacement().start(process_index=1).chief

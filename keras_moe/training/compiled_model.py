@@ -1,0 +1,37 @@
+"""The model of a factory, compiled with its own loss and metrics and the run's optimizer."""
+
+from keras_moe.training.errors import TrainingConfigError
+
+
+def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution=1, model=None):
+    """The model of the factory `model` (default: gin's `build_model`,
+    `keras_moe.models.gin_configurables.build_model`), compiled with its
+    `compile_defaults` (T5: the T5 loss).
+
+    Args:
+        optimizer: a Keras optimizer, or a factory of one called here (so under
+            the caller's strategy scope); None: `make_optimizer()` with its
+            own defaults (run files bind `train.optimizer = @make_optimizer`).
+        jit_compile, steps_per_execution: as for `Model.compile`.
+        model: a factory of the uncompiled model, e.g. gin's `@build_model` or
+            `@build_distiller`.
+    """
+    import keras
+
+    from keras_moe.training import schedules
+
+    if model is None:
+        from keras_moe.models import gin_configurables
+
+        model = gin_configurables.build_model
+    try:
+        built = model()
+    except (TypeError, ValueError) as e:
+        raise TrainingConfigError(f"cannot build the model from the gin config: {e}") from None
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = optimizer()  # A factory (gin `@make_optimizer`), called in scope.
+    if optimizer is None:
+        optimizer = schedules.make_optimizer()
+    kwargs = built.compile_defaults(optimizer=optimizer, jit_compile=jit_compile)
+    built.compile(steps_per_execution=steps_per_execution, **kwargs)
+    return built
