@@ -27,7 +27,7 @@ from keras_moe.feedforward import (  # noqa: E402
     TopKFeedForward,
 )
 from keras_moe.metrics import RouterMetricsMixin, router_metrics  # noqa: E402
-from keras_moe.moe import MoeLayer, route_each_sequence  # noqa: E402
+from keras_moe.moe import MoeLayer  # noqa: E402
 from keras_moe.routing import (  # noqa: E402
     ExpertChoiceRouter,
     Router,
@@ -37,6 +37,7 @@ from keras_moe.routing import (  # noqa: E402
     Top2Router,
     TopKRouter,
 )
+from keras_moe.routing_scope import route_each_sequence  # noqa: E402
 from keras_moe.shared_experts import SharedExpertFeedForward  # noqa: E402
 
 __version__ = "0.1.0"
