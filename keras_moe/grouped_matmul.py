@@ -32,17 +32,24 @@ docs/dropless.md):
   axis are gathered for the step (see docs/dropless.md).
 """
 
+from __future__ import annotations
+
+from typing import Literal
+
 import keras
 from keras import ops
 
 from keras_moe import sharding
+from keras_moe.tensor_types import Tensor
 
 KERNELS = ("auto", "ragged_dot", "megablox")
+Kernel = Literal["auto", "ragged_dot", "megablox"]
 # The m tile (rows per kernel step) at most: the TPU's MXU is 128 wide.
 MAX_ROW_TILE = 128
 
 
-def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False, per_device=False):
+def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "auto",
+                   interpret: bool = False, per_device: bool = False) -> Tensor:
     """Rows of `x`, sorted by group, times their group's matrix in `w`.
 
     Args:
@@ -90,7 +97,7 @@ def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False, per_device
         "use dispatch='gather'.")
 
 
-def in_xla_compilation():
+def in_xla_compilation() -> bool:
     """True while TensorFlow traces a function for XLA (`jit_compile=True`)."""
     from keras_moe import compat
 
@@ -129,7 +136,8 @@ def _round_up(value, multiple):
     return -(-value // multiple) * multiple
 
 
-def megablox_tiling(rows, k, n):
+def megablox_tiling(rows: int, k: int, n: int) -> tuple[int, int, int]:
+
     """The (tm, tk, tn) tiles of the megablox kernel for `rows` rows (per device).
 
     tm: 128 rows, or all rows (rounded up to 16, bf16's sublane tile) when
