@@ -284,7 +284,6 @@ def tf_runtime_started() -> bool:
 
 @contextlib.contextmanager
 def tf_collective_health_timeout(seconds: float | None) -> Iterator[None]:
-
     """MultiWorkerMirroredStrategy's start-up wait for its peers is `seconds` in the block.
 
     A class attribute read by the strategy's constructor, set only for the construction.

@@ -48,7 +48,6 @@ class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
         return self.feed_forward(x, ops.matmul, training)
 
     def get_config(self) -> dict[str, Any]:
-
         config = super().get_config()
         config.update(d_ff=self.d_ff, activation=self.activation,
                       dropout_rate=self.dropout_rate, init_scale=self.init_scale,

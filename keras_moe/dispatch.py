@@ -51,7 +51,6 @@ DispatchMode = Literal["auto", "einsum", "gather", "dropless"]
 
 def get_dispatcher(mode: DispatchMode,
                    dropless_buffer_factor: float | None = None) -> Dispatcher:
-
     """Returns the dispatcher for `mode` ("einsum", "gather", "dropless" or "auto").
 
     "auto" picks einsum on TPU and gather everywhere else; "dropless" is

@@ -89,7 +89,6 @@ class DroplessDispatcher(Dispatcher):
 
     def apply(self, x: Tensor, routing: RoutingInstructions, experts: keras.layers.Layer,
               training: bool | None = None) -> Tensor:
-
         return self.apply_and_report(x, routing, experts, training)[0]
 
     def _gathered_weights(self, x, routing, experts, training, reason):

@@ -83,7 +83,6 @@ class EinsumDispatcher(Dispatcher):
         return token_exchange.to_experts(expert_inputs)
 
     def combine(self, expert_outputs: Tensor, plan: EinsumPlan) -> Tensor:
-
         expert_outputs = token_exchange.from_experts(expert_outputs)
         combine_tensor = ops.cast(plan.combine_tensor, expert_outputs.dtype)
         y = ops.einsum("gsec,egcd->gsd", combine_tensor, expert_outputs)

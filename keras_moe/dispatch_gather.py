@@ -109,7 +109,6 @@ class GatherDispatcher(Dispatcher):
         )
 
     def combine(self, expert_outputs: Tensor, plan: GatherPlan) -> Tensor:
-
         d_model = expert_outputs.shape[-1]
         outputs = ops.reshape(expert_outputs, (-1, d_model))
         num_tokens = plan.num_groups * plan.group_size

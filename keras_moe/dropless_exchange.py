@@ -167,7 +167,6 @@ def _route(counts, buffer):
 def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
           layout: DroplessLayout, training: bool | None = None,
           buffer_factor: float | None = None) -> tuple[Tensor, Tensor]:
-
     """The dropless layer's outputs `[G, S, d]`, experts computed where they live.
 
     Args:

@@ -167,7 +167,6 @@ def expert_parallel_switch(num_experts: int, d_ff: int, exchange: Exchange = "au
                            activation: Activation = "relu", jitter_noise: float = 0.0,
                            init_scale: float = 1.0, seed: int | None = None,
                            **moe_kwargs: Any) -> MoeLayer:
-
     """A Switch (top-1) `MoeLayer` whose experts are `ExpertParallelExperts`.
 
     Args:

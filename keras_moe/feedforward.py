@@ -254,7 +254,6 @@ class TopKFeedForward(_ExpertFeedForward):
                  n_group: int = 1, topk_group: int | None = None, selection_bias: bool = False,
                  bias_update_rate: float = 0.0, activation: Activation = "relu",
                  **kwargs: Any) -> None:
-
         super().__init__(
             num_experts, d_ff, activation,
             router_args=dict(k=k, normalize_top_k=normalize_top_k, score_function=score_function,

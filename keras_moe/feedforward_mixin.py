@@ -85,7 +85,6 @@ class FeedForwardMixin:
     def feed_forward(self, x: Tensor, project: Callable[[Tensor, Any], Tensor],
                      training: bool | None,
                      kernel: Callable[[Any], Any] = lambda variable: variable) -> Tensor:
-
         """The FFN of `x`; `project(a, w)` multiplies by a kernel, `kernel(variable)`
         picks the part of a weight to use (all of it by default)."""
         if self.gated:

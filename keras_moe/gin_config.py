@@ -256,7 +256,6 @@ def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
               allowed_imports: Iterable[str] = (), finalize: bool = False,
               skip_unknown: bool = False, check_required: bool = True, clear: bool = True,
               check_unread: bool = True) -> T5Config | None:
-
     """Parses gin files, then bindings, with errors that name what is wrong.
 
     Args:

@@ -83,7 +83,6 @@ def describe_sparse_layers(config: T5Config) -> str:
 
 
 def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
-
     """Raises `GinConfigError` if a binding of the model's configurables was not read.
 
     Call it once the model (its `T5Config`) is made.
@@ -100,9 +99,11 @@ def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     >>> refuse_unread_model_bindings(config)
     Traceback (most recent call last):
     ...
-    keras_moe.gin_config.GinConfigError: `SwitchFeedForward.num_experts` was bound but the model's sparse layer is GShardFeedForward; nothing read it...
+    keras_moe.gin_config.GinConfigError: `SwitchFeedForward.num_experts` was bound but the
+    model's sparse layer is GShardFeedForward; nothing read it...
     >>> gin.clear_config()
-    """  # noqa: E501 - verbatim output lines
+    """
+
     from keras_moe.gin_config import GinConfigError
     from keras_moe.models.gin_configurables import MODEL_SELECTORS
 

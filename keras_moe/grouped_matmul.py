@@ -137,7 +137,6 @@ def _round_up(value, multiple):
 
 
 def megablox_tiling(rows: int, k: int, n: int) -> tuple[int, int, int]:
-
     """The (tm, tk, tn) tiles of the megablox kernel for `rows` rows (per device).
 
     tm: 128 rows, or all rows (rounded up to 16, bf16's sublane tile) when

@@ -163,7 +163,6 @@ def _as_mesh_axes(value):
 
 def validate_rules(rules: Rules, mesh_axis_names: Sequence[str] | None = None
                    ) -> tuple[tuple[str, MeshAxes], ...]:
-
     """Checks `rules` and returns them as a tuple of pairs.
 
     Raises:
@@ -357,7 +356,6 @@ class LogicalModelParallel(_keras.distribution.ModelParallel):
 
     def get_variable_layout(
             self, variable: _keras.Variable) -> _keras.distribution.TensorLayout:
-
         from keras_moe import compat
 
         if compat.variable_layout(variable) is not None:

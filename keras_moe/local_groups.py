@@ -110,7 +110,6 @@ def to_local_groups(x: Tensor, token_mask: Tensor, grouping: Literal["batch"] | 
 
 def from_local_groups(outputs: Tensor, inputs: Tensor, grouping: Literal["batch"] | int,
                       pad: int, shards: int, axes: tuple[str, ...]) -> Tensor:
-
     """Inverse of `to_local_groups` for outputs `[G, S, d]`: `[B, L, d]`, batch and length
     as `inputs`' (d is the outputs' own: per-expert values come back too).
 

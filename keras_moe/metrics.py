@@ -239,7 +239,6 @@ _JAX_WARNED = set()
 
 def track_layer_stats(layer: keras.layers.Layer, trackers: dict[str, keras.metrics.Mean],
                       stats: dict[str, Tensor], warn: bool = True) -> None:
-
     """Routes one call's statistics of an MoE layer to its trackers.
 
     A layer claimed by its model (`RouterMetricsMixin`) holds them for the

@@ -416,7 +416,6 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         return output, stats
 
     def get_config(self) -> dict[str, Any]:
-
         config = super().get_config()
         config.update(
             router=keras.saving.serialize_keras_object(self.router),

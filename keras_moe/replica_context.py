@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 
 
 def replica_context() -> tf.distribute.ReplicaContext | None:
-
     """The `tf.distribute` replica context with > 1 replicas, or None.
 
     None on the JAX backend, in cross-replica context, and under the default

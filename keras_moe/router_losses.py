@@ -154,7 +154,6 @@ def sequence_balance_loss(router_probs: Tensor, counts: Tensor, token_mask: Tens
 
 
 def global_balance_loss(router_probs: Tensor, counts: Tensor, token_mask: Tensor) -> Tensor:
-
     """Global-batch balance loss: `f` from the choices of every replica, `P` local.
 
     Under a `tf.distribute` strategy the choice counts are summed over the

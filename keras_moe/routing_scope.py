@@ -12,7 +12,6 @@ _scopes = threading.local()
 
 @contextlib.contextmanager
 def route_each_sequence() -> Iterator[None]:
-
     """A scope in which MoE layers called from this thread route each sequence apart.
 
     Inside it, a layer called without `independent_routing` behaves as with

@@ -370,7 +370,6 @@ def with_mesh_constraint(x: Tensor, spec: MeshSpec | Sequence[layouts.MeshAxes])
 
 
 def with_logical_constraint(x: Tensor, logical_axes: LogicalAxes) -> Tensor:
-
     """Constrains the layout of `x` by logical axes when a mesh is active.
 
     A no-op (returns `x` itself) unless rules are set and either a

@@ -67,7 +67,6 @@ class SharedExpertFeedForward(DenseFeedForward):
         return y
 
     def get_config(self) -> dict[str, Any]:
-
         config = super().get_config()
         config.update(gate=self.gate)
         return config

@@ -207,7 +207,6 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_startup() -> None:
-
     """Imports TensorFlow, seqio and the tasks and probes the devices with
     start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
     The command-line tools call it first thing (Keras itself was imported

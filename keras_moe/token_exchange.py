@@ -227,7 +227,6 @@ def to_experts(buffers: Tensor) -> Tensor:
 
 
 def from_experts(outputs: Tensor) -> Tensor:
-
     """The experts' outputs `[E, G, C, d]`, laid out by expert, back in the token layout.
 
     Args:

@@ -39,7 +39,6 @@ def is_number(value: Any) -> bool:
 
 
 def check_rank3_inputs(layer: keras.layers.Layer, inputs: Tensor | Shape) -> None:
-
     """Raises a `ValueError` naming `layer` unless `inputs` (a tensor or a shape) has
     rank 3, `[batch, length, d_model]`, as MoE layers route tokens of sequences.
 
@@ -48,8 +47,11 @@ def check_rank3_inputs(layer: keras.layers.Layer, inputs: Tensor | Shape) -> Non
     >>> check_rank3_inputs(keras.layers.Identity(name="moe"), (2, 16))
     Traceback (most recent call last):
     ...
-    ValueError: Layer 'moe' (Identity) expects inputs of shape [batch, length, d_model], got shape (2, 16) (rank 2). Add a length axis, e.g. `x[:, None, :]` for one token per example.
-    """  # noqa: E501 - verbatim output lines
+    ValueError: Layer 'moe' (Identity) expects inputs of shape [batch, length, d_model],
+    got shape (2, 16) (rank 2). Add a length axis, e.g. `x[:, None, :]` for one token per
+    example.
+    """
+
     shape = tuple(getattr(inputs, "shape", inputs))
     if len(shape) != 3:
         raise ValueError(

@@ -310,7 +310,6 @@ class Router(keras.layers.Layer):
         raise NotImplementedError
 
     def get_config(self) -> dict[str, Any]:
-
         config = super().get_config()
         config.update(
             num_experts=self.num_experts,

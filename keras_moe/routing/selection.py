@@ -76,7 +76,6 @@ def expert_counts(expert_index: Tensor, token_mask: Tensor, num_experts: int) ->
 
 
 def balancing_bias_step(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
-
     """The loss-free balancing update: `bias + rate * sign(mean(counts) - counts)`.
 
     Overloaded experts (more than the mean load) get a lower bias, underloaded

@@ -98,7 +98,6 @@ class TokenChoiceRouter(Router):
     ...         second = ops.cast(gates[..., 1] >= 0.5 * gates[..., 0], "float32")
     ...         return ops.stack([token_mask, token_mask * second], axis=-1)
     ...     def combine_weights(self, gates, kept):
-
     ...         return gates
     >>> router = HalfTop2(num_experts=4)
     >>> logits = np.log(np.array([[[0.6, 0.2, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1]]], "float32"))
@@ -361,7 +360,6 @@ class Top2Router(TokenChoiceRouter):
                  second_expert_threshold: float | None = None,
                  normalize_gates: NormalizeGates = "before_capacity",
                  batch_prioritized_routing: bool = False, **kwargs: Any) -> None:
-
         super().__init__(num_experts, **kwargs)
         if num_experts < 2:
             raise ValueError(f"`num_experts` must be >= 2 for top-2 routing, got {num_experts}.")
