@@ -11,7 +11,9 @@ moves one fails there, by name, instead of somewhere deep in a training run.
   (`Layer._layers`), `seed_generators` (`Layer._seed_generators`),
   `PerThreadLosses` (overrides `Layer._losses`, where `add_loss` stores),
   `variable_layout` / `set_variable_layout` (`Variable._layout`),
-  `learning_rate_schedule` (`Optimizer._learning_rate`),
+  `learning_rate_schedule` (`Optimizer._learning_rate`), `current_layer_path`
+  (`keras.src.backend.common.name_scope`),
+
   `without_backend_state` (drops what a `StatelessScope` leaves in Keras's
   global list of variables to initialise).
 - gin: `gin_macro_names` / `gin_macro_references` / `gin_macro_value` /

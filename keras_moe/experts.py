@@ -1,4 +1,6 @@
-"""Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`."""
+"""Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`,
+and their per-expert fan-in initializer (`PerExpertFanIn`)."""
+
 
 from __future__ import annotations
 

@@ -97,17 +97,13 @@ def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "
         "use dispatch='gather'.")
 
 
-def in_xla_compilation() -> bool:
-    """True while TensorFlow traces a function for XLA (`jit_compile=True`)."""
-    from keras_moe import compat
-
-    return compat.tf_in_xla_context()
-
-
 def _tensorflow_grouped_matmul(x, w, group_sizes):
     import tensorflow as tf
 
-    if in_xla_compilation():
+    from keras_moe import compat
+
+    if compat.tf_in_xla_context():
+
         raise ValueError(
             "dispatch='dropless' gives each expert as many tokens as were routed to it, "
             "which XLA cannot compile (it needs static shapes): compile without "

@@ -1,4 +1,10 @@
-"""Router statistics: what fraction was dropped, how load is spread, how sure the router is."""
+"""Router statistics: what fraction was dropped, how load is spread, how sure the router is.
+
+`router_metrics` computes them for one call; the `Mean` trackers of an MoE
+layer (`make_metric_trackers`) and `RouterMetricsMixin` bring them into
+`fit`'s and `evaluate`'s logs.
+"""
+
 
 from __future__ import annotations
 
