@@ -13,22 +13,22 @@ _startup.jax_on_cpu_without_accelerator()
 if _startup.launched_as_command():
     _startup.import_keras_quietly()
 
-from keras_moe import router_losses, sharding  # noqa: E402
-from keras_moe.dispatch import (  # noqa: E402
+from keras_moe import router_losses, sharding
+from keras_moe.dispatch import (
     Dispatcher,
     EinsumDispatcher,
     GatherDispatcher,
     get_dispatcher,
 )
-from keras_moe.experts import FeedForwardExperts  # noqa: E402
-from keras_moe.feedforward import (  # noqa: E402
+from keras_moe.experts import FeedForwardExperts
+from keras_moe.feedforward import (
     GShardFeedForward,
     SwitchFeedForward,
     TopKFeedForward,
 )
-from keras_moe.metrics import RouterMetricsMixin, router_metrics  # noqa: E402
-from keras_moe.moe import MoeLayer, route_each_sequence  # noqa: E402
-from keras_moe.routing import (  # noqa: E402
+from keras_moe.metrics import RouterMetricsMixin, router_metrics
+from keras_moe.moe import MoeLayer
+from keras_moe.routing import (
     ExpertChoiceRouter,
     Router,
     RoutingInstructions,
@@ -37,7 +37,8 @@ from keras_moe.routing import (  # noqa: E402
     Top2Router,
     TopKRouter,
 )
-from keras_moe.shared_experts import SharedExpertFeedForward  # noqa: E402
+from keras_moe.routing_scope import route_each_sequence
+from keras_moe.shared_experts import SharedExpertFeedForward
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,9 @@ moves one fails there, by name, instead of somewhere deep in a training run.
   (`Layer._layers`), `seed_generators` (`Layer._seed_generators`),
   `PerThreadLosses` (overrides `Layer._losses`, where `add_loss` stores),
   `variable_layout` / `set_variable_layout` (`Variable._layout`),
-  `learning_rate_schedule` (`Optimizer._learning_rate`),
+  `learning_rate_schedule` (`Optimizer._learning_rate`), `current_layer_path`
+  (`keras.src.backend.common.name_scope`),
+
   `without_backend_state` (drops what a `StatelessScope` leaves in Keras's
   global list of variables to initialise).
 - gin: `gin_macro_names` / `gin_macro_references` / `gin_macro_value` /
@@ -29,15 +31,23 @@ Example:
 ['Dense', 'Dense', 'Sequential']
 """
 
+from __future__ import annotations
+
 import contextlib
 import importlib.metadata
 import threading
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import keras
 
 # Distribution -> the release series ("major.minor") these helpers were written for.
 TESTED_VERSIONS = {"keras": "3.15", "gin-config": "0.5", "tensorflow": "2.21"}
 
 
-def untested_versions(installed=None):
+def untested_versions(installed: Mapping[str, str] | None = None) -> list[str]:
     """`["name X.Y.Z (tested: A.B)", ...]` for installed versions outside `TESTED_VERSIONS`.
 
     Args:
@@ -64,33 +74,33 @@ def untested_versions(installed=None):
 # --- Keras ------------------------------------------------------------------------------
 
 
-def sublayers(layer):
+def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Every layer inside `layer`, depth first, `layer` itself left out."""
     return list(layer._flatten_layers(include_self=False, recursive=True))
 
 
-def direct_sublayers(layer):
+def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """The layers `layer` tracks directly, in creation order."""
     return list(getattr(layer, "_layers", ()))
 
 
-def seed_generators(layer):
+def seed_generators(layer: keras.layers.Layer) -> list[keras.random.SeedGenerator]:
     """The `keras.random.SeedGenerator`s `layer` itself owns, in creation order."""
     return list(getattr(layer, "_seed_generators", ()))
 
 
-def variable_layout(variable):
+def variable_layout(variable: keras.Variable) -> Any:
     """The layout a variable was given when it was created under a distribution, or None."""
     return getattr(variable, "_layout", None)
 
 
-def set_variable_layout(variable, layout):
+def set_variable_layout(variable: keras.Variable, layout: Any) -> None:
     """Gives an uninitialised variable the layout initialising it would (compile-only runs)."""
     variable._layout = layout
 
 
 @contextlib.contextmanager
-def without_backend_state():
+def without_backend_state() -> Iterator[None]:
     """Layers made inside get variables that are never initialised: no backend
     tensor is created, so TensorFlow's runtime is not started (a runtime that
     has started can no longer be set up for multi-worker collectives).
@@ -106,14 +116,14 @@ def without_backend_state():
         global_state.set_global_attribute("uninitialized_variables", before)
 
 
-def current_layer_path():
+def current_layer_path() -> str:
     """The name-scope path of the Keras layer being called ("" outside any layer)."""
     from keras.src.backend.common import name_scope
 
     return name_scope.current_path()
 
 
-def learning_rate_schedule(optimizer):
+def learning_rate_schedule(optimizer: keras.optimizers.Optimizer) -> Any:
     """The optimizer's learning rate as given (a schedule stays a schedule)."""
     return getattr(optimizer, "_learning_rate", optimizer.learning_rate)
 
@@ -141,14 +151,14 @@ class PerThreadLosses:
 # --- gin --------------------------------------------------------------------------------
 
 
-def gin_macro_names():
+def gin_macro_names() -> set[str]:
     """The names of the macros gin has parsed so far."""
     import gin.config
 
     return {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}
 
 
-def gin_macro_references():
+def gin_macro_references() -> set[str]:
     """The names of the macros that some parsed binding (or macro) refers to as `%NAME`."""
     import gin.config
 
@@ -165,14 +175,14 @@ def gin_macro_references():
     return found
 
 
-def gin_macro_value(name):
+def gin_macro_value(name: str) -> Any:
     """The parsed value of macro `name` (a `ConfigurableReference` for `%gin.REQUIRED`)."""
     import gin.config
 
     return gin.config._CONFIG[(name, "gin.macro")].get("value")
 
 
-def gin_bound_parameters():
+def gin_bound_parameters() -> dict[tuple[str, str], list[str]]:
     """`{(scope, selector): [parameter, ...]}` of every parsed binding of a configurable
     (macros left out); `selector` is the configurable's full name, e.g.
     `("encoder", "keras_moe.SwitchFeedForward")`."""
@@ -182,7 +192,7 @@ def gin_bound_parameters():
             if key[1] != "gin.macro" and values}
 
 
-def gin_called_configurables():
+def gin_called_configurables() -> set[tuple[str, str]]:
     """`{(scope, selector), ...}` of the configurables gin has called since the config
     was last cleared; `scope` is the scope active at the call ("" for none)."""
     import gin.config
@@ -192,7 +202,7 @@ def gin_called_configurables():
 
 
 @contextlib.contextmanager
-def gin_binding_hook(intercept):
+def gin_binding_hook(intercept: Callable[[str, str, str, Any], bool]) -> Iterator[None]:
     """While active, `intercept(scope, selector, name, value)` sees each binding the gin
     parser makes before gin does; a True return takes the binding out of gin's config.
 
@@ -219,7 +229,7 @@ def gin_binding_hook(intercept):
 
 
 @contextlib.contextmanager
-def gin_import_hook(check):
+def gin_import_hook(check: Callable[[Any], None]) -> Iterator[None]:
     """Calls `check(statement)` before gin processes each `import` of a parsed file.
 
     Args:
@@ -244,21 +254,21 @@ def gin_import_hook(check):
 # --- TensorFlow -------------------------------------------------------------------------
 
 
-def tf_xla_sharding():
+def tf_xla_sharding() -> ModuleType:
     """TensorFlow's `xla_sharding` module (`mesh_split` annotations for TPU SPMD)."""
     from tensorflow.python.compiler.xla.experimental import xla_sharding
 
     return xla_sharding
 
 
-def tf_tpu_ops():
+def tf_tpu_ops() -> ModuleType:
     """TensorFlow's `tpu_ops` module (`all_to_all` with a registered gradient)."""
     from tensorflow.python.tpu.ops import tpu_ops
 
     return tpu_ops
 
 
-def tf_in_xla_context():
+def tf_in_xla_context() -> bool:
     """True while TensorFlow traces a function for XLA (`jit_compile=True`)."""
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util
@@ -266,7 +276,7 @@ def tf_in_xla_context():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-def tf_runtime_started():
+def tf_runtime_started() -> bool:
     """True once TensorFlow's eager runtime exists (the first op, variable or
     logical-device query makes it); before that it can still be configured."""
     from tensorflow.python.eager import context
@@ -275,7 +285,7 @@ def tf_runtime_started():
 
 
 @contextlib.contextmanager
-def tf_collective_health_timeout(seconds):
+def tf_collective_health_timeout(seconds: float | None) -> Iterator[None]:
     """MultiWorkerMirroredStrategy's start-up wait for its peers is `seconds` in the block.
 
     A class attribute read by the strategy's constructor, set only for the construction.

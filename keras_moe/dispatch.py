@@ -28,6 +28,10 @@ Each dispatcher has its own module (`dispatch_einsum`, `dispatch_gather`,
 name (`get_dispatcher`) and re-exports them.
 """
 
+from __future__ import annotations
+
+from typing import Literal
+
 import keras
 
 from keras_moe import sharding
@@ -42,9 +46,11 @@ __all__ = [
 ]
 
 DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
+DispatchMode = Literal["auto", "einsum", "gather", "dropless"]
 
 
-def get_dispatcher(mode, dropless_buffer_factor=None):
+def get_dispatcher(mode: DispatchMode,
+                   dropless_buffer_factor: float | None = None) -> Dispatcher:
     """Returns the dispatcher for `mode` ("einsum", "gather", "dropless" or "auto").
 
     "auto" picks einsum on TPU and gather everywhere else; "dropless" is

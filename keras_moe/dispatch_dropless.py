@@ -7,10 +7,20 @@ otherwise every device sorts its own rows and the experts' weights are
 gathered.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from keras import ops
 
 from keras_moe import dropless_exchange, sharding, token_exchange
 from keras_moe.dispatch_base import Dispatcher
+from keras_moe.tensor_types import Tensor
+
+if TYPE_CHECKING:
+    import keras
+
+    from keras_moe.routing import Router, RoutingInstructions
 
 
 class DroplessDispatcher(Dispatcher):
@@ -44,14 +54,14 @@ class DroplessDispatcher(Dispatcher):
     name = "dropless"
     drops_tokens = False
 
-    def __init__(self, buffer_factor=None):
+    def __init__(self, buffer_factor: float | None = None) -> None:
         if buffer_factor is not None and not (
                 isinstance(buffer_factor, (int, float)) and buffer_factor > 0):
             raise ValueError(f"`dropless_buffer_factor` must be None or a number > 0, "
                              f"got {buffer_factor!r}.")
         self.buffer_factor = buffer_factor
 
-    def check(self, router, experts):
+    def check(self, router: Router, experts: keras.layers.Layer) -> None:
         if not router.picks_experts_per_token:
             raise ValueError(
                 "dispatch='dropless' has no capacity, so it needs a token-choice router "
@@ -62,11 +72,14 @@ class DroplessDispatcher(Dispatcher):
                 f"{type(experts).__name__} does not take (expert-parallel experts exchange "
                 "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
 
-    def expert_capacity(self, router, group_size, capacity_factor, min_expert_capacity):
+    def expert_capacity(self, router: Router, group_size: int | Tensor, capacity_factor: float,
+                        min_expert_capacity: int) -> int | Tensor:
         # A token takes at most one slot of an expert: a group's size is room for all.
         return group_size
 
-    def apply_and_report(self, x, routing, experts, training=None):
+    def apply_and_report(self, x: Tensor, routing: RoutingInstructions,
+                         experts: keras.layers.Layer,
+                         training: bool | None = None) -> tuple[Tensor, Tensor]:
         layout, reason = dropless_exchange.plan(routing.num_experts, x.shape[0])
         if layout is None:
             return self._gathered_weights(x, routing, experts, training, reason), routing.kept
@@ -74,7 +87,8 @@ class DroplessDispatcher(Dispatcher):
                                           self.buffer_factor)
         return sharding.with_logical_constraint(y, ("batch", "length", "embed")), kept
 
-    def apply(self, x, routing, experts, training=None):
+    def apply(self, x: Tensor, routing: RoutingInstructions, experts: keras.layers.Layer,
+              training: bool | None = None) -> Tensor:
         return self.apply_and_report(x, routing, experts, training)[0]
 
     def _gathered_weights(self, x, routing, experts, training, reason):

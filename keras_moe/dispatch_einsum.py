@@ -6,23 +6,29 @@ move between the token and expert layouts by two all-to-alls
 (`keras_moe.token_exchange`). Cost grows with `S * E * C`.
 """
 
-from typing import NamedTuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
 
 from keras import ops
 
 from keras_moe import sharding, token_exchange
 from keras_moe.dispatch_base import Dispatcher
+from keras_moe.tensor_types import Tensor
+
+if TYPE_CHECKING:
+    from keras_moe.routing import RoutingInstructions
 
 
 class EinsumPlan(NamedTuple):
     """What `EinsumDispatcher` derives from `RoutingInstructions`."""
 
-    num_groups: object
+    num_groups: int | Tensor
     group_size: int
     num_experts: int
     capacity: int
-    dispatch_tensor: object  # [G, S, E, C] 0/1
-    combine_tensor: object  # [G, S, E, C] combine weights
+    dispatch_tensor: Tensor  # [G, S, E, C] 0/1
+    combine_tensor: Tensor  # [G, S, E, C] combine weights
 
 
 
@@ -48,7 +54,7 @@ class EinsumDispatcher(Dispatcher):
 
     name = "einsum"
 
-    def plan(self, routing):
+    def plan(self, routing: RoutingInstructions) -> EinsumPlan:
         if not isinstance(routing.capacity, int):
             raise ValueError(
                 "dispatch='einsum' needs a static expert capacity, but the routing group's "
@@ -71,12 +77,12 @@ class EinsumDispatcher(Dispatcher):
             combine_tensor=combine_tensor,
         )
 
-    def dispatch(self, x, plan):
+    def dispatch(self, x: Tensor, plan: EinsumPlan) -> Tensor:
         dispatch_tensor = ops.cast(plan.dispatch_tensor, x.dtype)
         expert_inputs = ops.einsum("gsec,gsd->egcd", dispatch_tensor, x)
         return token_exchange.to_experts(expert_inputs)
 
-    def combine(self, expert_outputs, plan):
+    def combine(self, expert_outputs: Tensor, plan: EinsumPlan) -> Tensor:
         expert_outputs = token_exchange.from_experts(expert_outputs)
         combine_tensor = ops.cast(plan.combine_tensor, expert_outputs.dtype)
         y = ops.einsum("gsec,egcd->gsd", combine_tensor, expert_outputs)

@@ -5,25 +5,31 @@ into slots and slot outputs scatter-added (or, for token choice, gathered)
 back into tokens. Memory and time are O(tokens * d).
 """
 
-from typing import NamedTuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
 
 from keras import ops
 
 from keras_moe import sharding, token_exchange
 from keras_moe.dispatch_base import Dispatcher
+from keras_moe.tensor_types import Tensor
+
+if TYPE_CHECKING:
+    from keras_moe.routing import RoutingInstructions
 
 
 class GatherPlan(NamedTuple):
     """What `GatherDispatcher` derives from `RoutingInstructions`."""
 
-    num_groups: object
-    group_size: object  # int, or a scalar tensor when known at run time only
+    num_groups: int | Tensor
+    group_size: int | Tensor  # int, or a scalar tensor when known at run time only
     num_experts: int
-    capacity: object  # int, or a scalar tensor (see RoutingInstructions)
-    slot_token: object  # int32 [E*G*C]: token index, or G*S if the slot is empty
-    slot_weight: object  # float32 [E*G*C]
-    token_slot: object  # int32 [G*S, K]: slot index, or E*G*C if not kept
-    token_weight: object  # float32 [G*S, K]
+    capacity: int | Tensor  # int, or a scalar tensor (see RoutingInstructions)
+    slot_token: Tensor  # int32 [E*G*C]: token index, or G*S if the slot is empty
+    slot_weight: Tensor  # float32 [E*G*C]
+    token_slot: Tensor  # int32 [G*S, K]: slot index, or E*G*C if not kept
+    token_weight: Tensor  # float32 [G*S, K]
 
 
 class GatherDispatcher(Dispatcher):
@@ -47,7 +53,7 @@ class GatherDispatcher(Dispatcher):
 
     name = "gather"
 
-    def plan(self, routing):
+    def plan(self, routing: RoutingInstructions) -> GatherPlan:
         shape = ops.shape(routing.expert_index)
         num_groups, group_size = shape[0], routing.expert_index.shape[1]
         if group_size is None:  # known at run time only ("batch" groups)
@@ -83,7 +89,7 @@ class GatherDispatcher(Dispatcher):
             token_weight=ops.reshape(routing.combine_weight, (-1, num_choices)),
         )
 
-    def dispatch(self, x, plan):
+    def dispatch(self, x: Tensor, plan: GatherPlan) -> Tensor:
         d_model = x.shape[-1]
         tokens = ops.reshape(x, (-1, d_model))
         if _uses_gather_gradients(plan):
@@ -102,7 +108,7 @@ class GatherDispatcher(Dispatcher):
             expert_inputs, ("expert", "batch", None, "embed")
         )
 
-    def combine(self, expert_outputs, plan):
+    def combine(self, expert_outputs: Tensor, plan: GatherPlan) -> Tensor:
         d_model = expert_outputs.shape[-1]
         outputs = ops.reshape(expert_outputs, (-1, d_model))
         num_tokens = plan.num_groups * plan.group_size

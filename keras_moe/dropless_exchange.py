@@ -36,15 +36,26 @@ Example (without a mesh there is nothing to plan):
 True
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 from keras import ops
 
 from keras_moe import grouped_matmul as grouped_matmul_lib
 from keras_moe import sharding, token_exchange
+from keras_moe.tensor_types import Tensor
+
+if TYPE_CHECKING:
+    from keras_moe.experts import FeedForwardExperts
+    from keras_moe.routing import RoutingInstructions
+
+# `(jax mesh, token axes)` of an expert-parallel dropless layer.
+DroplessLayout = tuple[Any, tuple[str, ...]]
 
 
-def plan(num_experts, num_groups):
+def plan(num_experts: int, num_groups: int | None) -> tuple[DroplessLayout | None, str | None]:
     """`(jax mesh, token axes)` for an expert-parallel dropless layer, or `(None, reason)`.
 
     Args:
@@ -58,7 +69,7 @@ def plan(num_experts, num_groups):
     return (mesh, token_axes), None
 
 
-def buffer_rows(assignments, peers, buffer_factor):
+def buffer_rows(assignments: int, peers: int, buffer_factor: float | None) -> int:
     """Rows of a device's receive buffer: the worst case `peers * assignments` (every peer
     sends all its rows here), or `ceil(buffer_factor * assignments)` rows, at most that.
 
@@ -153,7 +164,9 @@ def _route(counts, buffer):
             "land_offsets": told[:, 1], "their_offsets": their_offsets}
 
 
-def apply(x, routing, experts, layout, training=None, buffer_factor=None):
+def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
+          layout: DroplessLayout, training: bool | None = None,
+          buffer_factor: float | None = None) -> tuple[Tensor, Tensor]:
     """The dropless layer's outputs `[G, S, d]`, experts computed where they live.
 
     Args:

@@ -41,19 +41,29 @@ Example:
 (2, 4, 16)
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
 import keras
 
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.replica_context import replica_context  # noqa: F401  (re-exported)
+from keras_moe.feedforward_mixin import Activation
+from keras_moe.replica_context import replica_context
+from keras_moe.tensor_types import Tensor
+
+if TYPE_CHECKING:
+    from keras_moe.moe import MoeLayer
 
 EXCHANGES = ("auto", "all_gather", "all_to_all")
+Exchange = Literal["auto", "all_gather", "all_to_all"]
 
 
 def _is_tpu_strategy(strategy):
     return type(strategy).__name__.startswith("TPUStrategy")
 
 
-def check_expert_parallel(num_experts, num_replicas):
+def check_expert_parallel(num_experts: int, num_replicas: int) -> None:
     """Raises ValueError unless `num_experts` splits evenly over `num_replicas`."""
     if num_experts % num_replicas:
         raise ValueError(
@@ -82,7 +92,8 @@ class ExpertParallelExperts(FeedForwardExperts):
 
     takes_sorted_rows = False  # exchanges fixed-capacity buffers between replicas
 
-    def __init__(self, num_experts, d_ff, exchange="auto", **kwargs):
+    def __init__(self, num_experts: int, d_ff: int, exchange: Exchange = "auto",
+                 **kwargs: Any) -> None:
         super().__init__(num_experts, d_ff, **kwargs)
         if exchange not in EXCHANGES:
             raise ValueError(f"`exchange` must be one of {EXCHANGES}, got {exchange!r}.")
@@ -103,7 +114,7 @@ class ExpertParallelExperts(FeedForwardExperts):
         y = self.feed_forward(x, tf.matmul, training, kernel=weights)
         return tf.reshape(y, shape)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         ctx = replica_context()
         if ctx is None:
             self.local_experts = self.num_experts
@@ -146,14 +157,16 @@ class ExpertParallelExperts(FeedForwardExperts):
         out.set_shape(inputs.shape)
         return out
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(exchange=self.exchange)
         return config
 
 
-def expert_parallel_switch(num_experts, d_ff, exchange="auto", activation="relu",
-                           jitter_noise=0.0, init_scale=1.0, seed=None, **moe_kwargs):
+def expert_parallel_switch(num_experts: int, d_ff: int, exchange: Exchange = "auto",
+                           activation: Activation = "relu", jitter_noise: float = 0.0,
+                           init_scale: float = 1.0, seed: int | None = None,
+                           **moe_kwargs: Any) -> MoeLayer:
     """A Switch (top-1) `MoeLayer` whose experts are `ExpertParallelExperts`.
 
     Args:

@@ -1,13 +1,20 @@
-"""Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`."""
+"""Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`,
+and their per-expert fan-in initializer (`PerExpertFanIn`)."""
 
+
+from __future__ import annotations
+
+import functools
 import math
 import random
+from typing import Any
 
 import keras
 from keras import ops
 
-from keras_moe.feedforward_mixin import FeedForwardMixin
+from keras_moe.feedforward_mixin import Activation, FeedForwardMixin
 from keras_moe.grouped_matmul import grouped_matmul
+from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int
 
 # Std of a unit normal truncated at two standard deviations.
@@ -33,7 +40,7 @@ class PerExpertFanIn(keras.initializers.Initializer):
     1.0
     """
 
-    def __init__(self, scale=0.1, seed=None):
+    def __init__(self, scale: float = 0.1, seed: int | None = None) -> None:
         self.scale = float(scale)
         self.seed = seed
         # As Keras' own initializers: without a seed, draw an integer one now
@@ -42,12 +49,12 @@ class PerExpertFanIn(keras.initializers.Initializer):
         # weights are first built inside fit()'s traced step.
         self._draw_seed = seed if seed is not None else random.randint(1, int(1e9))
 
-    def __call__(self, shape, dtype=None):
+    def __call__(self, shape: Shape, dtype: str | None = None) -> Tensor:
         stddev = math.sqrt(self.scale / shape[-2]) / _TRUNCATED_NORMAL_STD
         return keras.random.truncated_normal(shape, stddev=stddev, dtype=dtype,
                                              seed=self._draw_seed)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"scale": self.scale, "seed": self.seed}
 
 
@@ -79,8 +86,9 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
 
     takes_sorted_rows = True  # call(rows, group_sizes=...): dropless dispatch
 
-    def __init__(self, num_experts, d_ff, activation="relu", dropout_rate=0.0,
-                 init_scale=1.0, seed=None, **kwargs):
+    def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
+                 dropout_rate: float = 0.0, init_scale: float = 1.0, seed: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_int("num_experts", num_experts)
         check_int("d_ff", d_ff)
@@ -88,13 +96,14 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         self.d_ff = d_ff
         self.init_feed_forward(activation, dropout_rate, init_scale, seed)
 
-    def build(self, input_shape):
+    def build(self, input_shape: Shape) -> None:
         d_model = input_shape[-1]
         self.add_kernels((self.num_experts, d_model, self.d_ff),
                          (self.num_experts, self.d_ff, d_model),
                          lambda shape: PerExpertFanIn(self.init_scale))
 
-    def call(self, inputs, training=None, group_sizes=None):
+    def call(self, inputs: Tensor, training: bool | None = None,
+             group_sizes: Tensor | None = None) -> Tensor:
         """Expert buffers `[E, G, C, d]` -> outputs of the same shape; or, with
         `group_sizes` (int `[E]`), rows `[N, d]` sorted by expert -> `[N, d]`
         (rows past `sum(group_sizes)` give 0)."""
@@ -105,7 +114,7 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
             # Einsums on the 4-D buffer: with the group axis sharded, a reshape
             # to [E, G*C, d] would force GSPMD to rematerialise the buffer.
             x = inputs
-            project = lambda a, w: ops.einsum("egci,eio->egco", a, w)  # noqa: E731
+            project = functools.partial(ops.einsum, "egci,eio->egco")
         else:
             # TensorFlow: batched matmuls on [E, G*C, d] are faster than einsum,
             # whose gradient adds transposes (measured 1.3-1.4x on CPU).
@@ -114,8 +123,9 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         y = self.feed_forward(x, project, training)
         return ops.reshape(y, ops.shape(inputs))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
+
         config.update(
             num_experts=self.num_experts,
             d_ff=self.d_ff,

@@ -2,15 +2,25 @@
 
 (T5's dense FFN, `DenseFeedForward`, is in `keras_moe.dense_feedforward`.)"""
 
+from __future__ import annotations
+
+from typing import Any, Literal
+
 import keras
 
-from keras_moe.dense_feedforward import DenseFeedForward  # noqa: F401 (its old home)
+# Re-exported from its old home (the redundant alias marks the re-export).
+from keras_moe.dense_feedforward import DenseFeedForward as DenseFeedForward
+from keras_moe.dispatch import DispatchMode
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.moe import MoeLayer
+from keras_moe.feedforward_mixin import Activation
+from keras_moe.moe import GroupSize, MoeLayer
 from keras_moe.routing import SwitchRouter, Top2Router, TopKRouter, default_router_initializer
+from keras_moe.routing.base import ScoreFunction
+from keras_moe.routing.token_choice import NormalizeGates, SecondExpertPolicy
 from keras_moe.shared_experts import SharedExpertFeedForward
 
 ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
+RouterDtype = Literal["float32", "bfloat16", "mixed_bfloat16"]
 
 
 class _ExpertFeedForward(MoeLayer):
@@ -20,12 +30,17 @@ class _ExpertFeedForward(MoeLayer):
 
     router_class = None
 
-    def __init__(self, num_experts, d_ff, activation="relu", train_capacity_factor=1.25,
-                 eval_capacity_factor=2.0, min_expert_capacity=4, group_size="batch",
-                 jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0, router_init_scale=None,
-                 router_bias=False, aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto",
-                 batch_prioritized_routing=False, router_dtype="float32", seed=None,
-                 shared_d_ff=None, shared_expert_gate=False, router_args=None, **kwargs):
+    def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
+                 train_capacity_factor: float = 1.25, eval_capacity_factor: float = 2.0,
+                 min_expert_capacity: int = 4, group_size: GroupSize = "batch",
+                 jitter_noise: float = 0.0, expert_dropout_rate: float = 0.0,
+                 init_scale: float = 1.0, router_init_scale: float | None = None,
+                 router_bias: bool = False, aux_loss_factor: float = 1e-2,
+                 z_loss_factor: float = 1e-3, dispatch: DispatchMode = "auto",
+                 batch_prioritized_routing: bool = False, router_dtype: RouterDtype = "float32",
+                 seed: int | None = None, shared_d_ff: int | None = None,
+                 shared_expert_gate: bool = False, router_args: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         if router_dtype not in ROUTER_DTYPES:
             raise ValueError(
                 f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}.")
@@ -63,7 +78,7 @@ class _ExpertFeedForward(MoeLayer):
         self.router_init_scale = router_init_scale
         self.seed = seed
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         # MoeLayer's config holds the router and experts as objects; these
         # layers rebuild them from plain arguments instead.
         config = keras.layers.Layer.get_config(self)
@@ -169,9 +184,12 @@ class GShardFeedForward(_ExpertFeedForward):
 
     router_class = Top2Router
 
-    def __init__(self, num_experts, d_ff, activation="relu", second_expert_policy="random",
-                 eval_second_expert_policy="all", second_expert_threshold=None,
-                 normalize_gates="before_capacity", train_capacity_factor=1.0, **kwargs):
+    def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
+                 second_expert_policy: SecondExpertPolicy = "random",
+                 eval_second_expert_policy: Literal["all", "threshold"] = "all",
+                 second_expert_threshold: float | None = None,
+                 normalize_gates: NormalizeGates = "before_capacity",
+                 train_capacity_factor: float = 1.0, **kwargs: Any) -> None:
         super().__init__(
             num_experts, d_ff, activation, train_capacity_factor=train_capacity_factor,
             router_args=dict(second_expert_policy=second_expert_policy,
@@ -180,7 +198,7 @@ class GShardFeedForward(_ExpertFeedForward):
                              normalize_gates=normalize_gates),
             **kwargs)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             second_expert_policy=self.router.second_expert_policy,
@@ -231,9 +249,11 @@ class TopKFeedForward(_ExpertFeedForward):
     _ROUTER_ARGS = ("k", "normalize_top_k", "score_function", "routed_scaling_factor", "n_group",
                     "topk_group", "selection_bias", "bias_update_rate")
 
-    def __init__(self, num_experts, d_ff, k=2, normalize_top_k=False, score_function="softmax",
-                 routed_scaling_factor=1.0, n_group=1, topk_group=None, selection_bias=False,
-                 bias_update_rate=0.0, activation="relu", **kwargs):
+    def __init__(self, num_experts: int, d_ff: int, k: int = 2, normalize_top_k: bool = False,
+                 score_function: ScoreFunction = "softmax", routed_scaling_factor: float = 1.0,
+                 n_group: int = 1, topk_group: int | None = None, selection_bias: bool = False,
+                 bias_update_rate: float = 0.0, activation: Activation = "relu",
+                 **kwargs: Any) -> None:
         super().__init__(
             num_experts, d_ff, activation,
             router_args=dict(k=k, normalize_top_k=normalize_top_k, score_function=score_function,
@@ -242,7 +262,7 @@ class TopKFeedForward(_ExpertFeedForward):
                              bias_update_rate=bias_update_rate),
             **kwargs)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({name: getattr(self.router, name) for name in self._ROUTER_ARGS})
         return config

@@ -19,13 +19,21 @@ Example:
 [[16.0, 16.0]]
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
 import keras
 from keras import ops
 
+from keras_moe.tensor_types import Shape, Tensor
+
 ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu")
+Activation = Literal["relu", "gelu", "gated-gelu", "gated-relu", "gated-silu"]
 
 
-def activation_fn(name):
+def activation_fn(name: Activation) -> Callable[[Tensor], Tensor]:
     """The elementwise function of an activation name of `ACTIVATIONS`."""
     base = name.replace("gated-", "")
     if base == "gelu":
@@ -43,7 +51,8 @@ class FeedForwardMixin:
     `add_kernels` in `build` and `feed_forward` in `call`.
     """
 
-    def init_feed_forward(self, activation, dropout_rate, init_scale, seed):
+    def init_feed_forward(self, activation: Activation, dropout_rate: float, init_scale: float,
+                          seed: int | None) -> None:
         """Checks and stores the arguments; makes the activation and the dropout."""
         if activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
@@ -59,7 +68,8 @@ class FeedForwardMixin:
         self._act = activation_fn(activation)
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
 
-    def add_kernels(self, wi_shape, wo_shape, initializer):
+    def add_kernels(self, wi_shape: Shape, wo_shape: Shape,
+                    initializer: Callable[[Shape], Any]) -> None:
         """Adds `wi` (gated: `wi_0`, `wi_1`) and `wo`.
 
         `initializer(shape)` must return a new initializer for every weight: a
@@ -72,7 +82,9 @@ class FeedForwardMixin:
         self.wo = self.add_weight(name="wo", shape=wo_shape, initializer=initializer(wo_shape))
         self.built = True
 
-    def feed_forward(self, x, project, training, kernel=lambda variable: variable):
+    def feed_forward(self, x: Tensor, project: Callable[[Tensor, Any], Tensor],
+                     training: bool | None,
+                     kernel: Callable[[Any], Any] = lambda variable: variable) -> Tensor:
         """The FFN of `x`; `project(a, w)` multiplies by a kernel, `kernel(variable)`
         picks the part of a weight to use (all of it by default)."""
         if self.gated:

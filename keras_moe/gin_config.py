@@ -9,8 +9,15 @@ allow-list, bindings of unknown macros and `%gin.REQUIRED` macros left
 unbound reported by name.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keras_moe.models.config import T5Config
 
 # Modules (with their sub-modules) that gin `import` lines may name by default:
 # they register this project's configurables and seqio tasks.
@@ -21,13 +28,13 @@ class GinConfigError(ValueError):
     """A gin file or binding is missing or invalid; the message names it and the fix."""
 
 
-def gin_dirs():
+def gin_dirs() -> list[str]:
     """Folders holding gin files: `<package>/gin_files/` then `<repo>/gin/` (a checkout)."""
     package = os.path.dirname(os.path.abspath(__file__))
     return [os.path.join(package, "gin_files"), os.path.join(os.path.dirname(package), "gin")]
 
 
-def search_dirs():
+def search_dirs() -> list[str]:
     """Folders searched for a gin file name, in order: each of `gin_dirs()` and its
     `runs/` and `models/` sub-folders (those that exist)."""
     out = []
@@ -39,7 +46,7 @@ def search_dirs():
     return out
 
 
-def resolve(name):
+def resolve(name: str | os.PathLike[str]) -> str:
     """Path of a gin file given as a path, or by name in the gin folders.
 
     A path that exists (relative to the current folder, or absolute) wins;
@@ -71,7 +78,7 @@ def resolve(name):
                          f"current folder and in {search_dirs()}.")
 
 
-def add_search_paths():
+def add_search_paths() -> None:
     """Lets gin `include` lines name files relative to the gin folders (idempotent).
 
     The folders go before gin's default '' (current folder) prefix, so gin does
@@ -91,7 +98,7 @@ def add_search_paths():
 
 
 @contextlib.contextmanager
-def imports_allowed(extra=()):
+def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
     """While active, gin `import` lines may only name `DEFAULT_GIN_IMPORTS` + `extra`.
 
     An import runs the module's code, so a shared gin file could otherwise run
@@ -246,7 +253,7 @@ def _parse_binding(binding, files, skip_unknown):
         raise GinConfigError(f"gin binding {binding!r}: {e}") from None
 
 
-def unbound_required_macros():
+def unbound_required_macros() -> list[str]:
     """Macros still bound to `%gin.REQUIRED` (a file said a value must be given)."""
     import gin.config
 
@@ -277,8 +284,13 @@ def _configured_model():
     return configured
 
 
-def parse_gin(files=(), bindings=(), allowed_imports=(), finalize=False, skip_unknown=False,
-              check_required=True, clear=True, check_unread=True):
+GinFiles = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
+              allowed_imports: Iterable[str] = (), finalize: bool = False,
+              skip_unknown: bool = False, check_required: bool = True, clear: bool = True,
+              check_unread: bool = True) -> T5Config | None:
     """Parses gin files, then bindings, with errors that name what is wrong.
 
     Args:

@@ -14,7 +14,15 @@ the compile tool, decoding, seqio preprocessors) are not checked: a run file
 binds them for a later command.
 """
 
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
 from keras_moe import compat
+
+if TYPE_CHECKING:
+    from keras_moe.models.config import T5Config
 
 SIDES = ("encoder", "decoder")
 
@@ -28,7 +36,7 @@ def _name(scope, selector):
     return f"{scope}/{short}" if scope else short
 
 
-def unread_bindings(selectors):
+def unread_bindings(selectors: Collection[str]) -> list[tuple[str, str, list[str]]]:
     """The bound parameters of the configurables `selectors` that no call read.
 
     A binding in scope `a` is read by a call in scope `a` or `a/b` (gin's scope
@@ -61,7 +69,7 @@ def unread_bindings(selectors):
     return out
 
 
-def describe_sparse_layers(config):
+def describe_sparse_layers(config: T5Config) -> str:
     """`"the model's sparse layer is X"` for a `T5Config` (each stack's when they differ)."""
     sides = {side: config.sparse_ffn_spec(side)["class_name"].split(">")[-1]
              for side in SIDES
@@ -74,7 +82,7 @@ def describe_sparse_layers(config):
         f"{name} ({side})" for side, name in sides.items())
 
 
-def refuse_unread_model_bindings(config=None):
+def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     """Raises `GinConfigError` if a binding of the model's configurables was not read.
 
     Call it once the model (its `T5Config`) is made.
@@ -91,9 +99,11 @@ def refuse_unread_model_bindings(config=None):
     >>> refuse_unread_model_bindings(config)
     Traceback (most recent call last):
     ...
-    keras_moe.gin_config.GinConfigError: `SwitchFeedForward.num_experts` was bound but the model's sparse layer is GShardFeedForward; nothing read it...
+    keras_moe.gin_config.GinConfigError: `SwitchFeedForward.num_experts` was bound but the
+    model's sparse layer is GShardFeedForward; nothing read it...
     >>> gin.clear_config()
-    """  # noqa: E501 - verbatim output lines
+    """
+
     from keras_moe.gin_config import GinConfigError
     from keras_moe.models.gin_configurables import MODEL_SELECTORS
 

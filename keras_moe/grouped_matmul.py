@@ -32,17 +32,24 @@ docs/dropless.md):
   axis are gathered for the step (see docs/dropless.md).
 """
 
+from __future__ import annotations
+
+from typing import Literal
+
 import keras
 from keras import ops
 
 from keras_moe import sharding
+from keras_moe.tensor_types import Tensor
 
 KERNELS = ("auto", "ragged_dot", "megablox")
+Kernel = Literal["auto", "ragged_dot", "megablox"]
 # The m tile (rows per kernel step) at most: the TPU's MXU is 128 wide.
 MAX_ROW_TILE = 128
 
 
-def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False, per_device=False):
+def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "auto",
+                   interpret: bool = False, per_device: bool = False) -> Tensor:
     """Rows of `x`, sorted by group, times their group's matrix in `w`.
 
     Args:
@@ -90,17 +97,13 @@ def grouped_matmul(x, w, group_sizes, kernel="auto", interpret=False, per_device
         "use dispatch='gather'.")
 
 
-def in_xla_compilation():
-    """True while TensorFlow traces a function for XLA (`jit_compile=True`)."""
-    from keras_moe import compat
-
-    return compat.tf_in_xla_context()
-
-
 def _tensorflow_grouped_matmul(x, w, group_sizes):
     import tensorflow as tf
 
-    if in_xla_compilation():
+    from keras_moe import compat
+
+    if compat.tf_in_xla_context():
+
         raise ValueError(
             "dispatch='dropless' gives each expert as many tokens as were routed to it, "
             "which XLA cannot compile (it needs static shapes): compile without "
@@ -129,7 +132,7 @@ def _round_up(value, multiple):
     return -(-value // multiple) * multiple
 
 
-def megablox_tiling(rows, k, n):
+def megablox_tiling(rows: int, k: int, n: int) -> tuple[int, int, int]:
     """The (tm, tk, tn) tiles of the megablox kernel for `rows` rows (per device).
 
     tm: 128 rows, or all rows (rounded up to 16, bf16's sublane tile) when

@@ -29,12 +29,24 @@ Example:
 ('expert', 'data', None, None)
 """
 
+from __future__ import annotations
+
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import keras as _keras
 
+from keras_moe.tensor_types import Shape
+
 LOGICAL_AXES = ("batch", "length", "expert", "embed", "mlp", "heads", "kv", "vocab")
 MESH_AXES = ("data", "expert", "model")
+
+LogicalAxes = Sequence[str | None]  # one logical axis name (or None) per dimension
+MeshAxes = str | Sequence[str] | None  # the mesh axes a logical axis maps to
+Rules = Sequence[tuple[str, MeshAxes]]  # (logical_axis, mesh_axes) pairs in priority order
+MeshSpec = tuple[str | tuple[str, ...] | None, ...]  # PartitionSpec-like, one entry per dim
+VariableAxesTable = Sequence[tuple[str, dict[int, tuple[str | None, ...]]]]
 
 # Order matters: "expert" is placed before "batch" so that an expert buffer
 # keeps its expert dimension on the expert axis and its group dimension falls
@@ -88,7 +100,9 @@ def _check_logical_axes(logical_axes, what):
             )
 
 
-def register_variable_axes(pattern, logical_axes, prepend=True):
+def register_variable_axes(pattern: str,
+                           logical_axes: LogicalAxes | Mapping[int, LogicalAxes],
+                           prepend: bool = True) -> None:
     """Adds a variable-path rule to `VARIABLE_AXES`.
 
     Args:
@@ -120,12 +134,13 @@ def register_variable_axes(pattern, logical_axes, prepend=True):
         VARIABLE_AXES.append(entry)
 
 
-def reset_variable_axes():
+def reset_variable_axes() -> None:
     """Restores `VARIABLE_AXES` to the built-in table."""
     VARIABLE_AXES[:] = list(_DEFAULT_VARIABLE_AXES)
 
 
-def variable_logical_axes(path, rank, table=None):
+def variable_logical_axes(path: str, rank: int, table: VariableAxesTable | None = None
+                          ) -> tuple[str | None, ...] | None:
     """Logical axes of the variable at `path` with `rank` dims, or None.
 
     Example:
@@ -146,7 +161,8 @@ def _as_mesh_axes(value):
     return tuple(value)
 
 
-def validate_rules(rules, mesh_axis_names=None):
+def validate_rules(rules: Rules, mesh_axis_names: Sequence[str] | None = None
+                   ) -> tuple[tuple[str, MeshAxes], ...]:
     """Checks `rules` and returns them as a tuple of pairs.
 
     Raises:
@@ -182,7 +198,8 @@ def validate_rules(rules, mesh_axis_names=None):
     return tuple(out)
 
 
-def logical_to_mesh_axes(logical_axes, rules, mesh_shape, shape=None):
+def logical_to_mesh_axes(logical_axes: LogicalAxes, rules: Rules, mesh_shape: Mapping[str, int],
+                         shape: Shape | None = None) -> MeshSpec:
     """Maps one tensor's logical axes to mesh axes (a PartitionSpec-like tuple).
 
     Args:
@@ -244,7 +261,8 @@ def _make_layout(spec, device_mesh):
     return MultiAxisLayout(spec, device_mesh)
 
 
-def tensor_layout(logical_axes, device_mesh, rules, shape=None):
+def tensor_layout(logical_axes: LogicalAxes, device_mesh: _keras.distribution.DeviceMesh,
+                  rules: Rules, shape: Shape | None = None) -> _keras.distribution.TensorLayout:
     """The `keras.distribution.TensorLayout` of a tensor tagged `logical_axes`.
 
     Dimensions mapped to several mesh axes (e.g. tokens over
@@ -275,7 +293,7 @@ class MultiAxisLayout(_keras.distribution.TensorLayout):
                         )
 
     @property
-    def backend_layout(self):
+    def backend_layout(self) -> Any:
         if not hasattr(self, "_backend_layout"):
             import jax
 
@@ -293,12 +311,14 @@ class LogicalLayoutMap(_keras.distribution.LayoutMap):
     `VARIABLE_AXES` and mapped through `rules`.
     """
 
-    def __init__(self, device_mesh, rules, variable_axes=None):
+    def __init__(self, device_mesh: _keras.distribution.DeviceMesh, rules: Rules,
+                 variable_axes: VariableAxesTable | None = None) -> None:
         super().__init__(device_mesh)
         self.rules = tuple(rules)
         self._variable_axes = variable_axes
 
-    def layout_for(self, path, shape):
+    def layout_for(self, path: str,
+                   shape: Shape) -> _keras.distribution.TensorLayout | None:
         """Layout of a variable at `path` with `shape`, or None (replicated)."""
         explicit = self[path]
         if explicit is not None:
@@ -330,11 +350,12 @@ class LogicalModelParallel(_keras.distribution.ModelParallel):
     over one mesh axis).
     """
 
-    def get_data_layout(self, data_shape):
+    def get_data_layout(self, data_shape: Shape) -> _keras.distribution.TensorLayout:
         axes = ("batch",) + (None,) * (len(data_shape) - 1)
         return tensor_layout(axes, self.device_mesh, self._layout_map.rules, data_shape)
 
-    def get_variable_layout(self, variable):
+    def get_variable_layout(
+            self, variable: _keras.Variable) -> _keras.distribution.TensorLayout:
         from keras_moe import compat
 
         if compat.variable_layout(variable) is not None:

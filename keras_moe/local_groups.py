@@ -27,12 +27,17 @@ Example (no mesh: one shard):
 True
 """
 
+from __future__ import annotations
+
+from typing import Literal
+
 from keras import ops
 
 from keras_moe import sharding
+from keras_moe.tensor_types import Tensor
 
 
-def batch_shards(x):
+def batch_shards(x: Tensor) -> tuple[tuple[str, ...], int]:
     """`(mesh axes, shards)`: how the active mesh splits the batch of tokens `x` `[B, L, d]`.
 
     Args:
@@ -54,7 +59,9 @@ def _constrain(x, axes):
     return sharding.with_mesh_constraint(x, (axes,) + (None,) * (len(x.shape) - 1))
 
 
-def to_local_groups(x, token_mask, grouping, shards, axes, pad_to_group_size=False):
+def to_local_groups(x: Tensor, token_mask: Tensor, grouping: Literal["batch"] | int,
+                    shards: int, axes: tuple[str, ...],
+                    pad_to_group_size: bool = False) -> tuple[Tensor, Tensor, int]:
     """Tokens `[B, L, d]` and their mask `[B, L]` as groups that never span shards.
 
     Args:
@@ -101,7 +108,8 @@ def to_local_groups(x, token_mask, grouping, shards, axes, pad_to_group_size=Fal
     return _constrain(groups, axes), _constrain(ops.reshape(mask, (-1, grouping)), axes), pad
 
 
-def from_local_groups(outputs, inputs, grouping, pad, shards, axes):
+def from_local_groups(outputs: Tensor, inputs: Tensor, grouping: Literal["batch"] | int,
+                      pad: int, shards: int, axes: tuple[str, ...]) -> Tensor:
     """Inverse of `to_local_groups` for outputs `[G, S, d]`: `[B, L, d]`, batch and length
     as `inputs`' (d is the outputs' own: per-expert values come back too).
 

@@ -1,11 +1,24 @@
-"""Router statistics: what fraction was dropped, how load is spread, how sure the router is."""
+"""Router statistics: what fraction was dropped, how load is spread, how sure the router is.
+
+`router_metrics` computes them for one call; the `Mean` trackers of an MoE
+layer (`make_metric_trackers`) and `RouterMetricsMixin` bring them into
+`fit`'s and `evaluate`'s logs.
+"""
+
+
+from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import keras
 from keras import ops
 
 from keras_moe import router_losses
+from keras_moe.tensor_types import Tensor
+
+if TYPE_CHECKING:
+    from keras_moe.routing import RoutingInstructions
 
 SCALAR_METRICS = (
     "dropped_fraction",
@@ -19,7 +32,7 @@ SCALAR_METRICS = (
 )
 
 
-def router_metrics(routing, token_mask):
+def router_metrics(routing: RoutingInstructions, token_mask: Tensor) -> dict[str, Tensor]:
     """Router statistics over the real (unpadded) tokens of one call.
 
     Args:
@@ -91,7 +104,7 @@ def router_metrics(routing, token_mask):
     }
 
 
-def branch_rms_ratio(inputs, outputs, token_mask):
+def branch_rms_ratio(inputs: Tensor, outputs: Tensor, token_mask: Tensor) -> Tensor:
     """RMS of the MoE branch's output over the RMS of its input, on real tokens.
 
     Near 0 the branch adds almost nothing to the residual stream (starved
@@ -116,7 +129,7 @@ def branch_rms_ratio(inputs, outputs, token_mask):
     return ops.sqrt(mean_square(outputs) / ops.maximum(mean_square(inputs), 1e-12))
 
 
-def router_metric_specs(num_experts):
+def router_metric_specs(num_experts: int) -> dict[str, keras.KerasTensor]:
     """Symbolic shapes of `router_metrics`' outputs (for functional models)."""
     specs = {name: keras.KerasTensor((), dtype="float32") for name in SCALAR_METRICS}
     specs["expert_load"] = keras.KerasTensor((num_experts,), dtype="float32")
@@ -125,7 +138,7 @@ def router_metric_specs(num_experts):
     return specs
 
 
-def make_metric_trackers(layer_name):
+def make_metric_trackers(layer_name: str) -> dict[str, keras.metrics.Mean]:
     """Keras `Mean` trackers of the scalar router statistics of one MoE layer.
 
     Assigned to a layer attribute, they show up in `model.metrics`, the `fit`
@@ -134,7 +147,8 @@ def make_metric_trackers(layer_name):
     return {name: keras.metrics.Mean(name=f"{layer_name}/{name}") for name in SCALAR_METRICS}
 
 
-def update_metric_trackers(trackers, stats):
+def update_metric_trackers(trackers: dict[str, keras.metrics.Mean],
+                           stats: dict[str, Tensor]) -> None:
     """Adds one call's `router_metrics` to the trackers' running means.
 
     Each call with real tokens counts once; a call without any (an empty
@@ -148,7 +162,7 @@ def update_metric_trackers(trackers, stats):
         tracker.update_state(stats[name], sample_weight=weight)
 
 
-def hold_router_stats(layer, stats):
+def hold_router_stats(layer: keras.layers.Layer, stats: dict[str, Tensor] | None) -> None:
     """Keeps `stats` of `layer`'s latest call for its model to aggregate.
 
     Stored outside Keras' attribute tracking: the tensors belong to one trace.
@@ -156,7 +170,7 @@ def hold_router_stats(layer, stats):
     object.__setattr__(layer, "_pending_router_stats", stats)
 
 
-def update_router_trackers(model):
+def update_router_trackers(model: keras.Model) -> None:
     """Adds each MoE layer's latest held statistics to its metric trackers.
 
     Called by `RouterMetricsMixin.compute_loss`, which runs in the same trace as
@@ -178,7 +192,7 @@ def update_router_trackers(model):
         update_metric_trackers(trackers, stats)
 
 
-def claim_router_metrics(model):
+def claim_router_metrics(model: keras.Model) -> None:
     """Marks `model`'s MoE layers so that they hold their statistics for the model
     instead of updating their trackers inside `call`."""
     from keras_moe import compat
@@ -215,11 +229,12 @@ class RouterMetricsMixin:
     True
     """
 
-    def compile(self, *args, **kwargs):
+    def compile(self, *args: Any, **kwargs: Any) -> None:
         claim_router_metrics(self)
         return super().compile(*args, **kwargs)
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None,
+                     sample_weight: Any = None, training: bool = True) -> Tensor:
         update_router_trackers(self)
         return super().compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                     training=training)
@@ -228,7 +243,8 @@ class RouterMetricsMixin:
 _JAX_WARNED = set()
 
 
-def track_layer_stats(layer, trackers, stats, warn=True):
+def track_layer_stats(layer: keras.layers.Layer, trackers: dict[str, keras.metrics.Mean],
+                      stats: dict[str, Tensor], warn: bool = True) -> None:
     """Routes one call's statistics of an MoE layer to its trackers.
 
     A layer claimed by its model (`RouterMetricsMixin`) holds them for the

@@ -1,5 +1,9 @@
 """MoeLayer: router + dispatch + experts + combine, with groups, capacity, losses, metrics."""
 
+from __future__ import annotations
+
+from typing import Any, Literal
+
 import keras
 from keras import ops
 
@@ -8,10 +12,12 @@ from keras_moe import dispatch as dispatch_lib
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.routing_scope import route_each_sequence, routing_each_sequence  # noqa: F401
+from keras_moe.routing_scope import routing_each_sequence
+from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
 
 GROUPINGS = ("batch", "sequence")
+GroupSize = int | Literal["batch", "sequence"] | None
 
 def _check_capacity_factor(name, value):
     if not is_number(value) or not value > 0:
@@ -102,12 +108,17 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
     (2, 8, 16)
     """
 
-    def __init__(self, router, experts, group_size="batch", pad_to_group_size=False,
-                 train_capacity_factor=1.25, eval_capacity_factor=2.0,
-                 min_expert_capacity=4, dispatch="auto", aux_loss_factor=1e-2,
-                 z_loss_factor=1e-3, causal=False, track_metrics=True,
-                 return_metrics=False, metrics_prefix=None, dropless_buffer_factor=None,
-                 balance_loss="group", shared_experts=None, **kwargs):
+    def __init__(self, router: routing_lib.Router | dict[str, Any],
+                 experts: FeedForwardExperts | dict[str, Any], group_size: GroupSize = "batch",
+                 pad_to_group_size: bool = False, train_capacity_factor: float = 1.25,
+                 eval_capacity_factor: float = 2.0, min_expert_capacity: int = 4,
+                 dispatch: dispatch_lib.DispatchMode = "auto", aux_loss_factor: float = 1e-2,
+                 z_loss_factor: float = 1e-3, causal: bool = False, track_metrics: bool = True,
+                 return_metrics: bool = False, metrics_prefix: str | None = None,
+                 dropless_buffer_factor: float | None = None,
+                 balance_loss: router_losses.BalanceLoss = "group",
+                 shared_experts: keras.layers.Layer | dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(router, dict):
             router = keras.saving.deserialize_keras_object(router)
@@ -186,7 +197,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if self.track_metrics:
             self._trackers = metrics_lib.make_metric_trackers(metrics_prefix or self.name)
 
-    def build(self, input_shape):
+    def build(self, input_shape: Shape) -> None:
         check_rank3_inputs(self, input_shape)
         d_model = input_shape[-1]
         if not self.router.built:
@@ -197,13 +208,14 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             self.shared_experts.build((None, None, d_model))
         self.built = True
 
-    def capacity(self, group_size, training):
+    def capacity(self, group_size: int | Tensor, training: bool | None) -> int | Tensor:
         """Slots per expert per group for a group of `group_size` tokens."""
         factor = self.train_capacity_factor if training else self.eval_capacity_factor
         return self.dispatcher.expert_capacity(self.router, group_size, factor,
                                                self.min_expert_capacity)
 
-    def real_token_capacity(self, group_mask, group_size, training):
+    def real_token_capacity(self, group_mask: Tensor, group_size: int | Tensor,
+                            training: bool | None) -> Tensor:
         """int32 [G]: each group's capacity counted from its real tokens.
 
         The expert buffers keep the size `capacity(group_size)` gives, but a
@@ -306,8 +318,9 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                 outputs = outputs[:-pad]
         return ops.reshape(outputs, (input_shape[0], input_shape[1], d_model))
 
-    def call(self, inputs, mask=None, training=None, independent_routing=None,
-             return_metrics=None):
+    def call(self, inputs: Tensor, mask: Tensor | None = None, training: bool | None = None,
+             independent_routing: bool | None = None,
+             return_metrics: bool | None = None) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Outputs `[batch, length, d_model]` (and the metrics with `return_metrics`).
 
         Args:
@@ -385,11 +398,14 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         return router_losses.sequence_balance_loss(
             per_token[..., :self.num_experts], per_token[..., self.num_experts:], token_mask)
 
-    def compute_mask(self, inputs, mask=None):
+    def compute_mask(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor | None:
         return mask
 
-    def compute_output_spec(self, inputs, mask=None, training=None, independent_routing=None,
-                            return_metrics=None):
+    def compute_output_spec(
+            self, inputs: keras.KerasTensor, mask: Tensor | None = None,
+            training: bool | None = None, independent_routing: bool | None = None,
+            return_metrics: bool | None = None,
+    ) -> keras.KerasTensor | tuple[keras.KerasTensor, dict[str, keras.KerasTensor]]:
         check_rank3_inputs(self, inputs)
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if return_metrics is None:
@@ -399,7 +415,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         stats = metrics_lib.router_metric_specs(self.num_experts)
         return output, stats
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             router=keras.saving.serialize_keras_object(self.router),

@@ -1,9 +1,16 @@
 """The `tf.distribute` replica context that routing statistics reduce over."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import keras
 
+if TYPE_CHECKING:
+    import tensorflow as tf
 
-def replica_context():
+
+def replica_context() -> tf.distribute.ReplicaContext | None:
     """The `tf.distribute` replica context with > 1 replicas, or None.
 
     None on the JAX backend, in cross-replica context, and under the default

@@ -15,11 +15,18 @@ uniform router, differ in the tokens `f` and `P` are taken over
   whole batch.
 """
 
+from __future__ import annotations
+
+from typing import Literal
+
 from keras import ops
 
 from keras_moe.replica_context import replica_context
+from keras_moe.tensor_types import Tensor
 
 BALANCE_LOSSES = ("group", "sequence", "global")
+BalanceLoss = Literal["group", "sequence", "global"]
+
 
 
 def _masked_token_mean(values, token_mask):
@@ -32,7 +39,8 @@ def _masked_token_mean(values, token_mask):
     return total / count
 
 
-def load_balancing_loss(router_probs, top1_expert_index, token_mask):
+def load_balancing_loss(router_probs: Tensor, top1_expert_index: Tensor,
+                        token_mask: Tensor) -> Tensor:
     """Switch Transformer load-balancing loss (Fedus et al., eq. 4).
 
     `E * sum_e f_e * P_e`, where `f_e` is the fraction of real tokens whose
@@ -69,7 +77,7 @@ def load_balancing_loss(router_probs, top1_expert_index, token_mask):
     return ops.sum(per_group) / ops.maximum(num_groups, 1.0)
 
 
-def router_z_loss(router_logits, token_mask):
+def router_z_loss(router_logits: Tensor, token_mask: Tensor) -> Tensor:
     """ST-MoE router z-loss: mean over real tokens of `logsumexp(logits)**2`.
 
     Args:
@@ -90,7 +98,7 @@ def router_z_loss(router_logits, token_mask):
     return _masked_token_mean(ops.square(log_z), token_mask)
 
 
-def choice_counts(expert_index, selected, num_experts):
+def choice_counts(expert_index: Tensor, selected: Tensor, num_experts: int) -> Tensor:
     """Float32 [..., E]: how many of each token's choices selected each expert.
 
     Args:
@@ -115,7 +123,7 @@ def _f_times_p(counts, probs_sum, tokens):
     return num_experts * ops.sum(fraction * mean_prob, axis=-1)
 
 
-def sequence_balance_loss(router_probs, counts, token_mask):
+def sequence_balance_loss(router_probs: Tensor, counts: Tensor, token_mask: Tensor) -> Tensor:
     """DeepSeek's sequence-wise balance loss, averaged over the sequences with real tokens.
 
     Per sequence, `f_e` is expert e's share of the sequence's choices (all K
@@ -145,7 +153,7 @@ def sequence_balance_loss(router_probs, counts, token_mask):
     return ops.sum(per_sequence) / ops.maximum(sequences, 1.0)
 
 
-def global_balance_loss(router_probs, counts, token_mask):
+def global_balance_loss(router_probs: Tensor, counts: Tensor, token_mask: Tensor) -> Tensor:
     """Global-batch balance loss: `f` from the choices of every replica, `P` local.
 
     Under a `tf.distribute` strategy the choice counts are summed over the

@@ -2,6 +2,7 @@
 
 import contextlib
 import threading
+from collections.abc import Iterator
 
 # How many `route_each_sequence` scopes this thread has open: per thread, so a
 # scope opened by one thread (a server decoding) never changes how another
@@ -10,7 +11,7 @@ _scopes = threading.local()
 
 
 @contextlib.contextmanager
-def route_each_sequence():
+def route_each_sequence() -> Iterator[None]:
     """A scope in which MoE layers called from this thread route each sequence apart.
 
     Inside it, a layer called without `independent_routing` behaves as with

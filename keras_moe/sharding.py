@@ -31,17 +31,26 @@ Example (JAX, 8 devices; the mesh line is skipped where they are missing):
 {'data': 2, 'expert': 4, 'model': 1}
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
 import keras
 
 from keras_moe import layouts
-from keras_moe.layouts import DEFAULT_RULES, LOGICAL_AXES, MESH_AXES  # noqa: F401
+from keras_moe.layouts import DEFAULT_RULES, MESH_AXES, LogicalAxes, MeshSpec, Rules
+from keras_moe.layouts import LOGICAL_AXES as LOGICAL_AXES  # re-exported
+from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import is_int
+
+MeshShape = Mapping[str, int] | Sequence[tuple[str, int]]  # mesh axis -> size
 
 _ACTIVE_RULES = None  # set by `set_logical_axis_rules` / `configure_mesh`
 _TF_SPMD = None  # (numpy device mesh, mesh axis names) set by `configure_tpu_spmd`
 
 
-def accelerator_platform():
+def accelerator_platform() -> Literal["tpu", "gpu", "cpu"]:
     """Returns "tpu", "gpu" or "cpu": the platform the backend computes on.
 
     On JAX with a mesh configured (`configure_mesh`), the platform of the mesh's
@@ -78,7 +87,7 @@ def accelerator_platform():
     return "cpu"
 
 
-def set_logical_axis_rules(rules):
+def set_logical_axis_rules(rules: Rules | None) -> None:
     """Sets the active mapping from logical axis names to mesh axis names.
 
     Most users call `configure_mesh`, which also sets the rules.
@@ -91,7 +100,7 @@ def set_logical_axis_rules(rules):
     _ACTIVE_RULES = None if rules is None else layouts.validate_rules(rules)
 
 
-def get_logical_axis_rules():
+def get_logical_axis_rules() -> tuple[tuple[str, layouts.MeshAxes], ...] | None:
     """The active rules, or None when no mesh is configured."""
     return _ACTIVE_RULES
 
@@ -126,7 +135,9 @@ def _normalize_mesh_shape(mesh_shape):
     return {name: sizes.get(name, 1) for name in MESH_AXES}
 
 
-def validate_mesh(mesh_shape, rules=DEFAULT_RULES, num_devices=None, num_experts=None):
+def validate_mesh(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
+                  num_devices: int | None = None, num_experts: int | None = None
+                  ) -> tuple[dict[str, int], tuple[tuple[str, layouts.MeshAxes], ...]]:
     """Checks a mesh shape and rules; returns `(mesh_shape_dict, rules)`.
 
     Args:
@@ -161,8 +172,10 @@ def validate_mesh(mesh_shape, rules=DEFAULT_RULES, num_devices=None, num_experts
     return shape, rules
 
 
-def configure_mesh(mesh_shape, rules=DEFAULT_RULES, devices=None, num_experts=None,
-                   layout_overrides=None):
+def configure_mesh(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
+                   devices: Sequence[str] | None = None, num_experts: int | None = None,
+                   layout_overrides: Mapping[str, Sequence[str | None]] | None = None,
+                   ) -> keras.distribution.ModelParallel:
     """Shards keras_moe models over a device mesh (JAX backend).
 
     Validates the arguments, builds a `keras.distribution.DeviceMesh` with
@@ -216,7 +229,7 @@ def configure_mesh(mesh_shape, rules=DEFAULT_RULES, devices=None, num_experts=No
     return distribution
 
 
-def clear_mesh():
+def clear_mesh() -> None:
     """Removes the distribution and rules set by `configure_mesh` / `configure_tpu_spmd`."""
     global _TF_SPMD
     if keras.backend.backend() == "jax":
@@ -225,7 +238,8 @@ def clear_mesh():
     set_logical_axis_rules(None)
 
 
-def configure_tpu_spmd(mesh_shape, rules=DEFAULT_RULES, device_ids=None):
+def configure_tpu_spmd(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
+                       device_ids: Sequence[int] | None = None) -> None:
     """Emits the logical tags as XLA SPMD annotations (TensorFlow, TPU only).
 
     For `tf.distribute.TPUStrategy(..., experimental_spmd_xla_partitioning=True)`
@@ -281,7 +295,7 @@ def _tf_mesh_split(x, spec):
     return xla_sharding.mesh_split(x, mesh, mapping, use_sharding_op=True)
 
 
-def active_mesh_shape():
+def active_mesh_shape() -> dict[str, int] | None:
     """Dict mesh axis -> size of the active mesh, or None when annotations are no-ops.
 
     A mesh is active when rules are set and either a `keras.distribution`
@@ -304,7 +318,7 @@ def active_mesh_shape():
     return None
 
 
-def batch_split(shape):
+def batch_split(shape: Shape) -> tuple[tuple[str, ...], int]:
     """How the active mesh splits the first (batch) dimension of a tensor of `shape`.
 
     Args:
@@ -332,7 +346,7 @@ def batch_split(shape):
     return axes, shards
 
 
-def with_mesh_constraint(x, spec):
+def with_mesh_constraint(x: Tensor, spec: MeshSpec | Sequence[layouts.MeshAxes]) -> Tensor:
     """Constrains the layout of `x` to mesh axes `spec` when a mesh is active.
 
     Args:
@@ -355,7 +369,7 @@ def with_mesh_constraint(x, spec):
     return keras.distribution.distribute_tensor(x, layouts._make_layout(spec, mesh))
 
 
-def with_logical_constraint(x, logical_axes):
+def with_logical_constraint(x: Tensor, logical_axes: LogicalAxes) -> Tensor:
     """Constrains the layout of `x` by logical axes when a mesh is active.
 
     A no-op (returns `x` itself) unless rules are set and either a

@@ -6,10 +6,16 @@ width `w` are one FFN of width `n * w`; Qwen2-MoE scales the shared output per
 token by a sigmoid gate (`shared_expert_gate`, a `[d_model, 1]` projection).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 from keras import ops
 
 from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.feedforward_mixin import Activation
+from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int
 
 
@@ -38,14 +44,15 @@ class SharedExpertFeedForward(DenseFeedForward):
     True
     """
 
-    def __init__(self, d_ff, activation="gated-silu", gate=False, dropout_rate=0.0,
-                 init_scale=1.0, seed=None, **kwargs):
+    def __init__(self, d_ff: int, activation: Activation = "gated-silu", gate: bool = False,
+                 dropout_rate: float = 0.0, init_scale: float = 1.0, seed: int | None = None,
+                 **kwargs: Any) -> None:
         check_int("d_ff", d_ff)
         super().__init__(d_ff, activation=activation, dropout_rate=dropout_rate,
                          init_scale=init_scale, seed=seed, **kwargs)
         self.gate = bool(gate)
 
-    def build(self, input_shape):
+    def build(self, input_shape: Shape) -> None:
         super().build(input_shape)
         if self.gate:
             self.gate_kernel = self.add_weight(
@@ -53,13 +60,13 @@ class SharedExpertFeedForward(DenseFeedForward):
                 initializer=keras.initializers.VarianceScaling(
                     scale=self.init_scale, mode="fan_in", distribution="truncated_normal"))
 
-    def call(self, x, training=None):
+    def call(self, x: Tensor, training: bool | None = None) -> Tensor:
         y = super().call(x, training=training)
         if self.gate:
             y = y * ops.sigmoid(ops.matmul(x, ops.cast(self.gate_kernel, x.dtype)))
         return y
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(gate=self.gate)
         return config

@@ -9,6 +9,8 @@ command-line tools filter (`launched_as_command`); importing keras_moe from
 anything else leaves the process's stderr alone.
 """
 
+from __future__ import annotations
+
 import contextlib
 import glob
 import logging
@@ -16,6 +18,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator, MutableMapping, Sequence
 
 # A machine with an NVIDIA driver loaded has this; there a failed CUDA probe is news.
 NVIDIA_DRIVER_PATH = "/proc/driver/nvidia"
@@ -42,7 +45,7 @@ STARTUP_NOISE = (
 )
 
 
-def is_startup_noise(line):
+def is_startup_noise(line: str) -> bool:
     """True for a known-harmless start-up line (the CUDA probe's failure only
     where no NVIDIA driver is loaded).
 
@@ -67,7 +70,7 @@ def is_startup_noise(line):
 GOOGLE_PCI_VENDOR = "0x1ae0"
 
 
-def host_has_tpu(root="/"):
+def host_has_tpu(root: str = "/") -> bool:
     """True when this host has a TPU chip attached (or a device that may be one).
 
     Example:
@@ -85,7 +88,8 @@ def host_has_tpu(root="/"):
                 or os.path.exists(os.path.join(root, "dev/vfio")))
 
 
-def jax_on_cpu_without_accelerator(environ=None, root="/"):
+def jax_on_cpu_without_accelerator(environ: MutableMapping[str, str] | None = None,
+                                   root: str = "/") -> bool:
     """Sets JAX_PLATFORMS=cpu when it is unset and the host has neither a TPU nor a GPU.
 
     With libtpu installed (the `tpu` extra), jax's default platform list
@@ -126,7 +130,7 @@ def jax_on_cpu_without_accelerator(environ=None, root="/"):
 
 
 @contextlib.contextmanager
-def filtered_stderr():
+def filtered_stderr() -> Iterator[None]:
     """Captures file descriptor 2 (C++ and Python writes alike) and writes
     back the lines that are not `is_startup_noise`, also when the body raises."""
     sys.stderr.flush()
@@ -154,7 +158,8 @@ def filtered_stderr():
 COMMANDS = ("keras-moe-train", "keras-moe-eval", "keras-moe-distill", "keras-moe-compile")
 
 
-def launched_as_command(argv=None, orig_argv=None):
+def launched_as_command(argv: Sequence[str] | None = None,
+                        orig_argv: Sequence[str] | None = None) -> bool:
     """True in a process started as a keras_moe command: one of `COMMANDS`, or
     `python -m keras_moe...`.
 
@@ -176,7 +181,7 @@ def launched_as_command(argv=None, orig_argv=None):
     return False
 
 
-def import_keras_quietly():
+def import_keras_quietly() -> None:
     """Imports Keras (and so its backend) with `filtered_stderr`, unless
     it is already imported."""
     if "keras" not in sys.modules:
@@ -201,7 +206,7 @@ class _DropMessages(logging.Filter):
         return not str(record.msg).startswith(self.starts)
 
 
-def quiet_startup():
+def quiet_startup() -> None:
     """Imports TensorFlow, seqio and the tasks and probes the devices with
     start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
     The command-line tools call it first thing (Keras itself was imported

@@ -38,13 +38,20 @@ Example (a no-op without a mesh):
 True
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import Any, Literal
 
 import keras
 
 from keras_moe import compat, layouts, sharding
+from keras_moe.tensor_types import Shape, Tensor
 
 EXPERT_EXCHANGES = ("auto", "all_to_all", "gspmd")
+ExpertExchange = Literal["auto", "all_to_all", "gspmd"]
+# `(jax mesh, token group axes, expert group axes)` of the all-to-all.
+ExchangeLayout = tuple[Any, tuple[str, ...], tuple[str, ...]]
 _MODE = "auto"
 # MoE layer path -> its exchange choice, recorded while layers are traced on a mesh.
 _CHOICES = {}
@@ -54,7 +61,7 @@ _TOKEN_LAYOUT = (None, "batch", None, "embed")
 _EXPERT_LAYOUT = ("expert", "batch", None, "embed")
 
 
-def set_expert_exchange(mode):
+def set_expert_exchange(mode: ExpertExchange) -> None:
     """Chooses how expert buffers move between token and expert layouts.
 
     Args:
@@ -71,7 +78,7 @@ def set_expert_exchange(mode):
     _MODE = mode
 
 
-def get_expert_exchange():
+def get_expert_exchange() -> ExpertExchange:
     """The mode set by `set_expert_exchange` ("auto" by default)."""
     return _MODE
 
@@ -86,7 +93,7 @@ def _as_spec_entry(axes):
     return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
 
 
-def exchange_plan(shape):
+def exchange_plan(shape: Shape) -> tuple[ExchangeLayout | None, str | None]:
     """`(jax mesh, token group axes, expert group axes)` for buffers of `shape`,
     or `(None, reason)` when the all-to-all cannot (or is not to) be used."""
     if _MODE == "gspmd":
@@ -116,7 +123,7 @@ def exchange_plan(shape):
     return (mesh.backend_mesh, token_groups, expert_groups), None
 
 
-def exchange_choices():
+def exchange_choices() -> list[dict[str, Any]]:
     """How each MoE layer traced on a mesh moves its expert buffers, and why.
 
     Filled when layers are called (traced) under a mesh, from the last
@@ -135,12 +142,13 @@ def exchange_choices():
     return [dict(layer=layer, **choice) for layer, choice in sorted(_CHOICES.items())]
 
 
-def clear_exchange_choices():
+def clear_exchange_choices() -> None:
     """Forgets the choices `exchange_choices` returns."""
     _CHOICES.clear()
 
 
-def note_choice(exchange, reason, shape=None):
+def note_choice(exchange: Literal["all_to_all", "gspmd"], reason: str,
+                shape: Shape | None = None) -> None:
     """Records a MoE layer's exchange on an active mesh (`exchange_choices`).
 
     Called where the buffers move: `to_experts`, and the dispatchers that do
@@ -203,7 +211,7 @@ def _exchange(x, to_expert_layout):
                          check_vma=True)(x)
 
 
-def to_experts(buffers):
+def to_experts(buffers: Tensor) -> Tensor:
     """Expert buffers `[E, G, C, d]` in the token layout, laid out by expert.
 
     Args:
@@ -218,7 +226,7 @@ def to_experts(buffers):
     return moved
 
 
-def from_experts(outputs):
+def from_experts(outputs: Tensor) -> Tensor:
     """The experts' outputs `[E, G, C, d]`, laid out by expert, back in the token layout.
 
     Args:

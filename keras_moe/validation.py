@@ -9,26 +9,36 @@ Traceback (most recent call last):
 ValueError: `num_experts` must be an integer >= 1, got 0.
 """
 
+from __future__ import annotations
+
 import numbers
+from typing import TYPE_CHECKING, Any
+
+from keras_moe.tensor_types import Shape, Tensor
+
+if TYPE_CHECKING:
+    import keras
 
 
-def is_int(value):
+
+def is_int(value: Any) -> bool:
     """An integer (Python or NumPy), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name, value, minimum=1, error=ValueError):
+def check_int(name: str, value: Any, minimum: int = 1,
+              error: type[Exception] = ValueError) -> None:
     """Raises `error` naming `name` unless `value` is an integer >= `minimum`."""
     if not is_int(value) or value < minimum:
         raise error(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
 
 
-def is_number(value):
+def is_number(value: Any) -> bool:
     """A real number (Python or NumPy), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_rank3_inputs(layer, inputs):
+def check_rank3_inputs(layer: keras.layers.Layer, inputs: Tensor | Shape) -> None:
     """Raises a `ValueError` naming `layer` unless `inputs` (a tensor or a shape) has
     rank 3, `[batch, length, d_model]`, as MoE layers route tokens of sequences.
 
@@ -37,8 +47,11 @@ def check_rank3_inputs(layer, inputs):
     >>> check_rank3_inputs(keras.layers.Identity(name="moe"), (2, 16))
     Traceback (most recent call last):
     ...
-    ValueError: Layer 'moe' (Identity) expects inputs of shape [batch, length, d_model], got shape (2, 16) (rank 2). Add a length axis, e.g. `x[:, None, :]` for one token per example.
-    """  # noqa: E501 - verbatim output lines
+    ValueError: Layer 'moe' (Identity) expects inputs of shape [batch, length, d_model],
+    got shape (2, 16) (rank 2). Add a length axis, e.g. `x[:, None, :]` for one token per
+    example.
+    """
+
     shape = tuple(getattr(inputs, "shape", inputs))
     if len(shape) != 3:
         raise ValueError(

@@ -6,16 +6,22 @@ routing algorithm (`router.route(...)`) that turns those logits into
 `RoutingInstructions`; `keras_moe.routing` lists the conventions.
 """
 
+from __future__ import annotations
+
 import math
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import keras
 from keras import ops
 
 from keras_moe import router_losses
+from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int, is_number
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
+ScoreFunction = Literal["softmax", "sigmoid"]
+AssignResult = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+
 
 class RoutingInstructions(NamedTuple):
     """Everything a dispatcher and the MoE layer need from routing.
@@ -41,20 +47,20 @@ class RoutingInstructions(NamedTuple):
             and the load metrics count these.
     """
 
-    expert_index: object
-    position: object
-    combine_weight: object
-    kept: object
-    router_probs: object
-    router_logits: object
-    aux_loss: object
-    z_loss: object
-    capacity: int
+    expert_index: Tensor
+    position: Tensor
+    combine_weight: Tensor
+    kept: Tensor
+    router_probs: Tensor
+    router_logits: Tensor
+    aux_loss: Tensor
+    z_loss: Tensor
+    capacity: int | Tensor
     num_experts: int
-    selected: object = None
+    selected: Tensor | None = None
 
 
-def default_router_initializer(scale=1.0):
+def default_router_initializer(scale: float = 1.0) -> keras.initializers.Initializer:
     """Fan-in truncated normal, std sqrt(scale / fan_in) (the Switch paper: scale 0.1 model-wide).
 
     Example:
@@ -112,15 +118,15 @@ class Router(keras.layers.Layer):
 
     def __init__(
         self,
-        num_experts,
-        jitter_noise=0.0,
-        kernel_initializer=None,
-        use_bias=False,
-        seed=None,
-        score_function="softmax",
-        routed_scaling_factor=1.0,
-        **kwargs,
-    ):
+        num_experts: int,
+        jitter_noise: float = 0.0,
+        kernel_initializer: Any = None,
+        use_bias: bool = False,
+        seed: int | None = None,
+        score_function: ScoreFunction = "softmax",
+        routed_scaling_factor: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         check_int("num_experts", num_experts)
@@ -144,7 +150,7 @@ class Router(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True  # logits keep the tokens' mask
 
-    def build(self, input_shape):
+    def build(self, input_shape: Shape) -> None:
         d_model = input_shape[-1]
         self.kernel = self.add_weight(
             name="kernel",
@@ -157,7 +163,7 @@ class Router(keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         """Returns router logits [..., E] in the router's compute dtype (float32)."""
         x = inputs
         if training and self.jitter_noise > 0:
@@ -174,15 +180,16 @@ class Router(keras.layers.Layer):
             logits = logits + ops.cast(self.bias, self.compute_dtype)
         return logits
 
-    def num_choices(self):
+    def num_choices(self) -> int:
         """K, the number of routing choices per token in the instructions."""
         raise NotImplementedError
 
-    def slots_per_token(self):
+    def slots_per_token(self) -> int:
         """Expert slots a token may fill, summed over experts (`K` for token choice)."""
         return self.num_choices()
 
-    def expert_capacity(self, group_size, capacity_factor, min_expert_capacity):
+    def expert_capacity(self, group_size: int | Tensor, capacity_factor: float,
+                        min_expert_capacity: int) -> int | Tensor:
         """Slots per expert per group: `min(S, max(min, ceil(cf * K * S / E)))`, with
         `K = slots_per_token()`.
 
@@ -210,7 +217,9 @@ class Router(keras.layers.Layer):
         return ops.minimum(ops.cast(group_size, "int32"),
                            ops.maximum(int(min_expert_capacity), capacity))
 
-    def route(self, logits, token_mask, capacity, training=False, group_capacity=None):
+    def route(self, logits: Tensor, token_mask: Tensor, capacity: int | Tensor,
+              training: bool | None = False,
+              group_capacity: Tensor | None = None) -> RoutingInstructions:
         """Turns logits [G, S, E] into `RoutingInstructions`.
 
         Args:
@@ -248,7 +257,7 @@ class Router(keras.layers.Layer):
             selected=self.selected_choices(mask, kept),
         )
 
-    def selected_choices(self, token_mask, kept):
+    def selected_choices(self, token_mask: Tensor, kept: Tensor) -> Tensor:
         """Float32 [G, S, K]: 1 where a choice selected its expert, before capacity.
 
         By default the assignments that were kept (expert choice: each expert's
@@ -256,13 +265,13 @@ class Router(keras.layers.Layer):
         """
         return kept
 
-    def scores(self, logits):
+    def scores(self, logits: Tensor) -> Tensor:
         """Float32 scores [G, S, E] of float32 logits: their softmax or sigmoid."""
         if self.score_function == "sigmoid":
             return ops.sigmoid(logits)
         return ops.softmax(logits, axis=-1)
 
-    def expert_probabilities(self, scores):
+    def expert_probabilities(self, scores: Tensor) -> Tensor:
         """The scores [G, S, E] as a distribution over experts.
 
         The softmax already is one; sigmoid scores are divided by their sum
@@ -280,7 +289,8 @@ class Router(keras.layers.Layer):
             return scores / ops.maximum(ops.sum(scores, axis=-1, keepdims=True), 1e-9)
         return scores
 
-    def assign(self, probs, token_mask, capacity, training, group_capacity=None):
+    def assign(self, probs: Tensor, token_mask: Tensor, capacity: int | Tensor,
+               training: bool | None, group_capacity: Tensor | None = None) -> AssignResult:
         """The routing decision of scores [G, S, E] and a float mask [G, S].
 
         `probs` are the router's scores (`scores()`: probabilities under the
@@ -299,7 +309,7 @@ class Router(keras.layers.Layer):
         """
         raise NotImplementedError
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             num_experts=self.num_experts,

@@ -1,9 +1,12 @@
 """Expert-choice routing (Zhou et al., 2022): each expert picks its top-C tokens."""
 
+from __future__ import annotations
+
 import keras
 from keras import ops
 
-from keras_moe.routing.base import Router
+from keras_moe.routing.base import AssignResult, Router
+from keras_moe.tensor_types import Tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -32,13 +35,14 @@ class ExpertChoiceRouter(Router):
 
     is_causal_safe = False
 
-    def num_choices(self):
+    def num_choices(self) -> int:
         return self.num_experts
 
-    def slots_per_token(self):
+    def slots_per_token(self) -> int:
         return 1  # capacity ceil(cf * S / E): on average one expert per token
 
-    def assign(self, probs, token_mask, capacity, training, group_capacity=None):
+    def assign(self, probs: Tensor, token_mask: Tensor, capacity: int | Tensor,
+               training: bool | None, group_capacity: Tensor | None = None) -> AssignResult:
         mask = token_mask
         shape = ops.shape(probs)
         num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts

@@ -8,12 +8,15 @@ al., arXiv 2408.15664) adds a per-expert bias to the scores for selection
 only, and after each training step moves it by `rate * sign(mean_load - load)`.
 """
 
+from __future__ import annotations
+
 from keras import ops
 
 from keras_moe.replica_context import replica_context
+from keras_moe.tensor_types import Tensor
 
 
-def group_limited_top_k(scores, k, n_group, topk_group):
+def group_limited_top_k(scores: Tensor, k: int, n_group: int, topk_group: int) -> Tensor:
     """Indices [..., k] of the top-k scores [..., E] in the best `topk_group` of `n_group` groups.
 
     A group's score is the sum of its two highest scores (its only score when
@@ -50,7 +53,7 @@ def group_limited_top_k(scores, k, n_group, topk_group):
     return ops.cast(index, "int32")
 
 
-def expert_counts(expert_index, token_mask, num_experts):
+def expert_counts(expert_index: Tensor, token_mask: Tensor, num_experts: int) -> Tensor:
     """Float32 [E]: how many real tokens chose each expert, over the global batch.
 
     Counted over every choice `[G, S, K]` before any capacity limit. Under a
@@ -72,7 +75,7 @@ def expert_counts(expert_index, token_mask, num_experts):
     return counts
 
 
-def balancing_bias_step(bias, counts, rate):
+def balancing_bias_step(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
     """The loss-free balancing update: `bias + rate * sign(mean(counts) - counts)`.
 
     Overloaded experts (more than the mean load) get a lower bias, underloaded

@@ -4,16 +4,23 @@ Experts serve the choices that ask for a slot in priority order until their
 capacity is full; the rest are dropped (combine weight 0).
 """
 
+from __future__ import annotations
+
+from typing import Any, Literal
+
 import keras
 from keras import ops
 
 from keras_moe import router_losses
 from keras_moe.routing import selection
-from keras_moe.routing.base import Router
+from keras_moe.routing.base import AssignResult, Router
+from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int, is_number
 
 SECOND_EXPERT_POLICIES = ("all", "random", "threshold")
 NORMALIZE_GATES = ("before_capacity", "after_capacity")
+SecondExpertPolicy = Literal["all", "random", "threshold"]
+NormalizeGates = Literal["before_capacity", "after_capacity"]
 
 
 def _positions_in_expert(expert_index, active, num_experts, token_order=None):
@@ -100,7 +107,8 @@ class TokenChoiceRouter(Router):
 
     picks_experts_per_token = True
 
-    def assign(self, probs, token_mask, capacity, training, group_capacity=None):
+    def assign(self, probs: Tensor, token_mask: Tensor, capacity: int | Tensor,
+               training: bool | None, group_capacity: Tensor | None = None) -> AssignResult:
         if group_capacity is not None:
             capacity = ops.reshape(group_capacity, (-1, 1, 1))
         gates, expert_index = self.select(probs, token_mask, training)
@@ -113,19 +121,20 @@ class TokenChoiceRouter(Router):
         )
         return expert_index, position, kept, self.combine_weights(gates, kept), aux
 
-    def selected_choices(self, token_mask, kept):
+    def selected_choices(self, token_mask: Tensor, kept: Tensor) -> Tensor:
         return ops.broadcast_to(token_mask[..., None], ops.shape(kept))
 
-    def select(self, scores, token_mask, training):
+    def select(self, scores: Tensor, token_mask: Tensor,
+               training: bool | None) -> tuple[Tensor, Tensor]:
         """`(gates, expert_index)`, both [G, S, K]: each token's K experts, best
         first, and their scores."""
         return ops.top_k(scores, self.num_choices())
 
-    def choices_asking(self, gates, token_mask, training):
+    def choices_asking(self, gates: Tensor, token_mask: Tensor, training: bool | None) -> Tensor:
         """Float [G, S, K]: 1 where a choice asks for a slot (real tokens only)."""
         raise NotImplementedError
 
-    def combine_weights(self, gates, kept):
+    def combine_weights(self, gates: Tensor, kept: Tensor) -> Tensor:
         """Float [G, S, K] combine weights from the K chosen probabilities."""
         raise NotImplementedError
 
@@ -191,9 +200,10 @@ class TopKRouter(TokenChoiceRouter):
     True
     """
 
-    def __init__(self, num_experts, k=1, normalize_top_k=False,
-                 batch_prioritized_routing=False, n_group=1, topk_group=None,
-                 selection_bias=False, bias_update_rate=0.0, **kwargs):
+    def __init__(self, num_experts: int, k: int = 1, normalize_top_k: bool = False,
+                 batch_prioritized_routing: bool = False, n_group: int = 1,
+                 topk_group: int | None = None, selection_bias: bool = False,
+                 bias_update_rate: float = 0.0, **kwargs: Any) -> None:
         super().__init__(num_experts, **kwargs)
         check_int("k", k)
         if k > num_experts:
@@ -229,7 +239,7 @@ class TopKRouter(TokenChoiceRouter):
         self.selection_bias = bool(selection_bias)
         self.bias_update_rate = float(bias_update_rate)
 
-    def build(self, input_shape):
+    def build(self, input_shape: Shape) -> None:
         super().build(input_shape)
         if self.selection_bias:
             # Only the first replica's update is kept: every replica computes
@@ -239,10 +249,11 @@ class TopKRouter(TokenChoiceRouter):
                 dtype="float32", trainable=False, autocast=False,
                 aggregation="only_first_replica")
 
-    def num_choices(self):
+    def num_choices(self) -> int:
         return self.k
 
-    def select(self, scores, token_mask, training):
+    def select(self, scores: Tensor, token_mask: Tensor,
+               training: bool | None) -> tuple[Tensor, Tensor]:
         if not self.selection_bias and self.topk_group == self.n_group:
             return super().select(scores, token_mask, training)
         choice_scores = scores
@@ -256,15 +267,15 @@ class TopKRouter(TokenChoiceRouter):
                 ops.convert_to_tensor(self.expert_bias), counts, self.bias_update_rate))
         return ops.take_along_axis(scores, expert_index, axis=-1), expert_index
 
-    def choices_asking(self, gates, token_mask, training):
+    def choices_asking(self, gates: Tensor, token_mask: Tensor, training: bool | None) -> Tensor:
         return ops.broadcast_to(token_mask[..., None], ops.shape(gates))
 
-    def combine_weights(self, gates, kept):
+    def combine_weights(self, gates: Tensor, kept: Tensor) -> Tensor:
         if self.normalize_top_k:
             return _normalized(gates)
         return gates
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             k=self.k,
@@ -299,12 +310,12 @@ class SwitchRouter(TopKRouter):
     True
     """
 
-    def __init__(self, num_experts, **kwargs):
+    def __init__(self, num_experts: int, **kwargs: Any) -> None:
         kwargs.pop("k", None)
         kwargs.pop("normalize_top_k", None)
         super().__init__(num_experts, k=1, normalize_top_k=False, **kwargs)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.pop("k")
         config.pop("normalize_top_k")
@@ -344,10 +355,11 @@ class Top2Router(TokenChoiceRouter):
     True
     """
 
-    def __init__(self, num_experts, second_expert_policy="random",
-                 eval_second_expert_policy="all", second_expert_threshold=None,
-                 normalize_gates="before_capacity", batch_prioritized_routing=False,
-                 **kwargs):
+    def __init__(self, num_experts: int, second_expert_policy: SecondExpertPolicy = "random",
+                 eval_second_expert_policy: Literal["all", "threshold"] = "all",
+                 second_expert_threshold: float | None = None,
+                 normalize_gates: NormalizeGates = "before_capacity",
+                 batch_prioritized_routing: bool = False, **kwargs: Any) -> None:
         super().__init__(num_experts, **kwargs)
         if num_experts < 2:
             raise ValueError(f"`num_experts` must be >= 2 for top-2 routing, got {num_experts}.")
@@ -376,7 +388,7 @@ class Top2Router(TokenChoiceRouter):
         self.normalize_gates = normalize_gates
         self.batch_prioritized_routing = bool(batch_prioritized_routing)
 
-    def num_choices(self):
+    def num_choices(self) -> int:
         return 2
 
     def _threshold(self, policy):
@@ -384,7 +396,7 @@ class Top2Router(TokenChoiceRouter):
             return self.second_expert_threshold
         return 0.5 if policy == "random" else 0.2
 
-    def choices_asking(self, gates, token_mask, training):
+    def choices_asking(self, gates: Tensor, token_mask: Tensor, training: bool | None) -> Tensor:
         policy = self.second_expert_policy if training else self.eval_second_expert_policy
         second_gate = _normalized(gates)[..., 1]
         if policy == "all":
@@ -396,12 +408,12 @@ class Top2Router(TokenChoiceRouter):
             take_second = ops.cast(draw < second_gate / self._threshold(policy), "float32")
         return ops.stack([token_mask, token_mask * take_second], axis=-1)
 
-    def combine_weights(self, gates, kept):
+    def combine_weights(self, gates: Tensor, kept: Tensor) -> Tensor:
         if self.normalize_gates == "before_capacity":
             return _normalized(gates)
         return _normalized(gates * kept)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             second_expert_policy=self.second_expert_policy,

@@ -65,6 +65,7 @@ MODULES = [
     "keras_moe.routing.selection",
     "keras_moe.routing.token_choice",
     "keras_moe.sharding",
+    "keras_moe.tensor_types",
     "keras_moe.startup",
     "keras_moe.token_exchange",
     "keras_moe.training.checkpoint",
