@@ -181,7 +181,7 @@ RETIRED_MACROS = {
 KEYWORD_NAMES = {}
 
 
-def register_keyword_names(configurable, names):
+def register_keyword_names(configurable: str, names: Iterable[str]) -> None:
     """Declares the parameter names gin bindings of `configurable` may use.
 
     Args:

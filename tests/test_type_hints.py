@@ -1,7 +1,7 @@
 """Every public function and method of the core layer modules has type hints.
 
-The core modules are `keras_moe/*.py` and `keras_moe/routing/` (not the models,
-training, distillation or conversion packages). For each public function a
+The core modules are `keras_moe/*.py` and `keras_moe/routing/`, and the training
+job's public API (`TRAINING_API`: its config, collaborators and run). For each public function a
 module defines (not one it imports), and each public method (and `__init__`,
 `__call__`) of the classes it defines, inherited ones from keras_moe base
 classes included: every parameter but `self`/`cls`/`*args`/`**kwargs` has an
@@ -17,6 +17,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE_FOLDERS = ("keras_moe", "keras_moe/routing")
 CHECKED_DUNDERS = ("__init__", "__call__")
+# The training job's public API: its config, collaborators and run.
+TRAINING_API = tuple(f"keras_moe.training.{name}" for name in (
+    "train_config", "dataset_config", "checkpoint_config", "placement", "run", "trainer",
+    "dtype_policy", "model_dir", "compiled_model", "summary"))
 
 
 def core_modules():
@@ -93,7 +97,7 @@ def test_the_core_modules_are_found():
     assert not any(n.startswith(("keras_moe.models", "keras_moe.training")) for n in names)
 
 
-@pytest.mark.parametrize("name", core_modules())
+@pytest.mark.parametrize("name", core_modules() + list(TRAINING_API))
 def test_public_api_has_type_hints(name):
     module = importlib.import_module(name)
     missing = [entry for qualname, function, needs_return in public_callables(module)

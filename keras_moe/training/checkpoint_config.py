@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 from keras_moe.validation import check_int
+
+if TYPE_CHECKING:
+    import keras
 
 
 @dataclasses.dataclass
@@ -51,7 +54,7 @@ class CheckpointConfig:
                 f"got {self.init_checkpoint!r}.")
         return self
 
-    def restore(self, model, model_dir: str, model_factory: Callable | None = None,
+    def restore(self, model: keras.Model, model_dir: str, model_factory: Callable | None = None,
                 sharded: bool = False, primary: bool = True) -> tuple:
         """Restores the newest loadable checkpoint of `model_dir` (step checkpoints
         or preemption backup) into `model`, or else `init_checkpoint` (weights only).
@@ -93,7 +96,8 @@ class CheckpointConfig:
             f"(skipping {resumed['batches_consumed']} consumed batches)")
         return manager, backup_dir, resumed, start_step
 
-    def callbacks(self, manager, backup_dir: str, writes: bool, chief: bool) -> list:
+    def callbacks(self, manager: ckpt_lib.CheckpointManager, backup_dir: str, writes: bool,
+                  chief: bool) -> list:
         """The step-checkpoint and preemption-backup callbacks of `fit`.
 
         Args:
@@ -110,7 +114,8 @@ class CheckpointConfig:
         ]
 
 
-def load_init_checkpoint(model, path: str, build_source: Callable[[], Any] | None = None) -> None:
+def load_init_checkpoint(model: keras.Model, path: str,
+                         build_source: Callable[[], Any] | None = None) -> None:
     """Initialises the model weights (not the optimizer) from `path`.
 
     Args:

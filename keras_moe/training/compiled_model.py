@@ -1,9 +1,19 @@
 """The model of a factory, compiled with its own loss and metrics and the run's optimizer."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from keras_moe.training.errors import TrainingConfigError
 
+if TYPE_CHECKING:
+    import keras
 
-def build_compiled_model(optimizer=None, jit_compile="auto", steps_per_execution=1, model=None):
+
+def build_compiled_model(optimizer: Any = None, jit_compile: bool | str = "auto",
+                         steps_per_execution: int = 1,
+                         model: Callable[[], keras.Model] | None = None) -> keras.Model:
     """The model of the factory `model` (default: gin's `build_model`,
     `keras_moe.models.gin_configurables.build_model`), compiled with its
     `compile_defaults` (T5: the T5 loss).

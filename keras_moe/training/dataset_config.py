@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.validation import check_int
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 @dataclasses.dataclass
@@ -107,16 +110,17 @@ class DatasetConfig:
         return data_lib.make_process_dataset(self.task, self.feature_lengths, split, self.plan,
                                              pack=self.pack, seed=self.seed, **kwargs)
 
-    def train_stream(self, skip_batches: int = 0):
+    def train_stream(self, skip_batches: int = 0) -> tf.data.Dataset:
         """This process's training batches, repeated, the first `skip_batches` skipped."""
         return self._process_dataset("train", shuffle=self.shuffle, repeat=True,
                                      skip_batches=skip_batches)
 
-    def split_pass(self, split: str):
+    def split_pass(self, split: str) -> tf.data.Dataset:
         """This process's batches of `split`, in order, once."""
         return self._process_dataset(split, shuffle=False, repeat=False)
 
-    def summary_batches(self, split: str, count: int):
+    def summary_batches(self, split: str,
+                        count: int) -> tuple[tf.data.Dataset | None, str | None]:
         """`(finite dataset, split)` of `count` batches for the start/end loss, the
         validation curve and the expert-load plot: from `split`, or from the
         training stream when that split is missing; `(None, None)` when `count` is 0.

@@ -1,6 +1,9 @@
 """The Keras dtype policies a run may train under, checked and applied for one block."""
 
+from __future__ import annotations
+
 import contextlib
+from collections.abc import Iterator
 
 from keras_moe.training.errors import TrainingConfigError
 
@@ -10,7 +13,7 @@ from keras_moe.training.errors import TrainingConfigError
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "bfloat16")
 
 
-def check_dtype_policy(dtype_policy, name="train.dtype_policy"):
+def check_dtype_policy(dtype_policy: str, name: str = "train.dtype_policy") -> str:
     """Returns `dtype_policy` if it is one of `DTYPE_POLICIES`, else raises.
 
     Args:
@@ -36,7 +39,7 @@ def check_dtype_policy(dtype_policy, name="train.dtype_policy"):
 
 
 @contextlib.contextmanager
-def dtype_policy_scope(dtype_policy):
+def dtype_policy_scope(dtype_policy: str) -> Iterator[None]:
     """Keras' global dtype policy is `dtype_policy` inside the block, the previous one after.
 
     Layers keep the policy they were built with, so building the model inside

@@ -11,10 +11,14 @@ strategy's name.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, ContextManager
 
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 from keras_moe.validation import is_number
+
+if TYPE_CHECKING:
+    import keras
 
 
 class StrategyPlacement:
@@ -88,15 +92,16 @@ class StrategyPlacement:
     def apply(self) -> None:
         """Nothing to set before the model is built."""
 
-    def scope(self):
+    def scope(self) -> ContextManager:
         """The strategy's scope: variables made inside are mirrored over its replicas."""
         return self.strategy.scope()
 
-    def shard_report(self, model) -> None:
+    def shard_report(self, model: keras.Model) -> None:
         """None: a strategy replicates every weight."""
         return None
 
-    def exchange_report(self, model, batch_size: int, feature_lengths: dict) -> list[str]:
+    def exchange_report(self, model: keras.Model, batch_size: int,
+                        feature_lengths: dict) -> list[str]:
         """No lines: each replica routes its own batch to its own copy of every expert."""
         return []
 
@@ -181,17 +186,18 @@ class MeshPlacement:
         self.mesh = mesh_lib.apply_mesh(self.mesh_shape, self.logical_axis_rules)
         log(f"device mesh {self.mesh}: the model is sharded by keras_moe.layouts")
 
-    def scope(self):
+    def scope(self) -> ContextManager:
         """No scope: the distribution set by `apply` places every variable."""
         return contextlib.nullcontext()
 
-    def shard_report(self, model) -> list:
+    def shard_report(self, model: keras.Model) -> list:
         """[(class of variable, full shape, shape on one device)] (`mesh.shard_report`)."""
         from keras_moe.training import mesh as mesh_lib
 
         return mesh_lib.shard_report(model)
 
-    def exchange_report(self, model, batch_size: int, feature_lengths: dict) -> list[str]:
+    def exchange_report(self, model: keras.Model, batch_size: int,
+                        feature_lengths: dict) -> list[str]:
         """Lines naming each MoE layer's expert exchange and why (`mesh.exchange_report`)."""
         from keras_moe.training import mesh as mesh_lib
 

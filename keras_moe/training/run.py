@@ -18,11 +18,18 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 from keras_moe.training.errors import TrainingConfigError, TrainingInterrupted
 from keras_moe.training.log import log
 from keras_moe.training.placement import MeshPlacement
 from keras_moe.training.train_config import TrainConfig  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from keras_moe.training.summary import TrainSummary
 
 
 class Run:
@@ -39,7 +46,7 @@ class Run:
         self.model_dir, self.config = model_dir, config
         self.started_at = time.time()
 
-    def train(self):
+    def train(self) -> TrainSummary:
         """All the steps; returns the `TrainSummary` (its `.model` the trained model)."""
         self.check()
         self.start()
@@ -216,7 +223,7 @@ class Run:
             raise failure from None
         self.train_seconds = time.time() - start
 
-    def summarize(self):
+    def summarize(self) -> TrainSummary:
         """The end loss, the expert-load plot and summary.json; returns the `TrainSummary`."""
         from keras_moe.training import checkpoint as ckpt_lib
         from keras_moe.training import expert_load, load_history
@@ -289,7 +296,7 @@ def fit_segments(start: int, total: int, steps_per_epoch: int) -> list[tuple]:
     return calls
 
 
-def build_metrics(model, batch) -> None:
+def build_metrics(model: keras.Model, batch: tuple) -> None:
     """Builds the compiled loss and metrics on `batch` (JAX backend) before `fit`.
 
     Keras's JAX `fit` builds whatever is not built yet from a batch it takes
@@ -303,7 +310,7 @@ def build_metrics(model, batch) -> None:
         model.test_on_batch(*keras.tree.map_structure(np.asarray, batch))
 
 
-def evaluate(model, data) -> dict | None:
+def evaluate(model: keras.Model, data: tf.data.Dataset | None) -> dict | None:
     """`model.evaluate` on the finite `data` as a dict of floats (None without data)."""
     if data is None:
         return None

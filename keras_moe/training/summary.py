@@ -1,5 +1,7 @@
 """A run's closing summary: the dict written to summary.json and its console text."""
 
+from __future__ import annotations
+
 import math
 
 
@@ -15,7 +17,7 @@ class TrainSummary(dict):
     model = None
 
 
-def format_summary(summary):
+def format_summary(summary: dict) -> str:
     """Human-readable end-of-run summary."""
     lines = ["", "=" * 72, "keras_moe training summary", "=" * 72]
     lines.append(f"task            {summary['task']}  (strategy {summary['strategy']}, "
