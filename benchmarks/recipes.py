@@ -173,10 +173,18 @@ def main(argv=None):
 
     if baseline is not None and baseline["args"]["steps"] != args.steps:
         baseline = None  # another run length: the references are trained here
+    trained_references = {}
     if baseline is None:
         def reference(config, label):
-            outs = [done.get((label, seed)) or train(config, seed, label) for seed in seeds]
-            return quality.mean_over_seeds(outs, seeds)
+            outs = []
+            for seed in seeds:  # each seed kept (`--reuse`) as soon as it is trained
+                outs.append(done.get((label, seed)) or train(config, seed, label))
+                trained_references[label] = quality.mean_over_seeds(outs, seeds[:len(outs)])
+                common.write_result(args.output, {
+                    "benchmark": "recipes", "complete": False, "args": vars(args),
+                    "references": trained_references,
+                    "runs": previous.get("runs", {}) if previous else {}})
+            return trained_references[label]
         dense = reference(dense_config, "dense")
         switch8 = (reference(quality.sparse_config(dense_config, "switch", 4), "switch8")
                    if args.smoke or args.switch8 else None)
