@@ -72,15 +72,22 @@ def test_whole_config_block_configs_still_load(reference, side, ffn_class):
     assert "config" not in block.get_config() and type(again.ffn) is ffn_class
 
 
-def test_a_dense_block_reloads_with_a_dense_ffn():
-    """The earlier blocks saved the whole T5Config, so a dense block of a sparse
-    model came back with the model's MoE layer."""
-    from tests.models.helpers import tiny_switch_config
-
-    model = EncoderDecoder(tiny_switch_config(encoder_sparse_step=2))
-    dense, sparse = model.encoder_layers[0], model.encoder_layers[1]
-    assert type(EncoderBlock.from_config(dense.get_config()).ffn) is DenseFeedForward
-    assert type(EncoderBlock.from_config(sparse.get_config()).ffn) is SwitchFeedForward
+def test_a_block_reloads_with_its_own_ffn():
+    """A block saves its FFN, not the model's config: a dense block reloads dense
+    (the earlier form rebuilt the FFN from the whole config and the index)."""
+    x = inputs()["x"]
+    bias = np.zeros((1, 2, 5, 5), "float32")
+    for ffn in (DenseFeedForward(48, "relu", name="ffn"),
+                SwitchFeedForward(3, 8, track_metrics=False, name="ffn")):
+        block = EncoderBlock(8, 2, 4, ffn=ffn, name="encoder_layer_0")
+        block(x, bias=bias)
+        again = EncoderBlock.from_config(block.get_config())
+        again(x, bias=bias)
+        assert type(again.ffn) is type(ffn) and again.ffn.get_config() == ffn.get_config()
+        assert [v.path for v in again.weights] == [v.path for v in block.weights]
+        again.set_weights(block.get_weights())
+        np.testing.assert_allclose(np.asarray(again(x, bias=bias)),
+                                   np.asarray(block(x, bias=bias)), rtol=1e-6)
 
 
 @pytest.mark.parametrize("form", ["partial", "class_kwargs_dict", "template"])
