@@ -1,8 +1,10 @@
 """`T5Config`: the architecture of a T5.1.1 / Switch / GShard encoder-decoder.
 
 A plain dataclass, so the library is usable without gin; `gin_configurables`
-registers it for gin files. All validation happens in `__post_init__`, so a
-bad config fails before any weight is created.
+registers it for gin files. It is the builder's recipe: `keras_moe.models.ffn_factories`
+turns it into the blocks' arguments and FFN layers. All validation happens in
+`__post_init__`, once, by reading the fields and the sparse FFN's arguments
+(no layer is built), so a bad config fails before any weight is created.
 
 Sparse layer placement (our convention, documented and tested):
 - explicit lists (`encoder_sparse_layers`, `decoder_sparse_layers`) win;
@@ -17,7 +19,7 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from keras_moe.feedforward_mixin import ACTIVATIONS
 from keras_moe.models import sparse_ffn as sparse_ffn_lib
@@ -75,9 +77,11 @@ class T5Config:
             `keras_moe.models.sparse_ffn`): a factory such as
             `functools.partial(SwitchFeedForward, num_experts=8, d_ff=2048)`
             or gin's `@SwitchFeedForward`, an unbuilt template layer, or its
-            spec dict. The layer owns its arguments (routing, capacity,
-            grouping, losses, dispatch) and checks them here. Kept as the
-            spec dict. None: a dense model.
+            spec dict. Kept as the spec dict; the config reads its arguments
+            (`SparseFfnSpec.check`: names, `num_experts`, `d_ff`, `activation`,
+            a causal-safe router for the decoder) and the layer checks the rest
+            (routing, capacity, grouping, losses, dispatch) when the model
+            builds it. None: a dense model.
         encoder_sparse_ffn, decoder_sparse_ffn: a stack's own sparse FFN
             (e.g. batch-prioritized routing in the encoder only); None uses
             `sparse_ffn`.
@@ -193,40 +197,46 @@ class T5Config:
             return self.resolved_encoder_sparse_layers()
         return self.resolved_decoder_sparse_layers()
 
-    def sparse_ffn_spec(self, side):
+    def sparse_ffn_spec(self, side: str) -> Optional[dict]:
         """The spec dict of `side`'s ("encoder" / "decoder") sparse layers, or None."""
         own = getattr(self, f"{side}_sparse_ffn")
         return own if own is not None else self.sparse_ffn
 
-    def used_sparse_ffn_specs(self):
+    def sparse_ffn_view(self, side: str) -> Optional[sparse_ffn_lib.SparseFfnSpec]:
+        """The typed view (`SparseFfnSpec`) of `side`'s sparse FFN, or None."""
+        spec = self.sparse_ffn_spec(side)
+        return None if spec is None else sparse_ffn_lib.SparseFfnSpec.from_dict(spec)
+
+    def used_sparse_ffn_specs(self) -> List[dict]:
         """The specs of the stacks that have sparse layers."""
         return [self.sparse_ffn_spec(side) for side in SIDES if self._sparse_layers(side)]
 
-    def sparse_option(self, name, default=None):
+    def _used_views(self):
+        return [self.sparse_ffn_view(side) for side in SIDES if self._sparse_layers(side)]
+
+    def sparse_option(self, name: str, default: Any = None) -> Any:
         """An argument of the sparse FFN (the encoder's if the stacks differ), or
         `default` for a dense model, e.g. `config.sparse_option("group_size")`."""
-        specs = self.used_sparse_ffn_specs()
-        if not specs:
+        views = self._used_views()
+        if not views:
             return default
-        return sparse_ffn_lib.spec_option(specs[0], name)
+        return views[0].get(name)
 
-    def make_sparse_ffn(self, side, name, metrics_prefix=None):
+    def make_sparse_ffn(self, side: str, name: str, metrics_prefix: Optional[str] = None):
         """A new sparse FFN layer for `side` ("encoder" / "decoder")."""
-        return sparse_ffn_lib.make_layer(
-            self.sparse_ffn_spec(side), name=name, causal=side == "decoder",
-            track_metrics=self.track_router_metrics, metrics_prefix=metrics_prefix)
+        return self.sparse_ffn_view(side).make_layer(
+            name, causal=side == "decoder", track_metrics=self.track_router_metrics,
+            metrics_prefix=metrics_prefix)
 
     @property
-    def is_sparse(self):
+    def is_sparse(self) -> bool:
         """Whether any layer is a MoE layer."""
         return bool(self.used_sparse_ffn_specs())
 
     @property
-    def num_experts(self):
+    def num_experts(self) -> int:
         """Experts per MoE layer (the most of the two stacks); 0 for a dense model."""
-        counts = [sparse_ffn_lib.spec_option(spec, "num_experts")
-                  for spec in self.used_sparse_ffn_specs()]
-        return max(counts, default=0)
+        return max((view.num_experts for view in self._used_views()), default=0)
 
     @property
     def scales_decoder_outputs(self):

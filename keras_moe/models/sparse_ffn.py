@@ -4,9 +4,17 @@
 FFN: a factory (a layer class, a `functools.partial`, or a gin reference such
 as `@SwitchFeedForward`) or an unbuilt template layer. The config keeps it as
 plain data, `{"class_name": <Keras registered name>, "config": <the layer's
-get_config>}`, so it is saved with checkpoints and each sparse layer of the
-model is a fresh layer rebuilt from it. The layer validates its own arguments
-when the spec is made, before any weight exists.
+arguments>}`, so it is saved with checkpoints and each sparse layer of the
+model is a fresh layer made from it (`SparseFfnSpec.make_layer`).
+
+Making the spec reads the arguments and builds no layer: a class, a
+`functools.partial` of one, a template layer and a spec dict are read as they
+are, and `SparseFfnSpec.check` tests the arguments the model depends on
+(names the class takes, `num_experts`, `d_ff`, `activation`, a router that can
+run causally in the decoder). Only a factory whose arguments are not visible
+(a gin reference, a function) is called once: gin injects its bindings at
+that call. Every other argument is checked by the layer's constructor when
+the model is built.
 
 What the model decides is not part of the spec: the layer's name and dtype
 policy, `causal` (decoder), `track_metrics` and `metrics_prefix`, and
@@ -18,18 +26,27 @@ Example:
 >>> spec = normalize_spec(functools.partial(SwitchFeedForward, num_experts=4, d_ff=8))
 >>> spec["class_name"], spec["config"]["num_experts"], spec["config"]["d_ff"]
 ('keras_moe>SwitchFeedForward', 4, 8)
->>> layer = make_layer(spec, name="ffn", causal=True)
+>>> view = SparseFfnSpec.from_dict(spec)
+>>> view.num_experts, view.get("train_capacity_factor")  # the second: the class default
+(4, 1.25)
+>>> layer = view.make_layer(name="ffn", causal=True)
 >>> type(layer).__name__, layer.causal, layer.num_experts
 ('SwitchFeedForward', True, 4)
 """
 
 import copy
+import dataclasses
+import functools
+import inspect
 import random
+from typing import Any, Callable, Dict, Optional, Union
 
 import keras
 
 from keras_moe import compat
+from keras_moe.feedforward_mixin import ACTIVATIONS
 from keras_moe.moe import MoeLayer
+from keras_moe.validation import is_int
 
 # Set by the model for each layer, never taken from the spec.
 MODEL_DECIDED = ("name", "dtype", "trainable", "causal", "track_metrics", "metrics_prefix",
@@ -44,6 +61,9 @@ FLAT_FIELDS = dict(
     aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto", router_bias=False,
     router_dtype="float32",
 )
+
+_MISSING = object()
+SpecValue = Union[Dict[str, Any], MoeLayer, Callable[..., MoeLayer], type]
 
 
 def _layer_class(class_name):
@@ -66,17 +86,180 @@ def _strip(config):
     return config
 
 
-def normalize_spec(value, causal=False):
-    """The spec of `value` as plain data (see `_normalize`); an argument the
-    layer refuses is reported as the sparse FFN's. Making the spec leaves the
-    random stream alone: the validation layer's seed generators draw from
-    Python's `random`, which `keras.utils.set_random_seed` also seeds for the
-    weights. Nor does it start the backend: the validation layer's variables
-    are never initialised (see `compat.without_backend_state`)."""
+def _constructor_parameters(layer_class):
+    """`{name: inspect.Parameter}` of the named arguments of `layer_class` and of
+    the MoeLayer constructors its `**kwargs` reach, the class's own first."""
+    params = {}
+    for klass in layer_class.__mro__:
+        if "__init__" in vars(klass):
+            for name, param in inspect.signature(klass.__init__).parameters.items():
+                if name != "self" and param.kind not in (param.VAR_KEYWORD,
+                                                         param.VAR_POSITIONAL):
+                    params.setdefault(name, param)
+        if klass is MoeLayer:
+            break
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseFfnSpec:
+    """A typed view of a sparse-FFN spec dict: its class and its arguments.
+
+    Args:
+        class_name: the Keras registered name of a `MoeLayer` class.
+        config: the layer's arguments (plain data; the model-decided ones left out).
+
+    Example:
+    >>> view = SparseFfnSpec("keras_moe>GShardFeedForward", {"num_experts": 4, "d_ff": 8})
+    >>> view.layer_class.__name__, view.num_experts, view.d_ff, view.activation
+    ('GShardFeedForward', 4, 8, 'relu')
+    >>> view.get("selection_bias", False)  # no such argument: the default given
+    False
+    """
+
+    class_name: str
+    config: Dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, spec: Dict[str, Any]) -> "SparseFfnSpec":
+        """The view of `{"class_name": ..., "config": ...}` (see `normalize_spec`)."""
+        if not isinstance(spec, dict) or set(spec) != {"class_name", "config"}:
+            keys = sorted(spec) if isinstance(spec, dict) else type(spec).__name__
+            raise ValueError("a `sparse_ffn` dict must have exactly the keys 'class_name' and "
+                             f"'config', got {keys}.")
+        return cls(spec["class_name"], spec["config"])
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"class_name": self.class_name, "config": self.config}
+
+    @property
+    def layer_class(self) -> type:
+        return _layer_class(self.class_name)
+
+    def _parts(self):
+        """The argument dicts to read, the layer's own first."""
+        parts = [self.config]
+        for part in ("router", "experts"):
+            inner = self.config.get(part)
+            if isinstance(inner, dict) and isinstance(inner.get("config"), dict):
+                parts.append(inner["config"])
+        return parts
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        """An argument of the layer: given in the spec (its own, else its router's
+        or experts'), else the class's default, else `default`.
+
+        Raises:
+            KeyError: the layer has no such argument and no `default` is given.
+        """
+        for part in self._parts():
+            if name in part:
+                return part[name]
+        param = _constructor_parameters(self.layer_class).get(name)
+        if param is not None and param.default is not param.empty:
+            return param.default
+        if default is not _MISSING:
+            return default
+        raise KeyError(f"the sparse FFN {self.class_name} has no argument {name!r}.")
+
+    @property
+    def num_experts(self) -> int:
+        return self.get("num_experts")
+
+    @property
+    def d_ff(self) -> int:
+        return self.get("d_ff")
+
+    @property
+    def activation(self) -> str:
+        return self.get("activation")
+
+    def router_class(self) -> Optional[type]:
+        """The class of the layer's router (None when the spec does not say)."""
+        router = self.config.get("router")
+        if isinstance(router, dict):
+            return keras.saving.get_registered_object(
+                router.get("registered_name") or router.get("class_name"))
+        return getattr(self.layer_class, "router_class", None)
+
+    def check(self, causal: bool = False) -> None:
+        """Checks the arguments the model depends on, by reading them; builds nothing.
+
+        Args:
+            causal: the decoder's spec: its router must be able to run causally.
+
+        Raises:
+            ValueError / TypeError: naming the argument and what is allowed.
+        """
+        from keras_moe.routing import Top2Router
+
+        layer_class = self.layer_class
+        name = layer_class.__name__
+        params = _constructor_parameters(layer_class)
+        unknown = sorted(set(self.config) - set(params))
+        if unknown:
+            raise TypeError(f"`sparse_ffn`: {name} takes no argument `{unknown[0]}` "
+                            f"(it takes {sorted(params)}).")
+        own = inspect.signature(layer_class.__init__).parameters.values()
+        missing = [p.name for p in own if p.name != "self" and p.default is p.empty
+                   and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+                   and p.name not in self.config]
+        if missing:
+            raise TypeError(f"`sparse_ffn`: {name} needs the argument `{missing[0]}`.")
+        router_class = self.router_class()
+        per_token = 2 if router_class and issubclass(router_class, Top2Router) else 1
+        per_token = self.get("k", per_token)
+        num_experts = self.get("num_experts", None)
+        if num_experts is not None and (not is_int(num_experts) or num_experts < per_token):
+            raise ValueError(f"`sparse_ffn`: `num_experts` must be an integer >= {per_token} "
+                             f"for {name}, got {num_experts!r}.")
+        d_ff = self.get("d_ff", None)
+        if d_ff is not None and (not is_int(d_ff) or d_ff < 1):
+            raise ValueError(f"`sparse_ffn`: `d_ff` must be an integer >= 1, got {d_ff!r}.")
+        activation = self.get("activation", None)
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"`sparse_ffn`: `activation` must be one of {ACTIVATIONS}, got "
+                             f"{activation!r}.")
+        if causal and self.get("batch_prioritized_routing", False):
+            raise ValueError("`sparse_ffn`: `batch_prioritized_routing=True` ranks tokens by "
+                             "the whole batch and cannot be used in a causal layer "
+                             "(causal=True, the decoder's).")
+        if causal and router_class is not None and not router_class.is_causal_safe:
+            raise ValueError(f"`sparse_ffn`: {router_class.__name__} routes a token by later "
+                             "tokens and cannot be used in a causal layer (causal=True, the "
+                             "decoder's); use a token-choice router there.")
+
+    def make_layer(self, name: str, causal: bool = False, track_metrics: bool = False,
+                   metrics_prefix: Optional[str] = None) -> MoeLayer:
+        """A new layer of the spec, named `name`."""
+        config = copy.deepcopy(_strip(self.config))
+        if isinstance(config.get("group_size"), int) and not isinstance(config["group_size"],
+                                                                         bool):
+            config["pad_to_group_size"] = True
+        # The constructor itself (not `from_config`, which hides its errors in a
+        # TypeError that repeats the whole config).
+        return self.layer_class(**config, name=name, causal=causal, track_metrics=track_metrics,
+                                metrics_prefix=metrics_prefix)
+
+
+def normalize_spec(value: SpecValue, causal: bool = False) -> Dict[str, Any]:
+    """The spec of `value` as plain data, checked (`SparseFfnSpec.check`).
+
+    Args:
+        value: a MoeLayer class, a `functools.partial` of one, an unbuilt
+            template layer, a spec dict, or another callable making a MoeLayer
+            (a gin reference: called once, as gin injects bindings then).
+        causal: the decoder's spec: its router must be able to run causally.
+
+    Returns:
+        `{"class_name": ..., "config": ...}` without the model-decided keys.
+    """
     state = random.getstate()
     try:
-        with compat.without_backend_state():
-            return _normalize(value, causal)
+        spec = SparseFfnSpec.from_dict(_describe_value(value))
+        spec.check(causal)
+        return {"class_name": spec.class_name,
+                "config": _canonical(spec.layer_class, spec.config)}
     except (ValueError, TypeError) as error:
         if str(error).startswith("`sparse_ffn`"):
             raise
@@ -85,42 +268,72 @@ def normalize_spec(value, causal=False):
         kind = ValueError if isinstance(error, ValueError) else TypeError
         raise kind(f"`sparse_ffn`: {error}") from error
     finally:
+        # A called factory's seed generators draw from Python's `random`, which
+        # `keras.utils.set_random_seed` also seeds for the weights.
         random.setstate(state)
 
 
-def _normalize(value, causal):
-    """The spec of `value` as plain data, after the layer has validated it.
+def _same(value, default):
+    return value is default or (type(value) is type(default) and value == default)
 
-    Args:
-        value: a MoeLayer instance (a template, never built), a callable
-            returning one (class, partial, gin reference), or a spec dict.
-        causal: make the validation layer causal (the decoder's spec), so a
-            router that cannot run causally is refused here.
 
-    Returns:
-        `{"class_name": ..., "config": ...}` without the model-decided keys.
-    """
+def _canonical(layer_class, config):
+    """One form of the arguments whichever way they were given (a partial, a
+    template's `get_config`, a dict): every argument of the class's own
+    constructor, its default where not given; the arguments it passes on to
+    `MoeLayer` only where they differ from their default."""
+    own = {p.name: p.default
+           for p in inspect.signature(layer_class.__init__).parameters.values()
+           if p.default is not p.empty and p.name not in MODEL_DECIDED}
+    inherited = _constructor_parameters(layer_class)
+    out = dict(own, **config)
+    return {k: v for k, v in out.items()
+            if k in own or k not in inherited or not _same(v, inherited[k].default)}
+
+
+def _is_registered_class(value):
+    return (isinstance(value, type) and issubclass(value, MoeLayer) and
+            keras.saving.get_registered_object(keras.saving.get_registered_name(value))
+            is value)
+
+
+def _plain(value):
+    if isinstance(value, keras.layers.Layer):
+        return keras.saving.serialize_keras_object(value)
+    return value
+
+
+def _describe_value(value):
     if isinstance(value, dict):
-        if set(value) != {"class_name", "config"}:
-            raise ValueError("a `sparse_ffn` dict must have exactly the keys 'class_name' and "
-                             f"'config', got {sorted(value)}.")
-        layer = make_layer(value, name="sparse_ffn", causal=causal)
-    elif isinstance(value, MoeLayer):
+        return value
+    if isinstance(value, MoeLayer):
         if value.built:
             raise ValueError("`sparse_ffn` must be an unbuilt template layer (its weights are "
                              "never used); got a built one.")
-        layer = make_layer(_describe(value), name="sparse_ffn", causal=causal)
-    elif callable(value):
-        layer = value(track_metrics=False)
+        return _describe(value)
+    func, args, kwargs = value, (), {}
+    if isinstance(value, functools.partial):
+        func, args, kwargs = value.func, value.args, dict(value.keywords)
+    if _is_registered_class(func):
+        params = list(_constructor_parameters(func))
+        if len(args) > len(params):
+            raise TypeError(f"`sparse_ffn`: {func.__name__} takes at most {len(params)} "
+                            f"positional arguments, got {len(args)}.")
+        for name, arg in zip(params, args, strict=False):
+            if name in kwargs:
+                raise TypeError(f"`sparse_ffn`: `{name}` is given twice.")
+            kwargs[name] = arg
+        return {"class_name": keras.saving.get_registered_name(func),
+                "config": _strip({k: _plain(v) for k, v in kwargs.items()})}
+    if callable(value):
+        with compat.without_backend_state():
+            layer = value(track_metrics=False)
         if not isinstance(layer, MoeLayer):
             raise ValueError("`sparse_ffn` must make a keras_moe MoeLayer, got "
                              f"{type(layer).__name__}.")
-        if causal:
-            layer = make_layer(_describe(layer), name="sparse_ffn", causal=True)
-    else:
-        raise ValueError("`sparse_ffn` must be a MoeLayer, a callable making one, or a spec "
-                         f"dict, got {type(value).__name__}.")
-    return _describe(layer)
+        return _describe(layer)
+    raise ValueError("`sparse_ffn` must be a MoeLayer, a callable making one, or a spec "
+                     f"dict, got {type(value).__name__}.")
 
 
 def _describe(layer):
@@ -128,33 +341,16 @@ def _describe(layer):
             "config": _strip(layer.get_config())}
 
 
-def make_layer(spec, name, causal=False, track_metrics=False, metrics_prefix=None):
-    """A new layer of `spec` (see `normalize_spec`), named `name`."""
-    layer_class = _layer_class(spec["class_name"])
-    config = copy.deepcopy(_strip(spec["config"]))
-    if isinstance(config.get("group_size"), int) and not isinstance(config["group_size"], bool):
-        config["pad_to_group_size"] = True
-    # The constructor itself (not `from_config`, which hides its errors in a
-    # TypeError that repeats the whole config).
-    return layer_class(**config, name=name, causal=causal, track_metrics=track_metrics,
-                       metrics_prefix=metrics_prefix)
+def make_layer(spec: Dict[str, Any], name: str, causal: bool = False,
+               track_metrics: bool = False, metrics_prefix: Optional[str] = None) -> MoeLayer:
+    """A new layer of the spec dict `spec` (see `SparseFfnSpec.make_layer`)."""
+    return SparseFfnSpec.from_dict(spec).make_layer(
+        name, causal=causal, track_metrics=track_metrics, metrics_prefix=metrics_prefix)
 
 
-def spec_option(spec, name):
-    """An argument of the spec's layer: its own, else its router's or experts'."""
-    config = spec["config"]
-    if name in config:
-        return config[name]
-    for part in ("router", "experts"):
-        inner = config.get(part)
-        if isinstance(inner, dict) and name in inner.get("config", {}):
-            return inner["config"][name]
-    raise KeyError(f"the sparse FFN {spec['class_name']} has no argument {name!r}.")
-
-
-def spec_from_flat_fields(values):
+def spec_from_flat_fields(values: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The spec of a config saved with the old flat MoE fields (which are removed
-    from `values`), or None for a dense one.
+    from `values`), or None for a dense one. Reads the fields; builds no layer.
 
     Args:
         values: a `T5Config.to_dict()` of a checkpoint from before the spec.
@@ -162,45 +358,39 @@ def spec_from_flat_fields(values):
     flat = {name: values.pop(name, default) for name, default in FLAT_FIELDS.items()}
     if flat["moe_type"] is None:
         return None
-    from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward
-
-    layer_class = {"switch": SwitchFeedForward, "gshard": GShardFeedForward}.get(flat["moe_type"])
-    if layer_class is None:
+    class_name = {"switch": "keras_moe>SwitchFeedForward",
+                  "gshard": "keras_moe>GShardFeedForward"}.get(flat["moe_type"])
+    if class_name is None:
         raise ValueError(f"`moe_type` must be None, 'switch' or 'gshard', got "
                          f"{flat['moe_type']!r}.")
-    layer = layer_class(
-        flat["num_experts"], flat["expert_d_ff"] or values.get("d_ff", 2048),
+    config = dict(
+        num_experts=flat["num_experts"], d_ff=flat["expert_d_ff"] or values.get("d_ff", 2048),
         activation=flat["expert_activation"] or values.get("activation", "gated-gelu"),
         init_scale=values.get("init_scale", 1.0),
         **{name: flat[name] for name in (
             "train_capacity_factor", "eval_capacity_factor", "min_expert_capacity",
             "group_size", "jitter_noise", "expert_dropout_rate", "router_init_scale",
-            "aux_loss_factor", "z_loss_factor", "dispatch", "router_bias", "router_dtype")},
-        track_metrics=False)
-    return _describe(layer)
+            "aux_loss_factor", "z_loss_factor", "dispatch", "router_bias", "router_dtype")})
+    return {"class_name": class_name, "config": config}
 
 
-def count_sparse_ffn_params(spec, d_model):
+def count_sparse_ffn_params(spec: Dict[str, Any], d_model: int) -> int:
     """Weights of one layer of `spec` for `d_model` inputs, without building it."""
-    num_experts = spec_option(spec, "num_experts")
-    d_ff = spec_option(spec, "d_ff")
-    gated = spec_option(spec, "activation").startswith("gated-")
-    try:
-        bias = spec_option(spec, "router_bias")
-    except KeyError:
-        bias = spec_option(spec, "use_bias")
-    try:
-        selection_bias = spec_option(spec, "selection_bias")
-    except KeyError:
-        selection_bias = False
+    view = SparseFfnSpec.from_dict(spec)
+    num_experts, d_ff = view.num_experts, view.d_ff
+    gated = view.activation.startswith("gated-")
+    bias = view.get("router_bias", None)
+    if bias is None:
+        bias = view.get("use_bias", False)
+    selection_bias = view.get("selection_bias", False)
     routed = num_experts * (3 if gated else 2) * d_model * d_ff + d_model * num_experts + (
         num_experts if bias else 0) + (num_experts if selection_bias else 0)
-    return routed + _count_shared_params(spec, d_model, gated)
+    return routed + _count_shared_params(view, d_model, gated)
 
 
-def _count_shared_params(spec, d_model, gated):
+def _count_shared_params(view, d_model, gated):
     """Weights of the spec's shared expert (0 without one)."""
-    config = spec["config"]
+    config = view.config
     shared = config.get("shared_experts")
     if isinstance(shared, dict):  # a MoeLayer's own SharedExpertFeedForward
         inner = shared.get("config", {})

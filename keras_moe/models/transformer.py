@@ -1,21 +1,30 @@
 """T5.1.1 / Switch / GShard encoder-decoder as a Keras model."""
 
+from typing import Any, Dict, Union
+
 import keras
 from keras import ops
 
 from keras_moe.metrics import RouterMetricsMixin, claim_router_metrics
 from keras_moe.models.attention import NEG_INF
-from keras_moe.models.blocks import DecoderBlock, EncoderBlock, as_config
-from keras_moe.models.config import T5Config  # noqa: F401  (the docstring example uses it)
+from keras_moe.models.blocks import DecoderBlock, EncoderBlock
+from keras_moe.models.config import T5Config
 from keras_moe.models.distribute_compat import DistributedBuildMixin
+from keras_moe.models.ffn_factories import FfnFactories, block_args
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 
-FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
-            "encoder_positions", "decoder_segment_ids", "decoder_positions")
+
+def as_config(config: Union[T5Config, Dict[str, Any]]) -> T5Config:
+    """`config` as a `T5Config` (a dict is read with `T5Config.from_dict`)."""
+    if isinstance(config, T5Config):
+        return config
+    if isinstance(config, dict):
+        return T5Config.from_dict(config)
+    raise ValueError(f"`config` must be a T5Config or a dict, got {type(config).__name__}.")
 
 
-def check_token_ids(tokens, vocab_size, name):
+def check_token_ids(tokens, vocab_size: int, name: str):
     """`tokens` (int32), raising a clear error naming `vocab_size` for ids outside [0, vocab_size).
 
     Without it an out-of-range id gives a cryptic `GatherV2` error on CPU and
@@ -42,7 +51,6 @@ def check_token_ids(tokens, vocab_size, name):
     if values.size and (values.max() >= vocab_size or values.min() < 0):
         raise ValueError(f"{message} Got ids in [{values.min()}, {values.max()}].")
     return tokens
-
 
 
 def _mask_to_bias(mask):
@@ -98,7 +106,7 @@ class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
     (dtype('int32'), 2, True)
     """
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config: Union[T5Config, Dict[str, Any]], **kwargs):
         super().__init__(**kwargs)
         self.config = c = as_config(config)
         self.token_embedding = keras.layers.Embedding(
@@ -111,10 +119,13 @@ class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
         self.decoder_position_bias = RelativePositionBias(
             c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
             bidirectional=False, name="decoder_position_bias")
-        self.encoder_layers = [EncoderBlock(c, i, name=f"encoder_layer_{i}")
-                               for i in range(c.num_encoder_layers)]
-        self.decoder_layers = [DecoderBlock(c, i, name=f"decoder_layer_{i}")
-                               for i in range(c.num_decoder_layers)]
+        ffns, args = FfnFactories.from_config(c), block_args(c)
+        self.encoder_layers = [
+            EncoderBlock(**args, ffn=ffns.make("encoder", i), name=f"encoder_layer_{i}")
+            for i in range(c.num_encoder_layers)]
+        self.decoder_layers = [
+            DecoderBlock(**args, ffn=ffns.make("decoder", i), name=f"decoder_layer_{i}")
+            for i in range(c.num_decoder_layers)]
         self.encoder_norm = RMSNorm(c.layer_norm_epsilon, name="encoder_norm")
         self.decoder_norm = RMSNorm(c.layer_norm_epsilon, name="decoder_norm")
         self.dropout = keras.layers.Dropout(c.dropout_rate)

@@ -23,7 +23,6 @@ import numpy as np
 import keras_moe
 from keras_moe import compat, expert_parallel, routing
 from keras_moe.dense_feedforward import DenseFeedForward
-from keras_moe.models import T5Config
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 from keras_moe.models.normalization import RMSNorm
@@ -45,10 +44,6 @@ class Case:
 
 def _tokens(rng, *shape):
     return rng.normal(size=shape).astype("float32")
-
-
-def _block_config():
-    return T5Config(vocab_size=32, d_model=D, num_heads=2, d_kv=8, d_ff=32, dropout_rate=0.0)
 
 
 CASES = {
@@ -130,10 +125,15 @@ CASES = {
         lambda: T5Attention(num_heads=2, d_kv=8),
         lambda rng: [_tokens(rng, 2, 5, D), _tokens(rng, 2, 7, D)], (2, 5, D), 4),
     "keras_moe>EncoderBlock": Case(
-        lambda: EncoderBlock(_block_config(), 0),
+        lambda: EncoderBlock(D, 2, 8, ffn=DenseFeedForward(32, "gated-gelu", name="ffn")),
+        lambda rng: [_tokens(rng, 2, 5, D), np.zeros((1, 2, 5, 5), "float32")], (2, 5, D), 9),
+    # A block with a MoE FFN: `from_config` rebuilds that FFN from the block's config.
+    "keras_moe>EncoderBlock:switch": Case(
+        lambda: EncoderBlock(D, 2, 8, ffn=keras_moe.SwitchFeedForward(
+            4, 8, track_metrics=False, name="ffn")),
         lambda rng: [_tokens(rng, 2, 5, D), np.zeros((1, 2, 5, 5), "float32")], (2, 5, D), 9),
     "keras_moe>DecoderBlock": Case(
-        lambda: DecoderBlock(_block_config(), 0),
+        lambda: DecoderBlock(D, 2, 8, ffn=DenseFeedForward(32, "gated-gelu", name="ffn")),
         lambda rng: [_tokens(rng, 2, 3, D), np.zeros((1, 2, 3, 3), "float32"),
                      _tokens(rng, 2, 5, D), np.zeros((1, 2, 3, 5), "float32")],
         (2, 3, D), 14),

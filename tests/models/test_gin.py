@@ -39,9 +39,9 @@ def test_gin_files_resolve_and_parse(name):
     if name == "gshard_top2_base":
         assert config.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
     if name.startswith("fine_grained"):  # k experts of d_ff / k: the dense FLOPs per token
-        spec = config.sparse_ffn["config"]
-        assert config.sparse_ffn["class_name"] == "keras_moe>TopKFeedForward"
-        assert spec["k"] * spec["d_ff"] == config.d_ff and spec["num_experts"] == 32
+        spec = config.sparse_ffn_view("encoder")
+        assert spec.class_name == "keras_moe>TopKFeedForward"
+        assert spec.get("k") * spec.d_ff == config.d_ff and spec.num_experts == 32
 
 
 def test_resolve_unknown_name():

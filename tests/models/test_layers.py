@@ -168,11 +168,11 @@ def test_sparse_ffn_is_the_ready_made_layer_with_the_configs_router(moe_type):
     """Both MoE types take `router_bias` and `router_dtype` from the config
     (GShard refused both before), through the ready-made layers."""
     import keras_moe
-    from keras_moe.models.blocks import make_ffn
+    from keras_moe.models.ffn_factories import sparse_ffn_factory
 
     config = tiny_switch_config(moe_type=moe_type, router_bias=True, router_dtype="bfloat16",
                                 init_scale=0.5)
-    ffn = make_ffn(config, sparse=True, side="decoder", name="ffn")
+    ffn = sparse_ffn_factory(config, "decoder")(name="ffn")
     expected = keras_moe.GShardFeedForward if moe_type == "gshard" else keras_moe.SwitchFeedForward
     assert type(ffn) is expected
     y = ffn(np.ones((2, 4, config.d_model), "float32"))
