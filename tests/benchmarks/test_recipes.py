@@ -13,9 +13,9 @@ def test_each_recipe_has_the_dense_ffn_flops_per_token(name):
                      num_encoder_layers=2, num_decoder_layers=2, activation="gated-gelu",
                      dropout_rate=0.0)
     config = recipes.recipe_config(dense, args, name)
-    spec = config.sparse_ffn["config"]
+    spec = config.sparse_ffn_view("encoder")
     shared = spec.get("shared_d_ff") or 0
-    assert spec["k"] * spec["d_ff"] + shared == dense.d_ff  # k routed + shared widths
-    assert spec["num_experts"] == 32
+    assert spec.get("k") * spec.get("d_ff") + shared == dense.d_ff  # k routed + shared widths
+    assert spec.get("num_experts") == 32
     model = build_model(config)
     assert model.count_params() > 0
