@@ -16,16 +16,14 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from keras_moe.gin_errors import GinConfigError
+
 if TYPE_CHECKING:
     from keras_moe.models.config import T5Config
 
 # Modules (with their sub-modules) that gin `import` lines may name by default:
 # they register this project's configurables and seqio tasks.
 DEFAULT_GIN_IMPORTS = ("keras_moe", "seqio", "t5.data", "t5.evaluation")
-
-
-class GinConfigError(ValueError):
-    """A gin file or binding is missing or invalid; the message names it and the fix."""
 
 
 def gin_dirs() -> list[str]:

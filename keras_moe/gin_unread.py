@@ -99,12 +99,12 @@ def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     >>> refuse_unread_model_bindings(config)
     Traceback (most recent call last):
     ...
-    keras_moe.gin_config.GinConfigError: `SwitchFeedForward.num_experts` was bound but the
+    keras_moe.gin_errors.GinConfigError: `SwitchFeedForward.num_experts` was bound but the
     model's sparse layer is GShardFeedForward; nothing read it...
     >>> gin.clear_config()
     """
 
-    from keras_moe.gin_config import GinConfigError
+    from keras_moe.gin_errors import GinConfigError
     from keras_moe.models.gin_configurables import MODEL_SELECTORS
 
     unread = unread_bindings(MODEL_SELECTORS)

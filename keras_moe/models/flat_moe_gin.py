@@ -20,7 +20,7 @@ Example:
 >>> parse_gin("switch_tiny.gin", "T5Config.num_experts = 16")
 Traceback (most recent call last):
 ...
-keras_moe.gin_config.GinConfigError: `T5Config.num_experts` is no longer a field of T5Config: ...bind `SwitchFeedForward.num_experts = ...` instead.
+keras_moe.gin_errors.GinConfigError: `T5Config.num_experts` is no longer a field of T5Config: ...bind `SwitchFeedForward.num_experts = ...` instead.
 """  # noqa: E501 - verbatim output lines
 
 from keras_moe import compat
@@ -101,7 +101,7 @@ def apply(bindings):
         bindings: a `FlatFieldBindings` that saw the whole parse.
     """
     import gin
-    from keras_moe.gin_config import GinConfigError
+    from keras_moe.gin_errors import GinConfigError
 
     for scope, flat in sorted(bindings.found.items()):
         prefix = f"{scope}/" if scope else ""

@@ -209,7 +209,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     Raises:
         CompileOnlyError: unknown topology, missing libtpu, train.mesh_shape whose
             product is not the chip count, no model in the gin files, ...
-        keras_moe.gin_config.GinConfigError: bad gin files or bindings.
+        keras_moe.gin_errors.GinConfigError: bad gin files or bindings.
     """
     from keras_moe import sharding
 

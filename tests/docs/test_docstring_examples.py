@@ -35,6 +35,7 @@ MODULES = [
     "keras_moe.feedforward",
     "keras_moe.feedforward_mixin",
     "keras_moe.gin_config",
+    "keras_moe.gin_errors",
     "keras_moe.gin_unread",
     "keras_moe.layers",
     "keras_moe.layouts",
