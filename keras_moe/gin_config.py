@@ -117,7 +117,7 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
     ...     gin.parse_config_file(path)
     Traceback (most recent call last):
     ...
-    keras_moe.gin_config.GinConfigError: gin import 'import json.decoder'
+    keras_moe.gin_errors.GinConfigError: gin import 'import json.decoder'
     (...my_run.gin:1) is not allowed: ... allow it with --gin_allow_import json...
     >>> with imports_allowed(["json"]):  # json and its sub-modules
     ...     gin.parse_config_file(path).imports
