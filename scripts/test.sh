@@ -3,6 +3,7 @@
 # two pytest-xdist workers; KERAS_MOE_TEST_WORKERS=N sets how many (0: none).
 #
 #   bash scripts/test.sh                            # the whole suite
+#   bash scripts/test.sh --fast                     # unit tests only (no e2e), both backends
 #   bash scripts/test.sh tests/core -k routing      # only the given paths
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,9 +15,21 @@ if [[ "$workers" != 0 ]]; then
   # once-per-session subprocess); the rest go to whichever worker is free.
   parallel=(-n "$workers" --dist loadgroup)
 fi
+fast=()
+args=()
+for arg in "$@"; do
+  if [[ "$arg" == --fast ]]; then
+    # The tests that start no process and train no whole job (tests/conftest.py
+    # marks the others e2e), plus the layer harness on JAX: the edit loop's tier.
+    fast=(-m "not e2e or jax_harness")
+  else
+    args+=("$arg")
+  fi
+done
 # No path among the arguments: the whole suite.
 paths=tests
-for arg in "$@"; do
+for arg in "${args[@]+"${args[@]}"}"; do
   [[ "$arg" != -* && -e "${arg%%::*}" ]] && paths=
 done
-exec python -m pytest $paths "${parallel[@]}" --durations=15 "$@"
+exec python -m pytest $paths "${parallel[@]}" "${fast[@]+"${fast[@]}"}" --durations=15 \
+  "${args[@]+"${args[@]}"}"

@@ -1,7 +1,10 @@
 """Test configuration: quiet TensorFlow/absl logs, TensorFlow backend unless told otherwise."""
 
+import functools
+import inspect
 import logging
 import os
+import re
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -50,9 +53,39 @@ def _reset_keras_state():
     keras.mixed_precision.set_global_policy("float32")
 
 
+# What makes a test end to end (marked `e2e`, left out of `scripts/test.sh --fast`):
+# a `slow` or `jax` mark, a shared long-lived subprocess (`xdist_group`), or a
+# call in its body or its fixtures that starts a process or trains a whole job.
+_E2E_MARKS = ("slow", "jax", "xdist_group")
+_E2E_CALLS = re.compile(r"subprocess\.|\brun_cli\(|\bcli_args\(|\btrain_in_process\(|"
+                        r"\brun_smoke\(|gin_configurables\.train\(|\b_run\(|\b_train\(|"
+                        r"\bexport_for_serving\(")
+
+
+@functools.lru_cache(maxsize=None)
+def _starts_a_job(function):
+    try:
+        return bool(_E2E_CALLS.search(inspect.getsource(function)))
+    except (OSError, TypeError):
+        return False
+
+
+def _is_end_to_end(item):
+    if any(item.get_closest_marker(name) for name in _E2E_MARKS):
+        return True
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        functions += [d.func for d in defs if d.baseid]  # this project's fixtures only
+    return any(f is not None and _starts_a_job(f) for f in functions)
+
+
 def pytest_collection_modifyitems(items):
-    """Tests marked `slow` run first, those of an `xdist_group` (one long
-    subprocess each) before the rest, so that pytest-xdist workers are not left
-    waiting on one long test at the end."""
+    """Marks the end-to-end tests `e2e`. Tests marked `slow` run first, those of
+    an `xdist_group` (one long subprocess each) before the rest, so that
+    pytest-xdist workers are not left waiting on one long test at the end."""
+    for item in items:
+        if _is_end_to_end(item):
+            item.add_marker(pytest.mark.e2e)
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
                                  item.get_closest_marker("xdist_group") is None))

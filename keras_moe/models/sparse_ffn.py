@@ -45,6 +45,7 @@ import keras
 
 from keras_moe import compat
 from keras_moe.feedforward_mixin import ACTIVATIONS
+from keras_moe.models import sparse_ffn_checks
 from keras_moe.moe import MoeLayer
 from keras_moe.validation import is_int
 
@@ -206,6 +207,7 @@ class SparseFfnSpec:
                    and p.name not in self.config]
         if missing:
             raise TypeError(f"`sparse_ffn`: {name} needs the argument `{missing[0]}`.")
+        sparse_ffn_checks.check_arguments(name, self.config)
         router_class = self.router_class()
         per_token = 2 if router_class and issubclass(router_class, Top2Router) else 1
         per_token = self.get("k", per_token)

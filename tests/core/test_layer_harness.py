@@ -33,6 +33,7 @@ def test_layer_on_tensorflow(name):
 
 @pytest.mark.slow
 @pytest.mark.jax
+@pytest.mark.jax_harness
 def test_layers_on_jax():
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "-c", JAX_SCRIPT.format(root=ROOT)], env=env,

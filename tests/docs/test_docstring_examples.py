@@ -54,6 +54,7 @@ MODULES = [
     "keras_moe.models.search",
     "keras_moe.models.serving",
     "keras_moe.models.sparse_ffn",
+    "keras_moe.models.sparse_ffn_checks",
     "keras_moe.models.transformer",
     "keras_moe.dropless_exchange",
     "keras_moe.moe",

@@ -120,3 +120,24 @@ def test_validating_a_config_builds_no_layer(monkeypatch, form):
         T5Config(encoder_sparse_step=1,
                  sparse_ffn=functools.partial(SwitchFeedForward, num_expert=2, d_ff=8))
     assert made == []
+
+
+@pytest.mark.parametrize("name,bad", [
+    ("dispatch", "sorted"), ("router_dtype", "float8"), ("group_size", 0),
+    ("train_capacity_factor", 0), ("eval_capacity_factor", -1.0), ("min_expert_capacity", -1),
+    ("aux_loss_factor", -0.1), ("z_loss_factor", "x"), ("jitter_noise", 1.0),
+    ("expert_dropout_rate", 1.5), ("init_scale", 0),
+    ("activation", "swish"), ("balance_loss", "batch"),
+])
+def test_a_bad_argument_is_refused_by_the_config_as_by_the_layer(name, bad):
+    """T5Config refuses, without building a layer, what the layer's constructor refuses."""
+    import functools
+
+    import keras_moe
+    from keras_moe.models import T5Config
+
+    with pytest.raises(ValueError):  # its own words, not always the argument's name
+        keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, **{name: bad})
+    with pytest.raises(ValueError, match=rf"`sparse_ffn`: SwitchFeedForward's `{name}`"):
+        T5Config(encoder_sparse_step=1, sparse_ffn=functools.partial(
+            keras_moe.SwitchFeedForward, num_experts=4, d_ff=8, **{name: bad}))
