@@ -63,11 +63,26 @@ _E2E_CALLS = re.compile(r"subprocess\.|\brun_cli\(|\bcli_args\(|\btrain_in_proce
 
 
 @functools.lru_cache(maxsize=None)
-def _starts_a_job(function):
+def _starts_a_job(function, depth=3):
+    """Whether `function`, or a function of this project it calls (`depth` calls
+    down), starts a process or trains a whole job (by its source)."""
     try:
-        return bool(_E2E_CALLS.search(inspect.getsource(function)))
+        if _E2E_CALLS.search(inspect.getsource(function)):
+            return True
     except (OSError, TypeError):
         return False
+    if not depth:
+        return False
+    names = function.__code__.co_names
+    found = []
+    for name in names:
+        value = function.__globals__.get(name)
+        if inspect.ismodule(value):  # helpers.run_script: the module's functions it names
+            found += [getattr(value, attr) for attr in names if hasattr(value, attr)]
+        else:
+            found.append(value)
+    return any(inspect.isfunction(f) and f is not function and f.__module__.startswith("tests")
+               and _starts_a_job(f, depth - 1) for f in found)
 
 
 def _is_end_to_end(item):
