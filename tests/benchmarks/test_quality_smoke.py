@@ -212,6 +212,7 @@ def test_retime_adds_interleaved_step_times_to_an_existing_result(monkeypatch):
     assert payload["comparison"] == written["comparison"]
 
 
+@pytest.mark.slow
 def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
     import json
     import os

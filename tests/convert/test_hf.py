@@ -202,6 +202,7 @@ def _likely_eos(model, blend):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_beams", [2, 4])
 @pytest.mark.parametrize("case", sorted(BEAM_CASES))
 def test_beam_search_matches_hf_generate(case, num_beams, tmp_path):
@@ -239,6 +240,7 @@ for _row, _n in enumerate(_RNG.integers(1, 10, len(HF_PENALTY_INPUTS))):
     HF_PENALTY_INPUTS[_row, _n] = 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_beams", [2, 4])
 @pytest.mark.parametrize("case", sorted(BEAM_CASES))
 def test_hf_length_normalizer_matches_hf_generate(case, num_beams, tmp_path):

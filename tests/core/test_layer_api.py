@@ -196,6 +196,7 @@ def test_router_metrics_mixin_logs_the_layer_statistics(rng):
     check_fit_history_matches_the_layer_statistics(rng)
 
 
+@pytest.mark.slow
 def test_encoder_decoder_logs_router_metrics():
     from tests.core.router_metrics_checks import check_encoder_decoder_logs_router_metrics
 

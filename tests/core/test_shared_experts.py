@@ -61,6 +61,7 @@ def test_shared_expert_with_a_moe_layer_round_trips(rng, tmp_path):
     assert loaded.layers[-1].shared_experts.d_ff == 6
 
 
+@pytest.mark.slow
 def test_fine_grained_t5_model_with_shared_expert_and_first_dense_layers(rng):
     spec = functools.partial(keras_moe.TopKFeedForward, num_experts=16, d_ff=8, k=4,
                              shared_d_ff=8, selection_bias=True, bias_update_rate=1e-2,

@@ -44,6 +44,7 @@ def test_targets_and_weights_from_the_feature_dict(rng):
                                rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fit_moves_student_toward_teacher_and_freezes_teacher(rng):
     teacher, student = _pair(seed=3)
     x, y, w = batch(rng, batch_size=8)
