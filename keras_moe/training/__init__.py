@@ -1,11 +1,14 @@
-"""gin-configurable training for keras_moe on the TensorFlow backend.
+"""gin-configured training of keras_moe models, on TensorFlow or JAX.
 
-`keras-moe-train` (module `keras_moe.training.cli`) builds the
-`tf.distribute` strategy, the seqio dataset, the model and the optimizer from
-gin, and runs `model.fit` with step checkpoints (atomic, keep last K, resume
-with the data position), a preemption backup (`keras.callbacks.BackupAndRestore`),
-TensorBoard scalars and an expert-load plot. `keras-moe-eval`
-(`keras_moe.training.eval_cli`) evaluates a checkpoint.
+`keras-moe-train` (module `keras_moe.training.cli`) calls `trainer.train`,
+which runs a `run.Run` of a `train_config.TrainConfig` and its injected
+collaborators: the data (`dataset_config.DatasetConfig`, seqio), the
+checkpoints (`checkpoint_config.CheckpointConfig`: atomic step checkpoints,
+keep last K, resume with the data position, preemption backup) and the
+placement (`placement.StrategyPlacement`, a tf.distribute strategy, or
+`placement.MeshPlacement`, a JAX device mesh). It writes TensorBoard runs and
+expert-load plots. `keras-moe-eval` (`eval_cli`) evaluates a checkpoint;
+`keras-moe-compile` (`compile_cli`) compiles a train step for a TPU slice.
 
 The submodules import TensorFlow, seqio and the tasks lazily where they can,
 so `keras_moe.training.schedules` and `.checkpoint` are cheap to import.

@@ -1,9 +1,8 @@
-"""`keras-moe-train`: gin-configured training with `model.fit` (TensorFlow backend).
+"""`keras-moe-train`: gin-configured training with `model.fit` (TensorFlow or JAX backend).
 
 Example:
   keras-moe-train --gin_file=tiny_local.gin --model_dir=/tmp/keras_moe_tiny
-  keras-moe-train --gin_file=pretrain_c4.gin --gin_bindings='train.strategy = "tpu"' \\
-      --gin_bindings='train.tpu_name = "local"' --model_dir=/mnt/runs/c4
+  keras-moe-train --gin_file=pretrain_c4.gin --model_dir=/mnt/runs/c4  # on a TPU VM
   # every host of a TPU pod slice, with one model dir they all mount:
   KERAS_BACKEND=jax keras-moe-train --gin_file=pretrain_c4_mesh.gin \\
       --coordinator_address=auto --model_dir=/mnt/runs/c4_128
@@ -50,7 +49,7 @@ def add_gin_flags(parser, gin_file_help="gin file (path or name in gin/runs, gin
     parser.add_argument("--gin_file", action="append", default=[], help=gin_file_help)
     parser.add_argument("--gin_bindings", action="append", default=[],
                         help="gin binding, e.g. 'BATCH_SIZE = 32' or "
-                             "'train.mesh_shape = {\"data\": 2, \"expert\": 8}'; repeatable")
+                             "'CheckpointConfig.every = 100'; repeatable")
     add_gin_allow_import_flag(parser)
 
 
