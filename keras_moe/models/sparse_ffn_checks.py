@@ -76,10 +76,11 @@ def check_arguments(layer_name: str, arguments: dict[str, Any]) -> None:
     >>> check_arguments("SwitchFeedForward", {"dispatch": "sorted"})
     Traceback (most recent call last):
     ...
-    ValueError: `sparse_ffn`: SwitchFeedForward's `dispatch` must be one of ('auto', 'einsum', 'gather', 'dropless'), got 'sorted'.
+    ValueError: `sparse_ffn`: `dispatch` must be one of ('auto', 'einsum', 'gather', 'dropless') for SwitchFeedForward, got 'sorted'.
     """  # noqa: E501 - verbatim output lines
     for name, value in arguments.items():
         check = CHECKS.get(name)
         problem = check(name, value) if check else None
         if problem:
-            raise ValueError(f"`sparse_ffn`: {layer_name}'s `{name}` {problem}, got {value!r}.")
+            raise ValueError(f"`sparse_ffn`: `{name}` {problem} for {layer_name}, "
+                             f"got {value!r}.")
