@@ -111,13 +111,13 @@ def matmul_dtypes(hlo):
     return dict(sorted(counts.items()))
 
 
-def _job_dtype_policy(dtype_policy):
+def _job_dtype_policy(dtype_policy, job):
     """`dtype_policy`, else the job's `train.dtype_policy` (float32 when unbound), checked."""
     from keras_moe.training.dtype_policy import check_dtype_policy
     from keras_moe.training.errors import TrainingConfigError
 
     if dtype_policy is None:
-        dtype_policy = job_config().dtype_policy
+        dtype_policy = job.dtype_policy
     try:
         return check_dtype_policy(dtype_policy)
     except TrainingConfigError as e:
@@ -220,14 +220,16 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
         target_platform = "tpu" if topology is not None else sharding.accelerator_platform()
     progress.stage("reading the gin job")
     files, bindings, config = _parse_job(gin_files, bindings, allowed_imports, target_platform)
-    dtype_policy = _job_dtype_policy(dtype_policy)
-    batch_size, feature_lengths = _job_batch(batch_size, feature_lengths)
+    job = job_config()
+    dtype_policy = _job_dtype_policy(dtype_policy, job)
+    batch_size, feature_lengths = _job_batch(batch_size, feature_lengths, job)
+    job_mesh, job_rules = _job_mesh(job)
     from keras_moe.training import gin_configurables
 
     if devices is None:
-        devices = cpu_devices(_num_cpu_devices(num_cpu_devices, mesh_shape))
-    mesh_shape = _checked_mesh_shape(mesh_shape, devices, config, topology)
-    distribution = _configure_mesh(config, devices, mesh_shape)
+        devices = cpu_devices(_num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh))
+    mesh_shape = _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh)
+    distribution = _configure_mesh(config, devices, mesh_shape, job_rules)
     try:
         report = _compile(config, distribution, gin_configurables, batch_size, feature_lengths,
                           on_tpu=topology is not None, dtype_policy=dtype_policy,
@@ -289,9 +291,9 @@ def _parse_job(gin_files, bindings, allowed_imports, target_platform):
     return files, bindings, config
 
 
-def _job_batch(batch_size, feature_lengths):
+def _job_batch(batch_size, feature_lengths, job):
     """`batch_size` and `feature_lengths`, else the job's; raises when neither gives them."""
-    dataset = job_config().dataset
+    dataset = job.dataset
     if batch_size is None and dataset is not None:
         batch_size = dataset.batch_size
     if feature_lengths is None and dataset is not None:
@@ -302,24 +304,24 @@ def _job_batch(batch_size, feature_lengths):
     return batch_size, feature_lengths
 
 
-def _num_cpu_devices(num_cpu_devices, mesh_shape):
-    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of the job's mesh, else 1."""
+def _num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh):
+    """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of `job_mesh`, else 1."""
     import numpy as np
 
     if num_cpu_devices is not None:
         return num_cpu_devices
-    shape = mesh_shape if isinstance(mesh_shape, dict) else _job_mesh(job_config())[0]
+    shape = mesh_shape if isinstance(mesh_shape, dict) else job_mesh
     return int(np.prod(list(shape.values()))) if shape else 1
 
 
-def _checked_mesh_shape(mesh_shape, devices, config, topology):
+def _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh):
     """The mesh shape to compile over (argument, job's, else all "data"), checked on `devices`."""
     import numpy as np
 
     if callable(mesh_shape):
         mesh_shape = mesh_shape(len(devices), config)
     if mesh_shape is None:
-        mesh_shape = _job_mesh(job_config())[0]
+        mesh_shape = job_mesh
     if mesh_shape is None:
         mesh_shape = {"data": len(devices)}
     size = int(np.prod([int(v) for v in dict(mesh_shape).values()]))
@@ -334,11 +336,11 @@ def _checked_mesh_shape(mesh_shape, devices, config, topology):
     return mesh_shape
 
 
-def _configure_mesh(config, devices, mesh_shape):
-    """Sets the mesh over `devices` with the job's logical axis rules; the distribution."""
+def _configure_mesh(config, devices, mesh_shape, rules):
+    """Sets the mesh over `devices` with the job's logical axis `rules` (None: the
+    defaults); the distribution."""
     from keras_moe import layouts, sharding
 
-    rules = _job_mesh(job_config())[1]
     rules = layouts.DEFAULT_RULES if rules is None else rules
     num_experts = config.num_experts
     if isinstance(num_experts, (list, tuple)):

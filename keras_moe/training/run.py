@@ -161,10 +161,11 @@ class Run:
         # The logger writes the TensorBoard runs (train/, validation/) itself: Keras'
         # TensorBoard callback would add `batch_`/`epoch_` copies of every metric, and
         # its `record_if` condition silences other writers between its own steps.
-        if self.config.tensorboard and not _has_tensorboard():
+        tensorboard = self.config.tensorboard and _has_tensorboard()
+        if self.config.tensorboard and not tensorboard:
             log("the tensorboard package is not installed: no TensorBoard logs "
                 "(pip install tensorboard)")
-        if not (self.config.tensorboard and _has_tensorboard()):
+        if not tensorboard:
             self.logger.log_dir = None
         return [cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any save.
                 console.CompactProgbar(),  # Router statistics go to the logger's table instead.
