@@ -77,7 +77,7 @@ def compile_layer(kind, topology, mesh_shape, batch, length, d_model, d_ff, num_
     import keras_moe
     from keras_moe import sharding
     from keras_moe.dense_feedforward import DenseFeedForward
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     # float32 weights, bfloat16 matmuls (the inputs are bfloat16).
     policy = "mixed_bfloat16" if dtype == "bfloat16" else dtype
@@ -145,7 +145,7 @@ def ragged_dot_gradient(topology, tokens=4096, k=768, n=3072, num_experts=128):
     from jax.experimental.pallas.ops.tpu.megablox import gmm
 
     from keras_moe.grouped_matmul import megablox_tiling
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     device = compile_only.topology_devices(topology)[0]
     one = jax.sharding.SingleDeviceSharding(device)
@@ -185,7 +185,7 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(HERE, "results", "dropless_tpu.json"))
     args = parser.parse_args(argv)
     _setup()
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     chips = compile_only.parse_topology(args.topology)[1]
     tokens = args.batch * args.length

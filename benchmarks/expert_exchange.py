@@ -7,7 +7,7 @@ groups (one per sequence) over every chip, in two modes of
 and "gspmd" (the layout constraints alone). For the forward pass and for the
 forward + backward pass (gradients of the tokens and of the weights) it records
 each collective of the compiled program, its per-chip bytes and the bytes a chip
-receives (`keras_moe.training.hlo_collectives`), and checks the numbers of the
+receives (`keras_moe.tpu_compile.hlo_collectives`), and checks the numbers of the
 two modes against each other on 8 emulated CPU devices (outputs and gradients).
 
     python benchmarks/expert_exchange.py                       # Switch-Base layer, v5e:4x4
@@ -24,7 +24,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-# What keras_moe.training.compile_only.setup_environment sets, before keras is imported.
+# What keras_moe.tpu_compile.compile_only.setup_environment sets, before keras is imported.
 for key, value in (("KERAS_BACKEND", "jax"), ("TPU_SKIP_MDS_QUERY", "1"),
                    ("TPU_WORKER_HOSTNAMES", "localhost"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
     os.environ.setdefault(key, value)
@@ -35,7 +35,7 @@ import keras  # noqa: E402
 
 import keras_moe  # noqa: E402
 from keras_moe import sharding, token_exchange  # noqa: E402
-from keras_moe.training import abstract_arrays, compile_only, hlo_collectives  # noqa: E402
+from keras_moe.tpu_compile import abstract_arrays, compile_only, hlo_collectives  # noqa: E402
 
 
 def build_layer(args):

@@ -2,7 +2,7 @@
 
 For each model and device count (or TPU topology), a child process compiles
 one `model.train_step` of the gin job with
-`keras_moe.training.compile_only.compile_train_step`: the model and its
+`keras_moe.tpu_compile.compile_only.compile_train_step`: the model and its
 optimizer are built as shapes and layouts only (`keras.StatelessScope`,
 `jax.eval_shape`), the step is lowered over abstract arguments carrying the
 mesh shardings and compiled, either for that many emulated CPU devices
@@ -51,7 +51,7 @@ def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
     "expert" axis up to the expert count (`mesh_for`); the program a TPU would run
     (dispatch "auto" is einsum) on CPU devices too; the model under `dtype_policy`
     (default the job's train.dtype_policy)."""
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     feature_lengths = None
     if inputs_length or targets_length:
@@ -149,7 +149,7 @@ def tpu_markdown_table(rows):
 
 
 def roofline_markdown_table(rows):
-    """Each TPU row's roofline bound (keras_moe.training.roofline) and the MFU it allows."""
+    """Each TPU row's roofline bound (keras_moe.tpu_compile.roofline) and the MFU it allows."""
     lines = ["| model | topology | TFLOP per chip (compiled / model) | HBM GB per chip | "
              "ICI MB sent per chip | compute / HBM / ICI ms | bound ms | MFU at bound |",
              "|---|---|---|---|---|---|---|---|"]
@@ -351,7 +351,7 @@ def main(argv=None):
     targets = ([("topology", t) for t in args.topology] if args.topology
                else [("devices", d) for d in args.devices or [8, 32, 64]])
     if args.topology:
-        from keras_moe.training import compile_only
+        from keras_moe.tpu_compile import compile_only
 
         for name in args.topology:
             compile_only.parse_topology(name)  # unknown names fail before any compile

@@ -196,8 +196,8 @@ def quiet_logs():
 def pick_task(name, fallback, lengths):
     """`name` if its validation split yields a batch, else `fallback` (with the reason)."""
     from keras_moe import tasks
-    from keras_moe.training import data as data_lib
     from keras_moe.training.errors import TrainingConfigError
+    from keras_moe.training.run import input_pipeline as data_lib
 
     try:
         data_lib.check_not_empty(data_lib.make_dataset(name, lengths, "validation", 1,
@@ -432,7 +432,7 @@ class SeqioBatches:
 
     def __init__(self, args):
         from keras_moe import tasks
-        from keras_moe.training import data as data_lib
+        from keras_moe.training.run import input_pipeline as data_lib
 
         quiet_logs()
         self._data, self._args = data_lib, args

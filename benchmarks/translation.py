@@ -155,7 +155,7 @@ def main(argv=None):
     from benchmarks import common
     from keras_moe import tasks
     from keras_moe.models import T5Config, build_model, count_params
-    from keras_moe.training import data as data_lib
+    from keras_moe.training.run import input_pipeline as data_lib
 
     quality.quiet_logs()
     command = quality.command_line("translation.py", argv)

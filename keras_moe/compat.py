@@ -229,11 +229,12 @@ def gin_binding_hook(intercept: Callable[[str, str, str, Any], bool]) -> Iterato
 
 
 @contextlib.contextmanager
-def gin_import_hook(check: Callable[[Any], None]) -> Iterator[None]:
+def gin_import_hook(check: Callable[[Any], Any]) -> Iterator[None]:
     """Calls `check(statement)` before gin processes each `import` of a parsed file.
 
     Args:
-        check: `check(statement)`; raise to refuse the import. `statement.module`
+        check: `check(statement)`; raise to refuse the import, or return the
+            statement gin processes instead (None: this one). `statement.module`
             is the module ("a.b"), `statement.location` where it was written.
     """
     import gin.config
@@ -241,8 +242,7 @@ def gin_import_hook(check: Callable[[Any], None]) -> Iterator[None]:
     original = gin.config.ParseContext.process_import
 
     def checked(self, statement):
-        check(statement)
-        return original(self, statement)
+        return original(self, check(statement) or statement)
 
     gin.config.ParseContext.process_import = checked
     try:

@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 # they register this project's configurables and seqio tasks.
 DEFAULT_GIN_IMPORTS = ("keras_moe", "seqio", "t5.data", "t5.evaluation")
 
+# Modules that register gin configurables under an earlier name: the
+# `operative_config.gin` of an older run imports them by that name.
+RENAMED_GIN_IMPORTS = {
+    "keras_moe.training.gin_configurables": "keras_moe.training.train_configurables",
+    "keras_moe.models.gin_configurables": "keras_moe.models.model_configurables",
+    "keras_moe.distill.gin_configurables": "keras_moe.distill.distill_configurables",
+}
+
 
 def gin_dirs() -> list[str]:
     """Folders holding gin files: `<package>/gin_files/` then `<repo>/gin/` (a checkout)."""
@@ -101,7 +109,8 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
 
     An import runs the module's code, so a shared gin file could otherwise run
     anything importable. A refused import raises `GinConfigError` naming the
-    line and the `--gin_allow_import` flag that allows it.
+    line and the `--gin_allow_import` flag that allows it. A module named in
+    `RENAMED_GIN_IMPORTS` is imported by its new name.
 
     Args:
         extra: more module names (each also allows its sub-modules).
@@ -136,6 +145,9 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
                 f"gin import {statement.format()!r} ({where}) is not allowed: gin files may "
                 f"import only {list(allowed)} and their sub-modules. If you trust it, allow "
                 f"it with --gin_allow_import {module.split('.')[0]}.")
+        if module in RENAMED_GIN_IMPORTS:
+            return statement._replace(module=RENAMED_GIN_IMPORTS[module])
+        return None
 
     with compat.gin_import_hook(check):
         yield
@@ -326,12 +338,12 @@ def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
     >>> config = parse_gin("switch_tiny.gin", "SwitchFeedForward.num_experts = 4")
     >>> config.sparse_ffn["class_name"], config.num_experts, config.d_model
     ('keras_moe>SwitchFeedForward', 4, 64)
-    >>> from keras_moe.models.gin_configurables import build_model
+    >>> from keras_moe.models.model_configurables import build_model
     >>> build_model().config.num_experts  # the same config, through gin
     4
     """
     import gin
-    import keras_moe.models.gin_configurables  # noqa: F401  (T5Config, build_model)
+    import keras_moe.models.model_configurables  # noqa: F401  (T5Config, build_model)
     from keras_moe import compat
     from keras_moe.models import flat_moe_gin
 

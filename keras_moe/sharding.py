@@ -54,7 +54,7 @@ def accelerator_platform() -> Literal["tpu", "gpu", "cpu"]:
     """Returns "tpu", "gpu" or "cpu": the platform the backend computes on.
 
     On JAX with a mesh configured (`configure_mesh`), the platform of the mesh's
-    devices: compile-only TPU devices (`keras_moe.training.compile_only`) make
+    devices: compile-only TPU devices (`keras_moe.tpu_compile.compile_only`) make
     the layers pick their TPU paths on a CPU host.
 
     Example:

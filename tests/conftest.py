@@ -58,7 +58,7 @@ def _reset_keras_state():
 # call in its body or its fixtures that starts a process or trains a whole job.
 _E2E_MARKS = ("slow", "jax", "xdist_group")
 _E2E_CALLS = re.compile(r"subprocess\.|\brun_cli\(|\bcli_args\(|\btrain_in_process\(|"
-                        r"\brun_smoke\(|gin_configurables\.train\(|\b_run\(|\b_train\(|"
+                        r"\brun_smoke\(|(?:gin|train)_configurables\.train\(|\b_run\(|\b_train\(|"
                         r"\bexport_for_serving\(")
 
 

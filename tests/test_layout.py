@@ -7,6 +7,7 @@ kind may close a cycle between files.
 """
 
 import ast
+import configparser
 import os
 import pathlib
 
@@ -14,20 +15,48 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "keras_moe"
 MAX_LINES = 450
 
+def mapped_folders(root=ROOT):
+    """{dotted package: folder} of setup.cfg's `package_dir`, and the packages it lists."""
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+    if not config.has_section("options"):  # a made-up package of the tests below
+        return {}, []
+    options = config["options"]
+    mapped = {}
+    for line in options.get("package_dir", "").strip().splitlines():
+        package, folder = (part.strip() for part in line.split("="))
+        mapped[package] = root / folder
+    return mapped, options["packages"].split()
+
+
 def package_modules(root=ROOT, package=PACKAGE):
-    """{dotted module name: path} of every .py file of `package`, following links
-    (keras_moe/tasks links to the top-level tasks/ folder)."""
+    """{dotted module name: path} of every .py file of `package`, including the
+    folders setup.cfg's `package_dir` maps into it (tasks/ is `keras_moe.tasks`)."""
     out = {}
-    base = root / package
-    for folder, subfolders, files in os.walk(base, followlinks=True):
-        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
-        for file in sorted(f for f in files if f.endswith(".py")):
-            path = pathlib.Path(folder) / file
-            parts = (package,) + path.relative_to(base).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join(parts)] = path
+    mapped, _ = mapped_folders(root)
+    bases = [((package,), root / package)]
+    bases += [(tuple(name.split(".")), folder) for name, folder in mapped.items()]
+    for prefix, base in bases:
+        for folder, subfolders, files in os.walk(base):
+            subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+            for file in sorted(f for f in files if f.endswith(".py")):
+                path = pathlib.Path(folder) / file
+                parts = prefix + path.relative_to(base).with_suffix("").parts
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                out[".".join(parts)] = path
     return out
+
+
+def test_setup_cfg_lists_every_package_folder():
+    """A package folder missing from setup.cfg's explicit list would be left out of
+    the wheel (and of a non-editable install) without any error."""
+    mapped, listed = mapped_folders()
+    found = {".".join((PACKAGE,) + p.parent.relative_to(ROOT / PACKAGE).parts)
+             for p in (ROOT / PACKAGE).rglob("__init__.py")}
+    found |= set(mapped)
+    assert set(listed) == found
+    assert not [p for p in (ROOT / PACKAGE).iterdir() if p.is_symlink()]
 
 
 def imported_modules(name, path, modules, deferred):
@@ -147,7 +176,8 @@ def test_the_graph_covers_the_package():
     assert {"keras_moe", "keras_moe.dispatch", "keras_moe.training.checkpoint",
             "keras_moe.tasks.registry"} <= set(graph)
     assert "keras_moe.dispatch_einsum" in graph["keras_moe.dispatch"]
-    assert "keras_moe.training.checkpoint_manager" in graph["keras_moe.training.checkpoint"]
+    assert ("keras_moe.training.checkpoint.checkpoint_manager"
+            in graph["keras_moe.training.checkpoint"])
 
 
 def test_no_import_cycle_at_module_level():

@@ -19,8 +19,9 @@ CORE_FOLDERS = ("keras_moe", "keras_moe/routing")
 CHECKED_DUNDERS = ("__init__", "__call__")
 # The training job's public API: its config, collaborators and run.
 TRAINING_API = tuple(f"keras_moe.training.{name}" for name in (
-    "train_config", "dataset_config", "checkpoint_config", "placement", "run", "trainer",
-    "dtype_policy", "model_dir", "compiled_model", "summary"))
+    "train_config", "trainer", "checkpoint.checkpoint_config", "placement.strategy_placement",
+    "placement.mesh_placement", "run.training_run", "run.dataset_config", "run.dtype_policy",
+    "run.model_dir", "run.compiled_model", "run.summary"))
 
 
 def core_modules():

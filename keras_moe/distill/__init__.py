@@ -9,15 +9,20 @@
 - `objective`: `distillation_loss`, `hard_loss`, `soft_loss`, `kl_to_teacher`.
 """
 
-from keras_moe.distill.builder import build_distiller, load_teacher, resolve_checkpoint
+from keras_moe.distill.distillation_objective import (
+    distillation_loss,
+    hard_loss,
+    kl_to_teacher,
+    soft_loss,
+)
 from keras_moe.distill.distiller import Distiller
+from keras_moe.distill.distiller_builder import build_distiller, load_teacher, resolve_checkpoint
 from keras_moe.distill.init_from_teacher import (
     EXPERT_INITS,
     dense_student_config,
     init_student_from_teacher,
     relative_paths,
 )
-from keras_moe.distill.objective import distillation_loss, hard_loss, kl_to_teacher, soft_loss
 
 __all__ = [
     "Distiller", "EXPERT_INITS", "build_distiller", "dense_student_config", "distillation_loss",

@@ -1,7 +1,7 @@
-"""`python -m keras_moe.distill`: see `keras_moe.distill.cli`."""
+"""`python -m keras_moe.distill`: see `keras_moe.distill.distill_cli`."""
 
 import sys
 
-from keras_moe.distill.cli import main
+from keras_moe.distill.distill_cli import main
 
 sys.exit(main())

@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_moe.distill import objective as losses_lib
-from keras_moe.models import objective
+from keras_moe.distill import distillation_objective as losses_lib
+from keras_moe.models import seq2seq_objective
 from keras_moe.models.distribute_compat import DistributedBuildMixin
 
 
@@ -22,7 +22,7 @@ class Distiller(DistributedBuildMixin, keras.Model):
     """Distils a frozen teacher (e.g. a Switch Transformer) into a student (e.g. a dense T5).
 
     Calling the distiller runs the student; training minimises
-    `(1 - alpha) * hard + alpha * soft` (see `keras_moe.distill.objective`) plus
+    `(1 - alpha) * hard + alpha * soft` (see `keras_moe.distill.distillation_objective`) plus
     the student's own `losses` (aux / z losses when the student is sparse).
     The teacher is frozen (`trainable=False`: only the student's variables are
     trained) and always runs with `training=False`, so its MoE layers use the
@@ -141,8 +141,8 @@ class Distiller(DistributedBuildMixin, keras.Model):
         # token mean (the replicas' gradients are summed), as the T5 loss does;
         # the trackers, averaged over replicas, then report the global means.
         local_weight = ops.sum(sample_weight)
-        share = ops.divide_no_nan(local_weight, objective.global_sum(local_weight))
-        replicas = objective.replicas_in_sync()
+        share = ops.divide_no_nan(local_weight, seq2seq_objective.global_sum(local_weight))
+        replicas = seq2seq_objective.replicas_in_sync()
         self.hard_loss_tracker.update_state(hard * share * replicas)
         self.soft_loss_tracker.update_state(soft * share * replicas)
         self.kl_tracker.update_state(kl * share * replicas)
@@ -161,8 +161,8 @@ class Distiller(DistributedBuildMixin, keras.Model):
 
         The loss is this class's `compute_loss`, so no `loss` is given.
         """
-        kwargs = objective.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
-                                            jit_compile=jit_compile)
+        kwargs = seq2seq_objective.compile_defaults(
+            learning_rate=learning_rate, optimizer=optimizer, jit_compile=jit_compile)
         kwargs.pop("loss")
         return kwargs
 

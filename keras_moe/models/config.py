@@ -1,6 +1,6 @@
 """`T5Config`: the architecture of a T5.1.1 / Switch / GShard encoder-decoder.
 
-A plain dataclass, so the library is usable without gin; `gin_configurables`
+A plain dataclass, so the library is usable without gin; `model_configurables`
 registers it for gin files. It is the builder's recipe: `keras_moe.models.ffn_factories`
 turns it into the blocks' arguments and FFN layers. All validation happens in
 `__post_init__`, once, by reading the fields and the sparse FFN's arguments

@@ -312,9 +312,9 @@ class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
 
     def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
-        from keras_moe.models import objective
+        from keras_moe.models import seq2seq_objective
 
-        return objective.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
+        return seq2seq_objective.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
                                           jit_compile=jit_compile)
 
     def _targets_from_x(self, x, y, sample_weight):

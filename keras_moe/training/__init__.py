@@ -1,24 +1,28 @@
 """gin-configured training of keras_moe models, on TensorFlow or JAX.
 
-`keras-moe-train` (module `keras_moe.training.cli`) calls `trainer.train`,
-which runs a `run.Run` of a `train_config.TrainConfig` and its injected
-collaborators: the data (`dataset_config.DatasetConfig`, seqio), the
-checkpoints (`checkpoint_config.CheckpointConfig`: atomic step checkpoints,
-keep last K, resume with the data position, preemption backup) and the
-placement (`placement.StrategyPlacement`, a tf.distribute strategy, or
-`placement.MeshPlacement`, a JAX device mesh). It writes TensorBoard runs and
-expert-load plots. `keras-moe-eval` (`eval_cli`) evaluates a checkpoint;
-`keras-moe-compile` (`compile_cli`) compiles a train step for a TPU slice.
+`keras-moe-train` (`train_cli`) calls `trainer.train`, which runs a
+`run.training_run.Run` of a `train_config.TrainConfig` and its injected
+collaborators, each in its own folder:
+
+* `run/`: the loop and its data (`run.dataset_config.DatasetConfig`, seqio),
+  optimizer schedules, callbacks, expert-load plots and closing summary;
+* `checkpoint/`: atomic step checkpoints, keep last K, resume with the data
+  position, the preemption backup (`checkpoint.checkpoint_config.CheckpointConfig`);
+* `placement/`: where the model lives (`placement.StrategyPlacement`, a
+  tf.distribute strategy, or `placement.MeshPlacement`, a JAX device mesh).
+
+`keras-moe-eval` (`eval_cli`) evaluates a checkpoint. Compiling a train step
+for a TPU slice without one (`keras-moe-compile`) is `keras_moe.tpu_compile`.
 
 The submodules import TensorFlow, seqio and the tasks lazily where they can,
-so `keras_moe.training.schedules` and `.checkpoint` are cheap to import.
+so `keras_moe.training.run.schedules` and `.checkpoint` are cheap to import.
 """
 
 import warnings as _warnings
 
 from keras_moe import compat as _compat
 from keras_moe.training.errors import TrainingConfigError
-from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
+from keras_moe.training.run.schedules import InverseSqrtSchedule, make_optimizer
 
 __all__ = ["InverseSqrtSchedule", "TrainingConfigError", "make_optimizer"]
 

@@ -32,7 +32,7 @@ class CompactProgbar(keras.callbacks.ProgbarLogger):
     """
 
     def _lr(self):
-        from keras_moe.training import schedules
+        from keras_moe.training.run import schedules
 
         optimizer = self.model.optimizer
         step = int(keras.ops.convert_to_numpy(optimizer.iterations))

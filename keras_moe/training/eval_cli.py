@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from keras_moe.training.cli import add_gin_flags, error_message, set_tf_environment
+from keras_moe.training.train_cli import add_gin_flags, error_message, set_tf_environment
 
 
 def build_parser():
@@ -54,7 +54,7 @@ def main(argv=None):
         if not os.path.isdir(args.model_dir):
             raise TrainingConfigError(f"--model_dir {args.model_dir!r} is not a folder.")
         files = args.gin_file or [os.path.join(args.model_dir, "operative_config.gin")]
-        import keras_moe.training.gin_configurables  # noqa: F401
+        import keras_moe.training.train_configurables  # noqa: F401
 
         # Unknown configurables are skipped: an operative config may name ones the
         # evaluation does not register; a run file's required macros are the training's.

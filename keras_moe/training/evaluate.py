@@ -72,10 +72,10 @@ def restore_from_run(model_dir, checkpoint=None):
     Returns:
         `(model, checkpoint metadata, the job's checked DatasetConfig)`.
     """
-    from keras_moe.training import gin_configurables
-    from keras_moe.training.compiled_model import build_compiled_model
+    from keras_moe.training import train_configurables
+    from keras_moe.training.run.compiled_model import build_compiled_model
 
-    dataset = gin_configurables.job_config().dataset
+    dataset = train_configurables.job_config().dataset
     if dataset is None or dataset.feature_lengths is None:
         raise TrainingConfigError(
             "the gin config binds no train.dataset with its task and feature_lengths; pass "
@@ -90,7 +90,7 @@ def restore_from_run(model_dir, checkpoint=None):
             raise TrainingConfigError(f"checkpoint {checkpoint!r} does not exist.")
         meta = {"path": checkpoint, "step": None}
     # The run's optimizer, as gin binds it: the checkpoint holds its variables.
-    model = build_compiled_model(optimizer=gin_configurables.make_optimizer)
+    model = build_compiled_model(optimizer=train_configurables.make_optimizer)
     ckpt_lib.restore(model, meta, seed_states=False)  # evaluation draws no random numbers
     return model, meta, dataset
 
@@ -138,7 +138,7 @@ def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, de
         dict: loss, accuracy, neg_log_perplexity (token-weighted, padding
         excluded) and, for translation tasks (or `decode=True`), bleu.
     """
-    from keras_moe.training import data as data_lib
+    from keras_moe.training.run import input_pipeline as data_lib
 
     model, meta, dataset = restore_from_run(model_dir, checkpoint)
     task = task or dataset.task

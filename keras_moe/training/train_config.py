@@ -6,10 +6,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from keras_moe.training.checkpoint_config import CheckpointConfig
-from keras_moe.training.dataset_config import DatasetConfig
+from keras_moe.training.checkpoint.checkpoint_config import CheckpointConfig
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.placement import MeshPlacement, StrategyPlacement
+from keras_moe.training.run.dataset_config import DatasetConfig
 from keras_moe.validation import check_int
 
 # Flat settings of earlier run files -> (the collaborator, its field). `train`
@@ -72,7 +72,7 @@ class TrainConfig:
             sees the same data as an uninterrupted one).
         model: factory of the model, called in the placement's scope (gin:
             `train.model = @build_distiller`, as T5X run files inject `MODEL`);
-            default: gin's `build_model` (`keras_moe.models.gin_configurables`).
+            default: gin's `build_model` (`keras_moe.models.model_configurables`).
         dtype_policy: Keras dtype policy the model is built under, one of
             `dtype_policy.DTYPE_POLICIES`: "float32", "mixed_bfloat16" (float32
             weights and optimizer state, bfloat16 activations and matmuls,
@@ -145,7 +145,7 @@ class TrainConfig:
     def check(self) -> TrainConfig:
         """Checks every setting that needs no device and fills in the defaults;
         returns self. Raises `TrainingConfigError` naming the setting."""
-        from keras_moe.training.dtype_policy import check_dtype_policy
+        from keras_moe.training.run.dtype_policy import check_dtype_policy
 
         self.dataset = (self.dataset or DatasetConfig()).check()
         self.checkpoint = (self.checkpoint or CheckpointConfig()).check()

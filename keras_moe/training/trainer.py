@@ -1,10 +1,10 @@
-"""The training job: `train(model_dir, ...)`, gin-configurable as `train` (see `gin_configurables`).
+"""The training job: `train(model_dir, ...)`, gin-configurable as `train` (`train_configurables`).
 
 Its arguments are the fields of `keras_moe.training.train_config.TrainConfig`:
 the collaborators a run file injects (`train.dataset = @DatasetConfig()`,
 `train.checkpoint = @CheckpointConfig()`, `train.placement = @MeshPlacement()`)
 and the settings of the loop (`train.train_steps = %TRAIN_STEPS`, ...). The run
-itself is a `keras_moe.training.run.Run`.
+itself is a `keras_moe.training.run.training_run.Run`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import dataclasses
 import inspect
 from typing import Any
 
-from keras_moe.training.compiled_model import build_compiled_model  # noqa: F401  (re-exported)
-from keras_moe.training.dtype_policy import (  # noqa: F401  (re-exported)
+from keras_moe.training.run.compiled_model import build_compiled_model  # noqa: F401  (re-exported)
+from keras_moe.training.run.dtype_policy import (  # noqa: F401  (re-exported)
     DTYPE_POLICIES,
     check_dtype_policy,
     dtype_policy_scope,
 )
-from keras_moe.training.model_dir import prepare_model_dir  # noqa: F401  (re-exported)
-from keras_moe.training.run import Run
-from keras_moe.training.summary import TrainSummary, format_summary  # noqa: F401  (re-exported)
+from keras_moe.training.run.model_dir import prepare_model_dir  # noqa: F401  (re-exported)
+from keras_moe.training.run.summary import TrainSummary, format_summary  # noqa: F401  (re-exported)
+from keras_moe.training.run.training_run import Run
 from keras_moe.training.train_config import TrainConfig
 
 
@@ -35,7 +35,7 @@ def train(model_dir: str | None, return_config: bool = False,
             and .png, summary.json).
         return_config: return the `TrainConfig` (unchecked: its collaborators as
             bound, None where unbound) instead of training, as the compile and
-            eval tools read the job (`gin_configurables.job_config`).
+            eval tools read the job (`train_configurables.job_config`).
         **settings: the fields of `TrainConfig` (its docstring says what each
             does), or the flat shorthands of earlier run files
             (`train_config.SHORTHANDS`, e.g. `batch_size=8`) when the collaborator

@@ -151,7 +151,7 @@ def check_tiny_model_cli():
                 'SwitchFeedForward.dispatch = "dropless"']
     args = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin",
             *[f"--gin_bindings={b}" for b in bindings], "--topology=v5e:2x2", "--json"]
-    done = subprocess.run([sys.executable, "-m", "keras_moe.training.compile_cli", *args],
+    done = subprocess.run([sys.executable, "-m", "keras_moe.tpu_compile.compile_cli", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout[done.stdout.index("{"):])

@@ -13,17 +13,17 @@ from tests.training.helpers import TINY, parse
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
-    from keras_moe.training import gin_configurables
+    from keras_moe.training import train_configurables
 
     model_dir = str(tmp_path_factory.mktemp("teacher"))
     parse(["TRAIN_STEPS = 2", "CheckpointConfig.every = 2", "train.summary_batches = 0"])
-    gin_configurables.train(model_dir, tensorboard=False, verbose=0)
+    train_configurables.train(model_dir, tensorboard=False, verbose=0)
     gin.clear_config()
     return model_dir
 
 
 def _distill(model_dir, teacher_dir, steps):
-    from keras_moe.distill import cli
+    from keras_moe.distill import distill_cli
 
     gin.clear_config()
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={model_dir}"]
@@ -32,7 +32,7 @@ def _distill(model_dir, teacher_dir, steps):
                      "DISTILL_TEMPERATURE = 2.0"]:
         args.append(f"--gin_bindings={b}")
     try:
-        return cli.main(args)
+        return distill_cli.main(args)
     finally:
         gin.clear_config()
 
@@ -110,7 +110,7 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     first = str(tmp_path / "first")
     assert _distill(first, teacher_dir, 2) == 0  # the INIT_CHECKPOINT
     second = str(tmp_path / "second")
-    from keras_moe.distill import cli
+    from keras_moe.distill import distill_cli
 
     gin.clear_config()
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={second}"]
@@ -119,7 +119,7 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
                      f'INIT_CHECKPOINT = "{first}"']:
         args.append(f"--gin_bindings={b}")
     try:
-        assert cli.main(args) == 0
+        assert distill_cli.main(args) == 0
     finally:
         gin.clear_config()
 
@@ -146,18 +146,18 @@ def test_training_failures_exit_with_the_training_cli_codes(tmp_path, capsys, er
                                                             monkeypatch):
     """The distillation CLI once mapped only configuration errors (exit 2); a NaN loss
     or a dead worker escaped as a traceback (exit 1)."""
-    from keras_moe.distill import cli
-    from keras_moe.training import errors, gin_configurables
+    from keras_moe.distill import distill_cli
+    from keras_moe.training import errors, train_configurables
 
     def failing_train(*args, **kwargs):
         if error == "NonFiniteLossError":
             raise errors.NonFiniteLossError(5, float("nan"))
         raise getattr(errors, error)("stopped on purpose")
 
-    monkeypatch.setattr(gin_configurables, "train", failing_train)
+    monkeypatch.setattr(train_configurables, "train", failing_train)
     gin.clear_config()
     try:
-        assert cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
+        assert distill_cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
                          '--gin_bindings=TEACHER_CHECKPOINT = "unused"']) == code
     finally:
         gin.clear_config()
@@ -166,12 +166,12 @@ def test_training_failures_exit_with_the_training_cli_codes(tmp_path, capsys, er
 
 
 def test_the_multi_process_flags_are_used_not_ignored(tmp_path, capsys):
-    from keras_moe.distill import cli
+    from keras_moe.distill import distill_cli
 
     gin.clear_config()
     # --process_count without a coordinator is refused by jax.distributed's set-up,
     # which the distillation CLI once skipped (the flags were parsed and dropped).
-    code = cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
+    code = distill_cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
                      "--process_count=2", "--process_index=0"])
     gin.clear_config()
     assert code == 2

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_moe.distill import objective as losses
+from keras_moe.distill import distillation_objective as losses
 from tests.distill.helpers import np_distillation_loss
 
 

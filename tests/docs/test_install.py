@@ -68,10 +68,11 @@ def test_the_readme_states_the_oldest_python_admitted():
 
 @pytest.mark.timeout(240)
 def test_parse_gin_by_name_after_a_non_editable_install(tmp_path):
-    """The wheel of a fresh checkout holds the gin files (keras_moe/gin_files links to gin/)
-    and the tasks (keras_moe/tasks links to tasks/), and parse_gin finds switch_tiny.gin by
-    name from another folder. The dev environment's editable install cannot show this: there
-    the files are read from the checkout itself."""
+    """The wheel of a fresh checkout holds the gin files (gin/ enters it as
+    keras_moe/gin_files through setup.cfg's package_dir) and the tasks (tasks/ as
+    keras_moe/tasks), and parse_gin finds switch_tiny.gin by name from another folder.
+    The dev environment's editable install cannot show this: there the files are read
+    from the checkout itself."""
     setuptools = pytest.importorskip("setuptools")
     if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1):
         pytest.importorskip("wheel")  # bdist_wheel moved into setuptools in 70.1
@@ -115,3 +116,20 @@ def test_parse_gin_by_name_after_a_non_editable_install(tmp_path):
     lines = run.stdout.splitlines()
     assert lines[0].startswith(str(site)), f"keras_moe came from {lines[0]}, not the wheel"
     assert "config keras_moe>SwitchFeedForward 8 64" in lines, run.stdout
+
+
+def test_the_editable_install_maps_the_tasks_and_gin_folders_of_this_checkout():
+    """`pip install -e .` (scripts/install.sh) maps the repository's tasks/ into the
+    package as `keras_moe.tasks` (setup.cfg's package_dir; there is no link inside
+    keras_moe/), and parse_gin reads gin/ by name."""
+    import keras_moe
+    import keras_moe.tasks
+    from keras_moe import gin_config
+
+    here = os.path.dirname(keras_moe.__file__)
+    assert os.path.dirname(here) == ROOT
+    assert keras_moe.tasks.__file__ == os.path.join(ROOT, "tasks", "__init__.py"), (
+        f"keras_moe.tasks comes from {keras_moe.tasks.__file__}: run `pip install -e .` "
+        "in this checkout")
+    assert gin_config.resolve("switch_tiny") == os.path.join(ROOT, "gin", "models",
+                                                             "switch_tiny.gin")

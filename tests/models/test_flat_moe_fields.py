@@ -120,7 +120,7 @@ def _clean_gin():
 
 def _parse_as_eval(path):
     # keras_moe.training.eval_cli.main's parse of <model_dir>/operative_config.gin.
-    import keras_moe.training.gin_configurables  # noqa: F401
+    import keras_moe.training.train_configurables  # noqa: F401
     from keras_moe import tasks  # noqa: F401
 
     return parse_gin([str(path)], [], [], skip_unknown=True, check_required=False)
@@ -137,7 +137,7 @@ def test_an_old_operative_config_is_read_as_the_model_it_trained(tmp_path):
     path.write_text(OLD_OPERATIVE_CONFIG)
     config = _parse_as_eval(path)
     assert config == REFERENCE
-    from keras_moe.models.gin_configurables import build_model
+    from keras_moe.models.model_configurables import build_model
 
     model = build_model()  # what keras-moe-eval restores the checkpoint into
     ffn = model.encoder_layers[1].ffn

@@ -50,7 +50,7 @@ def test_resolve_unknown_name():
 
 
 def test_build_switch_tiny_with_bindings():
-    from keras_moe.models.gin_configurables import build_model
+    from keras_moe.models.model_configurables import build_model
 
     parse_gin(["switch_tiny"], ["SwitchFeedForward.num_experts = 4", "T5Config.vocab_size = 100",
                                 "T5Config.decoder_sparse_step = 1"])

@@ -5,7 +5,7 @@ import pytest
 
 import gin
 from keras_moe.gin_config import GinConfigError, parse_gin
-from keras_moe.models.gin_configurables import build_model
+from keras_moe.models.model_configurables import build_model
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_read_bindings_reach_the_model():
 
 
 def test_bindings_that_another_command_or_a_later_call_reads_are_kept():
-    from keras_moe.training import gin_configurables  # noqa: F401  (train, CheckpointConfig)
+    from keras_moe.training import train_configurables  # noqa: F401  (train, CheckpointConfig)
 
     parse_gin("tiny_local.gin", [
         "CheckpointConfig.keep = 2", "DatasetConfig.shuffle = False",  # the job's collaborators
@@ -75,13 +75,13 @@ def test_a_training_run_refuses_a_binding_its_model_did_not_read(tmp_path):
     """Gin parsed without the check (raw gin in a notebook, or bindings added after
     `parse_gin`): the run refuses the binding once its model is built, before it
     reads data or writes into the model dir."""
-    from keras_moe.training import gin_configurables
+    from keras_moe.training import train_configurables
     from tests.training.helpers import TINY
 
     parse_gin("tiny_local.gin", TINY, check_unread=False)
     gin.parse_config("GShardFeedForward.num_experts = 4")
     with pytest.raises(GinConfigError, match=r"`GShardFeedForward.num_experts` was bound but "
                        r"the model's sparse layer is SwitchFeedForward; nothing read it"):
-        gin_configurables.train(str(tmp_path), tensorboard=False, verbose=0,
-                                write_config=gin_configurables.write_operative_config)
+        train_configurables.train(str(tmp_path), tensorboard=False, verbose=0,
+                                write_config=train_configurables.write_operative_config)
     assert not (tmp_path / "operative_config.gin").exists()

@@ -38,23 +38,23 @@ def read_lines(path):
 
 
 def train_in_process(model_dir, bindings=(), **kwargs):
-    from keras_moe.training import gin_configurables
+    from keras_moe.training import train_configurables
 
     parse(list(bindings))
     kwargs.setdefault("tensorboard", False)
     kwargs.setdefault("verbose", 0)
-    return gin_configurables.train(
-        str(model_dir), write_config=gin_configurables.write_operative_config, **kwargs)
+    return train_configurables.train(
+        str(model_dir), write_config=train_configurables.write_operative_config, **kwargs)
 
 
 def final_weights(model_dir, bindings=()):
     """(step, model weights, optimizer variables) of the newest checkpoint in model_dir."""
     from keras_moe.training import checkpoint as ckpt_lib
-    from keras_moe.training import gin_configurables, trainer
+    from keras_moe.training import train_configurables, trainer
 
     parse(list(bindings))
     meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
-    model = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)
+    model = trainer.build_compiled_model(optimizer=train_configurables.make_optimizer)
     ckpt_lib.restore(model, meta)
     return (int(model.optimizer.iterations.numpy()), [v.numpy() for v in model.weights],
             [v.numpy() for v in model.optimizer.variables])

@@ -7,7 +7,7 @@ import keras
 import pytest
 
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training import checkpoint_manager
+from keras_moe.training.checkpoint import checkpoint_manager
 from tests.reliability import helpers
 
 pytestmark = pytest.mark.slow
@@ -104,9 +104,9 @@ def test_a_crash_before_the_metadata_commit_is_not_a_checkpoint(run_at_8, monkey
 
     # CheckpointManager commits through its own module's atomic_write_text.
     monkeypatch.setattr(checkpoint_manager, "atomic_write_text", dies)
-    from keras_moe.training import gin_configurables, trainer
+    from keras_moe.training import train_configurables, trainer
 
-    net = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)
+    net = trainer.build_compiled_model(optimizer=train_configurables.make_optimizer)
     ckpt_lib.restore(net, manager.latest())
     with pytest.raises(SystemExit):
         manager.save(net, 12)

@@ -60,9 +60,9 @@ def test_router_dtype_is_validated_and_gin_configurable():
     routers = [layer for layer in gshard._flatten_layers() if layer.name == "router"]
     assert routers and all(r.dtype_policy.name == "bfloat16" for r in routers)
     helpers.parse(["SwitchFeedForward.router_dtype = 'bfloat16'"])
-    from keras_moe.models import gin_configurables
+    from keras_moe.models import model_configurables
 
-    assert gin_configurables.build_model().config.sparse_option("router_dtype") == "bfloat16"
+    assert model_configurables.build_model().config.sparse_option("router_dtype") == "bfloat16"
     import gin
 
     gin.clear_config()
@@ -104,7 +104,7 @@ def test_default_expert_init_is_the_t5_fan_in_init_per_expert():
 @pytest.mark.slow
 def test_nan_loss_stops_training_naming_the_step_without_a_checkpoint(tmp_path, capsys):
     from keras_moe.training import checkpoint as ckpt_lib
-    from keras_moe.training import cli
+    from keras_moe.training import train_cli
 
     model_dir = tmp_path / "run"
     args = ["--gin_file=tiny_local.gin", f"--model_dir={model_dir}"] + helpers.cli_bindings(
@@ -113,7 +113,7 @@ def test_nan_loss_stops_training_naming_the_step_without_a_checkpoint(tmp_path, 
     import gin
 
     gin.clear_config()
-    assert cli.main(args) == 3
+    assert train_cli.main(args) == 3
     err = capsys.readouterr().err
     assert "training loss became nan at step" in err, err[-2000:]
     step = int(err.split("at step ")[1].split(":")[0])

@@ -124,11 +124,11 @@ def test_gin_imports_outside_the_allow_list_are_refused_before_running(tmp_path)
 
 
 def test_gin_import_refusal_names_the_flag_on_the_command_line(tmp_path, capsys):
-    from keras_moe.training import cli
+    from keras_moe.training import train_cli
 
     bad = tmp_path / "bad.gin"
     bad.write_text("include 'runs/tiny_local.gin'\nfrom __gin__ import dynamic_registration\n")
-    assert cli.main(["--gin_file", str(bad), "--model_dir", str(tmp_path / "run")]) == 2
+    assert train_cli.main(["--gin_file", str(bad), "--model_dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "--gin_allow_import __gin__" in err and "bad.gin:2" in err
     assert not (tmp_path / "run").exists()

@@ -19,7 +19,7 @@ import numpy as np
 
 import keras_moe
 from keras_moe import sharding, token_exchange
-from keras_moe.training import abstract_arrays, hlo_collectives
+from keras_moe.tpu_compile import abstract_arrays, hlo_collectives
 
 E, D, F = 8, 16, 32
 
@@ -118,7 +118,7 @@ def local_groups():
 
 
 def tpu_collectives():
-    from keras_moe.training.compile_only import topology_devices
+    from keras_moe.tpu_compile.compile_only import topology_devices
 
     devices = topology_devices("v5e:2x2")
     out = {}
@@ -228,7 +228,7 @@ def dropless():
 
 def dropless_tpu_collectives():
     """The dropless layer with its experts split over v5e:2x2's 4 chips, forward and backward."""
-    from keras_moe.training.compile_only import topology_devices
+    from keras_moe.tpu_compile.compile_only import topology_devices
 
     distribution = sharding.configure_mesh({"data": 1, "expert": 4},
                                            devices=topology_devices("v5e:2x2"))

@@ -38,22 +38,22 @@ def test_line_wait_fails_at_its_deadline_on_a_silent_process():
      "layer is SwitchFeedForward; nothing read it."),
 ])
 def test_cli_errors_name_the_problem_and_write_nothing(tmp_path, capsys, extra, message):
-    from keras_moe.training import cli
+    from keras_moe.training import train_cli
 
     model_dir = tmp_path / "run"
     files = [] if any(e.startswith("--gin_file") for e in extra) else ["--gin_file=tiny_local.gin"]
-    code = cli.main(files + extra + [f"--model_dir={model_dir}"])
+    code = train_cli.main(files + extra + [f"--model_dir={model_dir}"])
     assert code == 2
     assert message in capsys.readouterr().err
     assert not model_dir.exists() or os.listdir(model_dir) == []
 
 
 def test_cli_error_message_for_bad_model_dir(tmp_path, capsys):
-    from keras_moe.training import cli
+    from keras_moe.training import train_cli
 
     a_file = tmp_path / "not_a_dir"
     a_file.write_text("keep me")
-    assert cli.main(["--gin_file=tiny_local.gin", f"--model_dir={a_file}"]) == 2
+    assert train_cli.main(["--gin_file=tiny_local.gin", f"--model_dir={a_file}"]) == 2
     assert "is not a folder" in capsys.readouterr().err
     assert a_file.read_text() == "keep me"
 
@@ -69,13 +69,13 @@ def test_ctrl_c_prints_the_step_and_the_newest_checkpoint_and_exits_130(tmp_path
                                                                          interrupt, expected):
     """Ctrl-C during the job (KeyboardInterrupt, or the run's own TrainingInterrupted with its
     step): one line on stderr, no traceback, exit status 130."""
-    from keras_moe.training import cli
+    from keras_moe.training import train_cli
 
     def body(args):
         raise interrupt()
 
-    code = cli.run_cli("demo", ["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'run'}"],
-                       body)
+    code = train_cli.run_cli(
+        "demo", ["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'run'}"], body)
     err = capsys.readouterr().err
     assert code == 130
     assert expected in err and "Traceback" not in err

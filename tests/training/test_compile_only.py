@@ -15,7 +15,7 @@ import pytest
 
 from tests.training.helpers import REPO, run_cli
 
-MODULE = "keras_moe.training.compile_cli"
+MODULE = "keras_moe.tpu_compile.compile_cli"
 FILES = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin"]
 # The default routing groups (group_size="batch"): one per shard of the batch.
 BINDINGS = ["BATCH_SIZE = 8",
@@ -33,7 +33,7 @@ def _args(bindings=BINDINGS, topology="v5e:2x2"):
 
 @pytest.fixture(scope="module")
 def libtpu():
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     missing = compile_only.libtpu_missing_message()
     if missing:
@@ -127,7 +127,7 @@ def test_default_groups_stay_on_their_chip_and_the_exchange_is_reported(report):
     for choice in layers.values():
         assert choice["exchange"] == "all_to_all"
         assert "4 routing groups are split over ('expert',)" in choice["reason"]
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     text = compile_only.format_report(report)
     assert "MoE expert exchange, per layer:" in text
@@ -202,7 +202,7 @@ def test_mesh_product_must_equal_chip_count(libtpu):
 
 
 def test_topology_names():
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     assert compile_only.parse_topology("v5e:4x4") == ("v5e", 16, (4, 4))
     assert compile_only.parse_topology("v4:2x2x2") == ("v4", 8, (2, 2, 2))
@@ -215,5 +215,5 @@ def test_console_script_and_tpu_extra_are_declared():
     config = configparser.ConfigParser()
     config.read(os.path.join(REPO, "setup.cfg"))
     scripts = config["options.entry_points"]["console_scripts"]
-    assert "keras-moe-compile = keras_moe.training.compile_cli:main" in scripts
+    assert "keras-moe-compile = keras_moe.tpu_compile.compile_cli:main" in scripts
     assert "jax[tpu]==" in config["options.extras_require"]["tpu"]

@@ -17,11 +17,11 @@ import pytest
 
 from tests.training.helpers import REPO, run_cli
 
-MODULE = "keras_moe.training.compile_cli"
+MODULE = "keras_moe.tpu_compile.compile_cli"
 
 
 def test_heartbeat_prints_the_elapsed_time_until_the_body_ends():
-    from keras_moe.training.compile_progress import CompileProgress
+    from keras_moe.tpu_compile.compile_progress import CompileProgress
 
     out = io.StringIO()
     progress = CompileProgress(out, heartbeat_seconds=0.01, prefix="keras-moe-compile: ")
@@ -57,7 +57,7 @@ Total bytes: 117437440 (112.00MiB)
 
 def fake_out_of_memory_report(**changes):
     """A report as compile_train_step returns it when libtpu runs out of HBM."""
-    from keras_moe.training import compile_memory
+    from keras_moe.tpu_compile import compile_memory
 
     report = {"gin_files": ["pretrain_c4_mesh.gin"], "topology": "v5e:4x4", "chips": 16,
               "device_kind": "TPU v5 lite", "generation": "v5e", "mesh": {"expert": 16},
@@ -77,7 +77,7 @@ def fake_out_of_memory_report(**changes):
 
 
 def test_a_step_that_does_not_fit_names_its_largest_buffers_and_the_levers():
-    from keras_moe.training import compile_only
+    from keras_moe.tpu_compile import compile_only
 
     report = fake_out_of_memory_report()
     assert [a["bytes"] for a in report["largest_allocations"]] == [
@@ -106,7 +106,7 @@ def test_a_step_that_does_not_fit_names_its_largest_buffers_and_the_levers():
 
 
 def test_activation_all_gathers_are_told_from_weight_gathers_by_shape():
-    from keras_moe.training import compile_report, hlo_collectives
+    from keras_moe.tpu_compile import compile_report, hlo_collectives
 
     weights = [((8, 64, 128), (2, 64, 128)), ((8100, 64), (8100, 64))]
     hlo = "\n".join([

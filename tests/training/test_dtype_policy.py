@@ -16,24 +16,24 @@ from tests.training.helpers import parse
 
 
 def _train(model_dir, bindings=(), model=None):
-    from keras_moe.training import gin_configurables
+    from keras_moe.training import train_configurables
 
     parse(list(bindings))
     kwargs = {} if model is None else {"model": model}
-    return gin_configurables.train(
-        str(model_dir), write_config=gin_configurables.write_operative_config,
+    return train_configurables.train(
+        str(model_dir), write_config=train_configurables.write_operative_config,
         tensorboard=False, verbose=0, **kwargs)
 
 
 @pytest.mark.slow
 def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
-    from keras_moe.models import gin_configurables
+    from keras_moe.models import model_configurables
     from keras_moe.routing.base import Router
 
     built = []
 
     def factory():
-        built.append(gin_configurables.build_model())
+        built.append(model_configurables.build_model())
         return built[-1]
 
     before = keras.config.dtype_policy().name

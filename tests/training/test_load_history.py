@@ -6,8 +6,8 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe.training import expert_load, load_history
-from keras_moe.training.callbacks import TrainingLogger
+from keras_moe.training.run import expert_load, load_history
+from keras_moe.training.run.fit_callbacks import TrainingLogger
 
 
 def _entry(step, loads, dropped):

@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 import keras_moe
-from keras_moe.training import expert_load
-from keras_moe.training.callbacks import TrainingLogger
+from keras_moe.training.run import expert_load
+from keras_moe.training.run.fit_callbacks import TrainingLogger
 
 
 class _Model(keras_moe.RouterMetricsMixin, keras.Model):

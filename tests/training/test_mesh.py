@@ -171,8 +171,8 @@ def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh
     with the arguments, not only when the model is built."""
     import keras
 
-    from keras_moe.training import mesh
     from keras_moe.training.errors import TrainingConfigError
+    from keras_moe.training.placement import mesh
 
     monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
     monkeypatch.setattr(keras.distribution, "list_devices", lambda: [f"cpu:{i}" for i in range(8)])
@@ -193,8 +193,8 @@ def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh
      r"--process_index must be an integer in \[0, 2\)"),
 ])
 def test_bad_process_flags_are_refused_before_jax_starts(kwargs, message):
-    from keras_moe.training import multihost
     from keras_moe.training.errors import TrainingConfigError
+    from keras_moe.training.placement import multihost
 
     with pytest.raises(TrainingConfigError, match=message):
         multihost.initialize(**kwargs)
@@ -207,7 +207,7 @@ def test_bad_process_flags_are_refused_before_jax_starts(kwargs, message):
     ((16, None, 3, 4), ([3], 4, 4)),
 ])
 def test_input_plan_gives_each_process_its_block_of_the_global_batch(args, expected):
-    from keras_moe.training import multihost
+    from keras_moe.training.placement import multihost
 
     assert multihost.input_plan(*args) == expected
 
@@ -218,8 +218,8 @@ def test_input_plan_gives_each_process_its_block_of_the_global_batch(args, expec
     ((16, 0, 0, 1), "positive multiple"),
 ])
 def test_input_plan_refuses_shards_that_do_not_split_evenly(args, message):
-    from keras_moe.training import multihost
     from keras_moe.training.errors import TrainingConfigError
+    from keras_moe.training.placement import multihost
 
     with pytest.raises(TrainingConfigError, match=message):
         multihost.input_plan(*args)

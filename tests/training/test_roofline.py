@@ -3,7 +3,7 @@
 import pytest
 
 from keras_moe.models import EncoderDecoder
-from keras_moe.training import roofline
+from keras_moe.tpu_compile import roofline
 from tests.models.helpers import tiny_config
 
 # Compiled-HLO lines as the TPU compiler writes them: operands without types, layouts with

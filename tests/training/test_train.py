@@ -12,11 +12,11 @@ from tests.training.helpers import parse
 
 
 def _train(model_dir, bindings=()):
-    from keras_moe.training import gin_configurables
+    from keras_moe.training import train_configurables
 
     parse(list(bindings))
-    return gin_configurables.train(
-        str(model_dir), write_config=gin_configurables.write_operative_config,
+    return train_configurables.train(
+        str(model_dir), write_config=train_configurables.write_operative_config,
         tensorboard=False, verbose=0)
 
 
@@ -40,10 +40,10 @@ def test_a_few_steps_lower_the_loss_on_the_embedded_data(tmp_path):
 
 def _final_weights(model_dir):
     from keras_moe.training import checkpoint as ckpt_lib
-    from keras_moe.training import gin_configurables, trainer
+    from keras_moe.training import train_configurables, trainer
 
     meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
-    model = trainer.build_compiled_model(optimizer=gin_configurables.make_optimizer)
+    model = trainer.build_compiled_model(optimizer=train_configurables.make_optimizer)
     ckpt_lib.restore(model, meta)
     return int(model.optimizer.iterations.numpy()), [v.numpy() for v in model.weights], [
         v.numpy() for v in model.optimizer.variables]
@@ -72,12 +72,12 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
 
 def test_skip_reproduces_the_data_position():
-    from keras_moe.training import data
+    from keras_moe.training.run import input_pipeline
 
     lengths = {"inputs": 64, "targets": 14}
-    stream = data.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3)
+    stream = input_pipeline.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3)
     reference = [b[0]["encoder_input_tokens"].numpy() for b in stream.take(5)]
-    skipped = data.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3,
+    skipped = input_pipeline.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3,
                                 skip_batches=3)
     got = [b[0]["encoder_input_tokens"].numpy() for b in skipped.take(2)]
     np.testing.assert_array_equal(got[0], reference[3])

@@ -6,11 +6,11 @@ import pytest
 
 import gin
 from keras_moe.gin_config import parse_gin
-from keras_moe.training import gin_configurables
-from keras_moe.training.checkpoint_config import CheckpointConfig
-from keras_moe.training.dataset_config import DatasetConfig
+from keras_moe.training import train_configurables
+from keras_moe.training.checkpoint.checkpoint_config import CheckpointConfig
 from keras_moe.training.errors import TrainingConfigError, WorkerFailureError
 from keras_moe.training.placement import MeshPlacement, StrategyPlacement
+from keras_moe.training.run.dataset_config import DatasetConfig
 from keras_moe.training.train_config import SHORTHANDS, TrainConfig
 
 # An operative_config.gin of a run trained before the collaborators existed:
@@ -47,7 +47,7 @@ def _clean_gin():
 
 def test_the_shipped_run_files_inject_the_collaborators():
     parse_gin("tiny_local.gin", check_unread=False)
-    config = gin_configurables.job_config()
+    config = train_configurables.job_config()
     assert config.dataset == DatasetConfig(
         task="embedded_span_corruption", feature_lengths={"inputs": 128, "targets": 29},
         batch_size=16)
@@ -55,21 +55,21 @@ def test_the_shipped_run_files_inject_the_collaborators():
     assert config.placement is None and config.train_steps == 300
     gin.clear_config()
     parse_gin("pretrain_c4_mesh.gin", check_unread=False)
-    placement = gin_configurables.job_config().placement
+    placement = train_configurables.job_config().placement
     assert isinstance(placement, MeshPlacement)
     assert placement.mesh_shape == {"data": 1, "expert": 8, "model": 1}
     gin.clear_config()
     parse_gin("pretrain_c4.gin", check_unread=False)
-    placement = gin_configurables.job_config().placement
+    placement = train_configurables.job_config().placement
     assert isinstance(placement, StrategyPlacement)
     assert (placement.name, placement.tpu_name) == ("tpu", "local")
 
 
 def test_an_old_operative_config_builds_the_same_collaborators():
-    import keras_moe.training.gin_configurables  # noqa: F401  (registers train)
+    import keras_moe.training.train_configurables  # noqa: F401  (registers train)
 
     gin.parse_config(OLD_OPERATIVE_TRAIN)
-    config = gin_configurables.job_config().check()
+    config = train_configurables.job_config().check()
     assert config.dataset == DatasetConfig(
         task="embedded_span_corruption", feature_lengths={"inputs": 32, "targets": 8},
         batch_size=6, pack=False, shuffle=True, seed=3)
@@ -82,7 +82,7 @@ def test_a_flat_setting_beside_its_collaborator_is_refused_naming_the_new_bindin
     parse_gin("tiny_local.gin", ["train.batch_size = 8", "train.keep_checkpoints = 1"],
               check_unread=False)
     with pytest.raises(TrainingConfigError) as error:
-        gin_configurables.job_config()
+        train_configurables.job_config()
     message = str(error.value)
     assert "train.batch_size is DatasetConfig.batch_size now" in message
     assert "bind DatasetConfig.batch_size instead" in message
@@ -91,14 +91,14 @@ def test_a_flat_setting_beside_its_collaborator_is_refused_naming_the_new_bindin
 def test_the_mesh_shorthand_works_where_no_placement_is_bound_and_is_refused_beside_one():
     parse_gin("tiny_local.gin", ['train.mesh_shape = {"data": 2, "expert": 4}'],
               check_unread=False)
-    placement = gin_configurables.job_config().placement
+    placement = train_configurables.job_config().placement
     assert isinstance(placement, MeshPlacement)
     assert placement.mesh_shape == {"data": 2, "expert": 4}
     gin.clear_config()
     parse_gin("pretrain_c4_mesh.gin", ['train.mesh_shape = {"data": 2, "expert": 4}'],
               check_unread=False)
     with pytest.raises(TrainingConfigError, match=r"bind MeshPlacement.mesh_shape instead"):
-        gin_configurables.job_config()
+        train_configurables.job_config()
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -10,9 +10,10 @@ import pytest
 from keras_moe import gin_config
 from keras_moe.gin_config import GinConfigError
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training import run, trainer
+from keras_moe.training import trainer
 from keras_moe.training.errors import TrainingConfigError
-from keras_moe.training.schedules import InverseSqrtSchedule, make_optimizer
+from keras_moe.training.run import training_run
+from keras_moe.training.run.schedules import InverseSqrtSchedule, make_optimizer
 
 
 def test_inverse_sqrt_schedule_matches_t5_formula():
@@ -46,7 +47,7 @@ def test_make_optimizer_kinds_and_errors():
     (30, 30, 10, []),
 ])
 def test_fit_segments_cover_exactly_the_remaining_steps(start, total, spe, expected):
-    segments = run.fit_segments(start, total, spe)
+    segments = training_run.fit_segments(start, total, spe)
     assert segments == expected
     steps = sum((epochs - initial) * n for initial, epochs, n, _ in segments)
     assert steps == total - start
@@ -184,13 +185,13 @@ def test_parse_gin_takes_one_file_or_a_list(tmp_path):
 
 def test_all_run_files_parse():
     import gin
-    from keras_moe.training import gin_configurables
+    from keras_moe.training import train_configurables
 
     for name in ("tiny_local", "pretrain_c4", "pretrain_c4_mesh", "pretrain_docs",
                  "translate_bible_x2en", "finetune"):
         gin.clear_config()
         gin_config.parse_gin([name + ".gin"], ['INIT_CHECKPOINT = "/x"'] * (name == "finetune"))
-        dataset = gin_configurables.job_config().dataset.check()
+        dataset = train_configurables.job_config().dataset.check()
         assert dataset.task and dataset.batch_size > 0, name
     gin.clear_config()
 
@@ -232,7 +233,7 @@ def test_init_checkpoint_reads_into_the_models_own_factory(tmp_path):
     import keras
 
     from keras_moe.models import build_model
-    from keras_moe.training.checkpoint_config import load_init_checkpoint
+    from keras_moe.training.checkpoint.checkpoint_config import load_init_checkpoint
     from tests.models.helpers import tiny_config
 
     def factory():

@@ -1,0 +1,1 @@
+"""The training loop of one run: its data, model, optimizer, callbacks and closing summary."""
