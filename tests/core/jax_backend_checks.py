@@ -174,6 +174,24 @@ def check_compiled_decoding():
     print("OK compiled_decoding")
 
 
+def check_upcycle():
+    """Upcycled granular experts (zero router) and top-1 experts start at the dense logits."""
+    from keras_moe import TopKFeedForward
+    from keras_moe.models.upcycle import upcycle_weights
+    from tests.models.test_upcycle import _batch, _logits, _pair
+
+    for ffn, router_init in (
+            (TopKFeedForward(num_experts=8, d_ff=8, k=4, normalize_top_k=True,
+                             eval_capacity_factor=8.0, activation="gated-gelu"), "zero"),
+            (TopKFeedForward(num_experts=4, d_ff=32, k=1, normalize_top_k=True,
+                             eval_capacity_factor=4.0, activation="gated-gelu"), "fresh")):
+        sparse, dense = _pair(ffn)
+        upcycle_weights(sparse, dense, router_init=router_init)
+        np.testing.assert_allclose(_logits(sparse, _batch(2)), _logits(dense, _batch(2)),
+                                   atol=2e-5)
+    print("OK upcycle")
+
+
 check_reference()
 check_gradients_agree()
 check_dropless()
@@ -181,3 +199,4 @@ check_empty_batch()
 check_fit_and_save()
 check_router_metrics()
 check_compiled_decoding()
+check_upcycle()

@@ -56,6 +56,8 @@ MODULES = [
     "keras_moe.models.sparse_ffn",
     "keras_moe.models.sparse_ffn_checks",
     "keras_moe.models.transformer",
+    "keras_moe.models.upcycle",
+    "keras_moe.models.variable_paths",
     "keras_moe.dropless_exchange",
     "keras_moe.moe",
     "keras_moe.replica_context",
