@@ -21,7 +21,7 @@ CHECKED_DUNDERS = ("__init__", "__call__")
 TRAINING_API = tuple(f"keras_moe.training.{name}" for name in (
     "train_config", "trainer", "checkpoint.checkpoint_config", "placement.strategy_placement",
     "placement.mesh_placement", "run.training_run", "run.dataset_config", "run.dtype_policy",
-    "run.model_dir", "run.compiled_model", "run.summary"))
+    "run.model_dir", "run.compiled_model", "run.summary", "checkpoint.upcycle_checkpoint"))
 
 
 def core_modules():

@@ -16,6 +16,7 @@ from keras_moe import gin_config
 from keras_moe.training import trainer
 from keras_moe.training.checkpoint.atomic_files import atomic_write_text
 from keras_moe.training.checkpoint.checkpoint_config import CheckpointConfig
+from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle
 from keras_moe.training.placement import MeshPlacement, StrategyPlacement
 from keras_moe.training.run import schedules
 from keras_moe.training.run.dataset_config import DatasetConfig
@@ -26,7 +27,7 @@ train = gin.external_configurable(trainer.train, name="train", module=_MODULE,
                                   denylist=["model_dir", "write_config", "return_config"])
 make_optimizer = gin.external_configurable(schedules.make_optimizer, name="make_optimizer",
                                            module=_MODULE)
-for _cls in (DatasetConfig, CheckpointConfig, StrategyPlacement, MeshPlacement):
+for _cls in (DatasetConfig, CheckpointConfig, Upcycle, StrategyPlacement, MeshPlacement):
     gin.external_configurable(_cls, module=_MODULE)
 # `train` takes **settings (the flat shorthands): gin would accept any name.
 gin_config.register_keyword_names(

@@ -98,6 +98,7 @@ MODULES = [
     "keras_moe.training.run.training_run",
     "keras_moe.training.run.schedules",
     "keras_moe.training.checkpoint.sharded_checkpoint",
+    "keras_moe.training.checkpoint.upcycle_checkpoint",
     "keras_moe.training.run.summary",
     "keras_moe.training.train_config",
     "keras_moe.tpu_compile.tpu_topology",

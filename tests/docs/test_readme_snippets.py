@@ -44,7 +44,7 @@ def run_python(code, timeout, env=None):
 
 def test_the_blocks_this_file_runs_are_the_ones_in_the_docs():
     assert len(code_blocks(README, "python")) == 3
-    assert len(code_blocks(README, "bash")) == 2
+    assert len(code_blocks(README, "bash")) == 3  # the third: tests/training/test_upcycle_cli.py
     assert len(code_blocks(SHARDING, "python")) == 2
     assert len(code_blocks(SERVING, "python")) == 1
     assert not code_blocks(SERVING, "bash")

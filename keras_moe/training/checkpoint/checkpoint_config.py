@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle, dense_model_for
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 from keras_moe.validation import check_int
@@ -27,10 +29,12 @@ class CheckpointConfig:
             None: at every epoch end.
         init_checkpoint: weights a run starts from when its model_dir holds no
             checkpoint (`INIT_CHECKPOINT`; see `load_init_checkpoint`).
+        upcycle: an `Upcycle` to start this sparse run from the dense model of
+            `init_checkpoint` (`load_upcycled`); None: the same architecture.
 
     Example:
     >>> CheckpointConfig(every=100, keep=2).check()
-    CheckpointConfig(every=100, keep=2, backup_every=None, init_checkpoint=None)
+    CheckpointConfig(every=100, keep=2, backup_every=None, init_checkpoint=None, upcycle=None)
     >>> CheckpointConfig(keep=0).check()
     Traceback (most recent call last):
     ...
@@ -41,6 +45,7 @@ class CheckpointConfig:
     keep: int = 3
     backup_every: int | None = None
     init_checkpoint: str | None = None
+    upcycle: Upcycle | None = None
 
     def check(self) -> CheckpointConfig:
         """Checks every setting; returns self. Raises `TrainingConfigError` naming it."""
@@ -52,6 +57,15 @@ class CheckpointConfig:
             raise TrainingConfigError(
                 f"CheckpointConfig.init_checkpoint (INIT_CHECKPOINT) must be a path or None, "
                 f"got {self.init_checkpoint!r}.")
+        if self.upcycle is not None:
+            if not isinstance(self.upcycle, Upcycle):
+                raise TrainingConfigError(f"CheckpointConfig.upcycle must be an Upcycle "
+                                          f"(@Upcycle()) or None, got {self.upcycle!r}.")
+            if not self.init_checkpoint:
+                raise TrainingConfigError(
+                    "CheckpointConfig.upcycle needs the dense checkpoint to upcycle: set "
+                    "CheckpointConfig.init_checkpoint (INIT_CHECKPOINT).")
+            self.upcycle.check()
         return self
 
     def restore(self, model: keras.Model, model_dir: str, model_factory: Callable | None = None,
@@ -82,6 +96,8 @@ class CheckpointConfig:
                 raise TrainingConfigError(
                     f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
                     "(all corrupt, see above); move them away to start from step 0.")
+        elif self.init_checkpoint and self.upcycle is not None:
+            load_upcycled(model, self.init_checkpoint, self.upcycle)
         elif self.init_checkpoint:
             load_init_checkpoint(model, self.init_checkpoint, model_factory)
         start_step = int(model.optimizer.iterations.numpy())
@@ -155,3 +171,44 @@ def load_init_checkpoint(model: keras.Model, path: str,
     for a, b in zip(src, dst, strict=False):
         b.assign(a.value)
     log(f"initialised the model from {kind} {path}")
+
+
+def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
+    """Starts the sparse `model` from the dense model at `path` (`Upcycle.load`).
+
+    Args:
+        model: the built, compiled sparse model.
+        path: a dense keras_moe `.weights.h5`, model dir or checkpoint folder
+            (its weights and optimizer state), or a Hugging Face T5 folder
+            (weights only: the optimizer starts at step 0).
+        upcycle: how (router, noise, optimizer state).
+
+    Returns:
+        `Upcycle.load`'s report.
+
+    Raises:
+        TrainingConfigError: when the checkpoint is not the dense form of the model.
+    """
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        from keras_moe.convert import from_hf
+
+        return upcycle.load(model, from_hf(path), f"Hugging Face checkpoint {path}")
+    weights = ckpt_lib.resolve_checkpoint(path, "init_checkpoint")
+    carry = upcycle.optimizer_state and model.optimizer is not None
+    dense = dense_model_for(model, model.optimizer if carry else None)
+    if carry:
+        dense.optimizer.build(dense.trainable_variables)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dense.load_weights(weights)
+    except (ValueError, KeyError, OSError) as e:
+        raise TrainingConfigError(f"init_checkpoint {weights} is not the dense form of the "
+                                  f"configured sparse model: {e}") from None
+    skipped = [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
+    if skipped and carry:
+        raise TrainingConfigError(
+            f"init_checkpoint {weights} does not hold this run's optimizer state "
+            f"({skipped[0].strip()}); bind `Upcycle.optimizer_state = False` to start the "
+            "optimizer afresh.")
+    return upcycle.load(model, dense, f"checkpoint {weights}")

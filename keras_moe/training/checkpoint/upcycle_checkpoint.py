@@ -1,0 +1,180 @@
+"""A MoE run started from a dense checkpoint: weights upcycled, optimizer state and step carried.
+
+`keras_moe.models.upcycle.upcycle_weights` fills the experts from each layer's
+dense FFN. The optimizer's per-variable state follows the same map: a copied
+weight's slots are copied; an expert's slots are the dense FFN's, sliced like
+the weight for granular experts. Adafactor's factored second moments (`r`,
+the mean over the last axis of the squared gradient, and `c`, the mean over
+the second-last) are estimated for a slice from the factored form
+`v ~ r c / mean(c)`: a slice of `d_ff` keeps its exact `c` (or `r`) entries,
+and the other factor is scaled by the slice's share. Routers start with empty
+slots. The step counter is the dense run's, so schedules continue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from keras_moe.models.upcycle import ROUTER_INITS, RouterInit, upcycle_weights
+from keras_moe.models.variable_paths import relative_paths
+from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.log import log
+
+if TYPE_CHECKING:
+    import keras
+
+# The optimizers' per-variable slot lists (Keras 3): Adafactor, Adam/AdamW/Lion, SGD.
+_SLOT_LISTS = ("_r", "_c", "_v", "_momentums", "_velocities", "_velocity_hats", "momentums")
+
+
+@dataclasses.dataclass
+class Upcycle:
+    """How a sparse run starts from a dense `init_checkpoint` (gin:
+    `CheckpointConfig.upcycle = @Upcycle()`; see `gin/runs/upcycle.gin`).
+
+    Args:
+        router_init: "fresh" (the router's own initialisation) or "zero".
+        noise_std: multiplicative noise on each expert's copy (0: exact).
+        seed: seed of that noise.
+        optimizer_state: carry the dense run's optimizer state and step
+            (False: the optimizer starts empty at step 0).
+
+    Example:
+    >>> Upcycle(router_init="zero").check()
+    Upcycle(router_init='zero', noise_std=0.0, seed=None, optimizer_state=True)
+    >>> Upcycle(router_init="uniform").check()
+    Traceback (most recent call last):
+    ...
+    keras_moe.training.errors.TrainingConfigError: `Upcycle.router_init` must be one of ('fresh', 'zero'), got 'uniform'.
+    """  # noqa: E501 - verbatim output lines
+
+    router_init: RouterInit = "fresh"
+    noise_std: float = 0.0
+    seed: int | None = None
+    optimizer_state: bool = True
+
+    def check(self) -> Upcycle:
+        """Checks every setting; returns self. Raises `TrainingConfigError` naming it."""
+        if self.router_init not in ROUTER_INITS:
+            raise TrainingConfigError(f"`Upcycle.router_init` must be one of {ROUTER_INITS}, "
+                                      f"got {self.router_init!r}.")
+        if (isinstance(self.noise_std, bool) or not isinstance(self.noise_std, (int, float))
+                or not np.isfinite(self.noise_std) or self.noise_std < 0):
+            raise TrainingConfigError(
+                f"`Upcycle.noise_std` must be a number >= 0, got {self.noise_std!r}.")
+        if not isinstance(self.optimizer_state, bool):
+            raise TrainingConfigError(
+                f"`Upcycle.optimizer_state` must be True or False, got {self.optimizer_state!r}.")
+        return self
+
+    def load(self, model: keras.Model, dense: keras.Model, source: str) -> dict:
+        """Fills the built, compiled sparse `model` from the `dense` model (its
+        weights and, when compiled and built, its optimizer), logs it, and returns
+        `upcycle_weights`' report plus `step`."""
+        try:
+            report = upcycle_weights(model, dense, self.router_init, self.noise_std, self.seed)
+        except ValueError as e:
+            raise TrainingConfigError(f"cannot upcycle {source}: {e}") from None
+        step = 0
+        if self.optimizer_state and getattr(dense, "optimizer", None) is not None \
+                and dense.optimizer.built:
+            carry_optimizer_state(model, dense, report)
+            step = int(dense.optimizer.iterations.numpy())
+        report["step"] = step
+        log(f"upcycled {source} into {len(report['experts'])} expert weights "
+            f"({len(report['routers'])} routers {self.router_init}), continuing at step {step}")
+        return report
+
+
+def dense_model_for(model: keras.Model,
+                    optimizer_like: keras.optimizers.Optimizer | None) -> keras.Model:
+    """The dense `EncoderDecoder` a sparse model upcycles from: the sparse
+    config with every MoE layer a dense FFN of `d_ff`, compiled with an
+    optimizer of the same class and settings (its state not yet built)."""
+    from keras_moe.distill.init_from_teacher import dense_student_config
+    from keras_moe.models import EncoderDecoder
+
+    config = getattr(model, "config", None)
+    if config is None or not config.is_sparse:
+        raise TrainingConfigError("`CheckpointConfig.upcycle` needs a sparse keras_moe model "
+                                  "(a T5Config with MoE layers) to upcycle into.")
+    dense = EncoderDecoder(dense_student_config(config))
+    if optimizer_like is not None:
+        optimizer = optimizer_like.__class__.from_config(optimizer_like.get_config())
+        dense.compile(**dense.compile_defaults(optimizer=optimizer))
+    return dense
+
+
+def carry_optimizer_state(sparse: keras.Model, dense: keras.Model, report: dict) -> None:
+    """Sets the sparse model's optimizer slots and step from the dense model's,
+    following `report` (`upcycle_weights`' map). Both optimizers must be of one
+    class; the sparse one is built here if it is not yet."""
+    target, origin = sparse.optimizer, dense.optimizer
+    if type(target) is not type(origin):
+        raise TrainingConfigError(f"the dense run's optimizer is {type(origin).__name__}, this "
+                                  f"run's {type(target).__name__}; carry state only between "
+                                  "the same optimizer.")
+    if not target.built:
+        target.build(sparse.trainable_variables)
+    dense_slots = _slots(origin, dense.trainable_variables, relative_paths(dense))
+    sparse_slots = _slots(target, sparse.trainable_variables, relative_paths(sparse))
+    dense_vars, sparse_vars = relative_paths(dense), relative_paths(sparse)
+    for path in report["copied"]:
+        for name, slot in sparse_slots.get(path, {}).items():
+            slot.assign(dense_slots[path][name].value)
+    for path in report["experts"]:
+        folder, _, weight = path.rpartition("/")
+        dense_path = f"{folder[:-len('/experts')]}/{weight}"
+        d_ff = dense_vars[dense_path].shape[0 if weight == "wo" else 1]
+        width = sparse_vars[path].shape[1 if weight == "wo" else 2]
+        for name, slot in sparse_slots.get(path, {}).items():
+            value = _expert_slot(dense_slots[dense_path], name, weight, tuple(slot.shape), d_ff,
+                                 width)
+            slot.assign(value.astype(slot.dtype))
+    target.iterations.assign(origin.iterations.value)
+
+
+def _slots(optimizer, variables, paths):
+    """{relative path: {slot list name: slot variable}}; refuses state it cannot map."""
+    by_id = {id(v): p for p, v in paths.items()}
+    out = {by_id[id(v)]: {} for v in variables if id(v) in by_id}
+    mapped = {id(optimizer.iterations)}
+    for attr in _SLOT_LISTS:
+        slots = getattr(optimizer, attr, None)
+        if not isinstance(slots, list) or len(slots) != len(variables):
+            continue
+        for variable, slot in zip(variables, slots, strict=True):
+            if slot is not None and id(variable) in by_id:
+                out[by_id[id(variable)]][attr] = slot
+                mapped.add(id(slot))
+    learning_rate = getattr(optimizer, "_learning_rate", None)
+    unmapped = [v.path for v in optimizer.variables
+                if id(v) not in mapped and v is not learning_rate]
+    if unmapped:
+        raise TrainingConfigError(
+            f"{type(optimizer).__name__}'s state {unmapped[0]!r} has no known place; bind "
+            "`Upcycle.optimizer_state = False` to start the optimizer afresh.")
+    return out
+
+
+def _expert_slot(slots, name, weight, shape, d_ff, width):
+    """One sparse expert slot [E, ...] from the dense FFN weight's slots: the
+    experts are `width` wide, expert e takes slice `e mod (d_ff / width)`."""
+    value = np.asarray(slots[name].numpy(), dtype=np.float64)
+    if value.ndim == 0:  # Adafactor's placeholder of an unfactored variable
+        return np.broadcast_to(value, shape).copy()
+    parts = d_ff // width
+    cuts = [slice((e % parts) * width, (e % parts + 1) * width) for e in range(shape[0])]
+    if name not in ("_r", "_c"):  # a slot of the weight's own shape
+        return np.stack([value[:, cut] if weight != "wo" else value[cut, :] for cut in cuts])
+    # wi [d_model, d_ff]: c runs over d_ff, r over d_model; wo [d_ff, d_model]: the reverse.
+    over_d_ff = "_c" if weight != "wo" else "_r"
+    if name == over_d_ff:
+        return np.stack([value[cut] for cut in cuts])
+    d_ff_factor = np.asarray(slots[over_d_ff].numpy(), dtype=np.float64)
+    mean = d_ff_factor.mean()
+    return np.stack([value * (d_ff_factor[cut].mean() / mean if mean > 0 else 1.0)
+                     for cut in cuts])

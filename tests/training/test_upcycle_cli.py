@@ -1,0 +1,64 @@
+"""`keras-moe-train --gin_file=upcycle.gin`: a dense run's checkpoint starts a MoE run.
+
+The two commands are the README's (section 5), run as a user types them,
+shortened by gin bindings and with temporary folders.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+
+from tests.docs.test_readme_snippets import README, REPO, code_blocks
+
+SMALL = ["T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
+         "T5Config.d_ff = 64", 'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}',
+         "BATCH_SIZE = 8", "train.log_every = 1", "train.summary_batches = 2",
+         "train.expert_load_every = 0", "CheckpointConfig.every = 2"]
+
+
+def _flags(bindings):
+    return [f"--gin_bindings={b}" for b in bindings]
+
+
+def _run(args):
+    executable = shutil.which("keras-moe-train")
+    assert executable, "keras-moe-train is not on PATH: install the package (scripts/install.sh)"
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    return subprocess.run([executable] + args, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+
+
+def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path):
+    block = code_blocks(README, "bash")[2]
+    dense_command, upcycle_command = (shlex.split(c) for c in
+                                      block.replace("\\\n", " ").splitlines() if c.strip())
+    dense_dir, sparse_dir = tmp_path / "dense", tmp_path / "upcycled"
+    paths = {"/tmp/dense_tiny": str(dense_dir), "/tmp/upcycled_tiny": str(sparse_dir)}
+
+    def local(args):
+        out = []
+        for arg in args[1:]:
+            for old, new in paths.items():
+                arg = arg.replace(old, new)
+            out.append(arg)
+        return out
+
+    assert dense_command[0] == upcycle_command[0] == "keras-moe-train"
+    dense = _run(local(dense_command) + _flags(SMALL + ["TRAIN_STEPS = 2"]))
+    assert dense.returncode == 0, dense.stdout[-2000:] + dense.stderr[-3000:]
+    upcycled = _run(local(upcycle_command) + _flags(SMALL + ["TopKFeedForward.d_ff = 64",
+                                                             "TRAIN_STEPS = 4"]))
+    assert upcycled.returncode == 0, upcycled.stdout[-2000:] + upcycled.stderr[-3000:]
+    assert "upcycled checkpoint" in upcycled.stdout and "continuing at step 2" in upcycled.stdout
+    with open(os.path.join(sparse_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert (summary["start_step"], summary["end_step"]) == (2, 4), summary
+    with open(os.path.join(sparse_dir, "operative_config.gin")) as f:
+        assert "TopKFeedForward.num_experts = 8" in f.read()
+
+    missing = _run(["--gin_file=upcycle.gin", f"--model_dir={tmp_path / 'none'}"]
+                   + _flags(SMALL + ["TopKFeedForward.d_ff = 64"]))
+    assert missing.returncode == 2, missing.stdout[-2000:] + missing.stderr[-3000:]
+    assert "INIT_CHECKPOINT" in missing.stderr
