@@ -11,9 +11,12 @@ When the upcycled model computes what the dense one did at step 0:
 * top-1 routing whose gate is 1 (`TopKFeedForward(k=1, normalize_top_k=True)`),
   or any k with renormalised gates, experts as wide as the dense FFN (G = 1):
   every expert is the dense FFN and the gates sum to 1, whatever the router;
-* granular (G > 1), renormalised gates and `k` a multiple of G, with
-  `router_init="zero"`: all scores tie, the k first experts are chosen, and
-  they hold each slice k/G times at weight 1/k;
+* granular (G > 1), renormalised gates and `k = G`, with
+  `router_init="replicated"`: the router's fresh scores of the first E/G
+  experts, each repeated for the G experts that hold the slices of one FFN
+  copy, so a token picks one whole copy at weight 1/G per slice and the
+  tokens still spread over E/G copies; or with `router_init="zero"` (and k a
+  multiple of G): all scores tie and every token picks the first k experts;
 * as long as no token is dropped (enough capacity, or dropless dispatch).
 A Switch router (`SwitchFeedForward`) scales each output by its softmax
 probability, so it starts at the dense output times that probability.
@@ -30,8 +33,8 @@ from keras_moe.models.variable_paths import relative_paths
 if TYPE_CHECKING:
     import keras
 
-RouterInit = Literal["fresh", "zero"]
-ROUTER_INITS = ("fresh", "zero")
+RouterInit = Literal["fresh", "zero", "replicated"]
+ROUTER_INITS = ("fresh", "zero", "replicated")
 _FFN_WEIGHTS = ("wi", "wi_0", "wi_1", "wo")
 
 
@@ -44,8 +47,9 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
         dense: the dense model it is upcycled from: the same d_model, heads,
             vocabulary and layer counts.
         router_init: "fresh" keeps the routers' own initialisation; "zero" sets
-            their kernels to 0 (uniform scores: needed for an exact start of
-            granular experts).
+            them to 0 (uniform scores); "replicated" repeats the scores of the
+            first E/G experts G times (expert e scores as expert e // G did),
+            so that granular experts start exactly at the dense FFN.
         noise_std: each expert's weights are multiplied by `1 + N(0, noise_std)`,
             drawn per element and per expert (0: exact copies).
         seed: seed of that noise.
@@ -107,6 +111,9 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
         elif folder.endswith("/router"):
             if router_init == "zero":
                 variable.assign(np.zeros(variable.shape, variable.dtype))
+            elif router_init == "replicated":
+                slices = _slices(folder[:-len("/router")], source, relative_paths(sparse))
+                variable.assign(_replicated(variable.numpy(), slices, path))
             report["routers"].append(path)
         elif _in_moe_layer(path, source):
             report["fresh"].append(path)
@@ -147,6 +154,24 @@ def _expert_values(source, shape, name, path, noise_std, rng):
             expert = expert * (1.0 + rng.normal(0.0, noise_std, expert.shape))
         experts.append(expert)
     return np.stack(experts)
+
+
+def _slices(ffn, source, sparse_paths):
+    """G of the MoE layer at `ffn`: the dense d_ff over its experts' width."""
+    dense_wo, experts_wo = source.get(f"{ffn}/wo"), sparse_paths.get(f"{ffn}/experts/wo")
+    if dense_wo is None or experts_wo is None:
+        return 1
+    return max(1, dense_wo.shape[0] // experts_wo.shape[1])
+
+
+def _replicated(value, slices, path):
+    """Router weights [..., E] where expert e takes expert (e // slices)'s column."""
+    num_experts = value.shape[-1]
+    if num_experts % slices:
+        raise ValueError(f"router weight {path!r} has {num_experts} experts, not a multiple of "
+                         f"the {slices} slices of the dense FFN; `router_init='replicated'` "
+                         "needs whole FFN copies.")
+    return np.repeat(value[..., :num_experts // slices], slices, axis=-1)
 
 
 def _in_moe_layer(path, source):

@@ -62,6 +62,22 @@ def test_granular_experts_with_a_zero_router_start_at_the_dense_logits():
                                atol=2e-5)
 
 
+def test_granular_experts_with_a_replicated_router_start_at_the_dense_logits_and_spread():
+    # 16 experts a quarter of d_ff wide, top-4: 4 copies of the FFN; a token's
+    # router picks the 4 slices of one copy, and the copies share the tokens.
+    sparse, dense = _pair(TopKFeedForward(num_experts=16, d_ff=8, k=4, normalize_top_k=True,
+                                          eval_capacity_factor=16.0, activation="gated-gelu",
+                                          router_init_scale=10.0))
+    upcycle_weights(sparse, dense, router_init="replicated")
+    np.testing.assert_allclose(_logits(sparse, _batch(4)), _logits(dense, _batch(4)),
+                               atol=2e-5)
+    kernel = relative_paths(sparse)["encoder_layer_1/ffn/router/kernel"].numpy()
+    np.testing.assert_array_equal(kernel[:, 4:8], np.repeat(kernel[:, 4:5], 4, axis=1))
+    x = np.random.default_rng(5).normal(size=(4, 16, 16)).astype("float32")
+    chosen = np.argmax(x @ kernel, axis=-1) // 4  # the copy each token goes to
+    assert len(np.unique(chosen)) > 1
+
+
 def test_a_switch_router_starts_at_the_dense_ffn_times_its_gate():
     # Switch multiplies the expert output by the softmax probability: with a zero
     # router over 4 experts that is 1/4 of the dense FFN at the MoE layer.
@@ -145,7 +161,7 @@ def test_a_dense_model_that_does_not_match_is_refused_naming_the_weight(expert_d
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"router_init": "random"}, r"`router_init` must be one of \('fresh', 'zero'\)"),
+    ({"router_init": "random"}, r"`router_init` must be one of \('fresh', 'zero', 'replicated'\)"),
     ({"noise_std": -0.1}, "`noise_std` must be a number >= 0, got -0.1"),
     ({"noise_std": float("nan")}, "`noise_std` must be a number >= 0"),
 ])

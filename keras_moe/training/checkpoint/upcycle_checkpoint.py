@@ -36,7 +36,8 @@ class Upcycle:
     `CheckpointConfig.upcycle = @Upcycle()`; see `gin/runs/upcycle.gin`).
 
     Args:
-        router_init: "fresh" (the router's own initialisation) or "zero".
+        router_init: "fresh" (the router's own initialisation), "zero" or "replicated"
+            (granular experts; see `keras_moe.models.upcycle`).
         noise_std: multiplicative noise on each expert's copy (0: exact).
         seed: seed of that noise.
         optimizer_state: carry the dense run's optimizer state and step
@@ -48,7 +49,7 @@ class Upcycle:
     >>> Upcycle(router_init="uniform").check()
     Traceback (most recent call last):
     ...
-    keras_moe.training.errors.TrainingConfigError: `Upcycle.router_init` must be one of ('fresh', 'zero'), got 'uniform'.
+    keras_moe.training.errors.TrainingConfigError: `Upcycle.router_init` must be one of ('fresh', 'zero', 'replicated'), got 'uniform'.
     """  # noqa: E501 - verbatim output lines
 
     router_init: RouterInit = "fresh"
