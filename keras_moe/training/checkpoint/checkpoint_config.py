@@ -102,7 +102,7 @@ class CheckpointConfig:
             load_init_checkpoint(model, self.init_checkpoint, model_factory)
         start_step = int(model.optimizer.iterations.numpy())
         if resumed is None:
-            log("no checkpoint in model_dir: starting from step 0")
+            log(f"no checkpoint in model_dir: starting from step {start_step}")
             return manager, backup_dir, None, start_step
         if start_step != resumed["step"]:
             raise TrainingConfigError(
