@@ -10,6 +10,8 @@ import shlex
 import shutil
 import subprocess
 
+import pytest
+
 from tests.docs.test_readme_snippets import README, REPO, code_blocks
 
 SMALL = ["T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
@@ -58,7 +60,20 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
     with open(os.path.join(sparse_dir, "operative_config.gin")) as f:
         assert "TopKFeedForward.num_experts = 8" in f.read()
 
-    missing = _run(["--gin_file=upcycle.gin", f"--model_dir={tmp_path / 'none'}"]
-                   + _flags(SMALL + ["TopKFeedForward.d_ff = 64"]))
-    assert missing.returncode == 2, missing.stdout[-2000:] + missing.stderr[-3000:]
-    assert "INIT_CHECKPOINT" in missing.stderr
+    # Run again with a longer run: it resumes from its own step-4 checkpoint, as any run does.
+    resumed = _run(local(upcycle_command) + _flags(SMALL + ["TopKFeedForward.d_ff = 64",
+                                                            "TRAIN_STEPS = 6"]))
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "resumed from checkpoint" in resumed.stdout
+    assert "upcycled checkpoint" not in resumed.stdout
+    with open(os.path.join(sparse_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert (summary["start_step"], summary["end_step"]) == (4, 6), summary
+
+
+def test_upcycle_gin_without_init_checkpoint_is_refused_naming_it():
+    import keras_moe.training.train_configurables  # noqa: F401  (registers train)
+    from keras_moe.gin_config import GinConfigError, parse_gin
+
+    with pytest.raises(GinConfigError, match=r"require a value for \['INIT_CHECKPOINT'\]"):
+        parse_gin(["upcycle.gin"], [])
