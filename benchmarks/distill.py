@@ -130,16 +130,13 @@ def main(argv=None):
 
     from benchmarks import common
     from keras_moe.distill import build_distiller
-    from keras_moe.models import T5Config, build_model, count_params
+    from keras_moe.models import build_model, count_params
 
     command = quality.command_line("distill.py", argv)
     source = quality.SeqioBatches(args)
     held_out, held_out_tokens = source.held_out()
     print(f"task {source.task}, held-out set: {held_out_tokens} target tokens", flush=True)
-    dense_config = T5Config(
-        vocab_size=source.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
-        d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
-        num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
+    dense_config = quality.base_dense_config(args, source.vocab_size)
     teacher_config = quality.sparse_config(dense_config, "switch", args.experts)
 
     def optimizer():

@@ -404,6 +404,17 @@ def compare(moe_run, dense_run, step_time_ratio=None):
     }
 
 
+def base_dense_config(args, vocab_size):
+    """The benchmark's dense T5.1.1 model: `args.d_model`, heads, `d_ff`, `layers`
+    encoder and decoder layers, `activation`, no dropout."""
+    from keras_moe.models import T5Config
+
+    return T5Config(
+        vocab_size=vocab_size, d_model=args.d_model, num_heads=args.num_heads,
+        d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
+        num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
+
+
 def sparse_config(dense_config, moe_type, num_experts, **layer_args):
     """`dense_config` with a Switch ("switch") or GShard ("gshard") layer of
     `num_experts` experts, of the dense FFN's size and activation, in every
@@ -672,7 +683,7 @@ def main(argv=None):
     import keras
 
     from benchmarks import common
-    from keras_moe.models import T5Config, build_model, count_params
+    from keras_moe.models import build_model, count_params
 
     reused = reusable_runs(args.output, args) if args.reuse and not args.job else {}
     command = command_line("quality.py", argv)
@@ -682,10 +693,7 @@ def main(argv=None):
     if args.export_batches:
         return export_batches(args, source)
 
-    dense_config = T5Config(
-        vocab_size=source.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
-        d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
-        num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
+    dense_config = base_dense_config(args, source.vocab_size)
 
     def moe_config(moe_type, experts, train_cf, eval_cf, dispatch="auto"):
         return sparse_config(

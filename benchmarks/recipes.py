@@ -141,15 +141,12 @@ def main(argv=None):
     import keras
 
     from benchmarks import common
-    from keras_moe.models import T5Config, build_model, count_params
+    from keras_moe.models import build_model, count_params
 
     baseline = common.read_result(BASELINE_RESULT) if not args.smoke else None
     source = quality.SeqioBatches(base)
     seeds = quality.seed_list(base)
-    dense_config = T5Config(
-        vocab_size=source.vocab_size, d_model=base.d_model, num_heads=base.num_heads,
-        d_kv=base.d_model // base.num_heads, d_ff=base.d_ff, num_encoder_layers=base.layers,
-        num_decoder_layers=base.layers, activation=base.activation, dropout_rate=0.0)
+    dense_config = quality.base_dense_config(base, source.vocab_size)
     configs = {name: recipe_config(dense_config, args, name) for name in args.recipes}
     previous = common.read_result(args.output) if args.reuse else None
     stored_runs = {} if previous is None else {

@@ -122,14 +122,11 @@ def main(argv=None):
     import keras
 
     from benchmarks import common
-    from keras_moe.models import T5Config, build_model, count_params
+    from keras_moe.models import build_model, count_params
 
     source = quality.SeqioBatches(base)
     seeds = quality.seed_list(base)
-    dense_config = T5Config(
-        vocab_size=source.vocab_size, d_model=base.d_model, num_heads=base.num_heads,
-        d_kv=base.d_model // base.num_heads, d_ff=base.d_ff, num_encoder_layers=base.layers,
-        num_decoder_layers=base.layers, activation=base.activation, dropout_rate=0.0)
+    dense_config = quality.base_dense_config(base, source.vocab_size)
     configs = arm_configs(dense_config)
     held_out = source.held_out()[0]
     step_times = quality.interleaved_step_times(
