@@ -90,10 +90,10 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
             and np.isfinite(noise_std) and noise_std >= 0):
         raise ValueError(f"`noise_std` must be a number >= 0, got {noise_std!r}.")
     rng = np.random.default_rng(seed)
-    source = relative_paths(dense)
+    source, target = relative_paths(dense), relative_paths(sparse)
     report = {"copied": [], "experts": [], "routers": [], "fresh": []}
     used = set()
-    for path, variable in relative_paths(sparse).items():
+    for path, variable in target.items():
         folder, _, name = path.rpartition("/")
         if path in source:
             _copy(variable, source[path], path)
@@ -112,7 +112,7 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
             if router_init == "zero":
                 variable.assign(np.zeros(variable.shape, variable.dtype))
             elif router_init == "replicated":
-                slices = _slices(folder[:-len("/router")], source, relative_paths(sparse))
+                slices = _slices(folder[:-len("/router")], source, target)
                 variable.assign(_replicated(variable.numpy(), slices, path))
             report["routers"].append(path)
         elif _in_moe_layer(path, source):
