@@ -8,18 +8,24 @@ import pytest
 
 import gin
 import keras_moe
+from tests.shared_runs import built_once
 from tests.training.helpers import TINY, parse
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory):
-    from keras_moe.training import gin_configurables
+    """A 2-step tiny run, trained once for all pytest workers (the tests only read it)."""
 
-    model_dir = str(tmp_path_factory.mktemp("teacher"))
-    parse(["TRAIN_STEPS = 2", "CheckpointConfig.every = 2", "train.summary_batches = 0"])
-    gin_configurables.train(model_dir, tensorboard=False, verbose=0)
-    gin.clear_config()
-    return model_dir
+    def build(path):
+        from keras_moe.training import gin_configurables
+
+        parse(["TRAIN_STEPS = 2", "CheckpointConfig.every = 2", "train.summary_batches = 0"])
+        try:
+            gin_configurables.train(str(path), tensorboard=False, verbose=0)
+        finally:
+            gin.clear_config()
+
+    return str(built_once(tmp_path_factory, "distill_teacher", build))
 
 
 def _distill(model_dir, teacher_dir, steps):

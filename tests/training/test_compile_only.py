@@ -10,9 +10,11 @@ hint rather than skipping them.
 import configparser
 import json
 import os
+import subprocess
 
 import pytest
 
+from tests.shared_runs import built_once
 from tests.training.helpers import REPO, run_cli
 
 MODULE = "keras_moe.training.compile_cli"
@@ -31,7 +33,7 @@ def _args(bindings=BINDINGS, topology="v5e:2x2"):
     return [*FILES, *[f"--gin_bindings={b}" for b in bindings], f"--topology={topology}"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def libtpu():
     from keras_moe.training import compile_only
 
@@ -40,14 +42,30 @@ def libtpu():
         pytest.fail(missing + " (scripts/install.sh test installs it)")
 
 
-@pytest.fixture(scope="module")
-def report_run(libtpu):
-    done = run_cli([*_args(), "--json"], timeout=300, env=ENV, module=MODULE)
+def _compiled_once(tmp_path_factory, name, extra):
+    """The CLI's (stdout, stderr) for `extra` arguments, from one run shared by the
+    pytest workers (the compile takes tens of seconds)."""
+
+    def build(path):
+        done = run_cli([*_args(), *extra], timeout=300, env=ENV, module=MODULE)
+        (path / "stdout").write_text(done.stdout)
+        (path / "stderr").write_text(done.stderr)
+        (path / "returncode").write_text(str(done.returncode))
+
+    path = built_once(tmp_path_factory, name, build)
+    done = subprocess.CompletedProcess(
+        MODULE, int((path / "returncode").read_text()), (path / "stdout").read_text(),
+        (path / "stderr").read_text())
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
+def report_run(libtpu, tmp_path_factory):
+    return _compiled_once(tmp_path_factory, "compile_v5e_2x2", ["--json"])
+
+
+@pytest.fixture(scope="session")
 def report(report_run):
     return json.loads(report_run.stdout[report_run.stdout.index("{"):])
 
@@ -146,11 +164,10 @@ def test_param_bytes_match_a_hand_count(report):
     assert state <= report["argument_bytes"] <= 1.25 * state + 2 ** 20
 
 
-@pytest.fixture(scope="module")
-def mixed_report(libtpu):
-    done = run_cli([*_args(), "--dtype_policy=mixed_bfloat16", "--json"], timeout=300, env=ENV,
-                   module=MODULE)
-    assert done.returncode == 0, done.stderr[-3000:]
+@pytest.fixture(scope="session")
+def mixed_report(libtpu, tmp_path_factory):
+    done = _compiled_once(tmp_path_factory, "compile_v5e_2x2_bf16",
+                          ["--dtype_policy=mixed_bfloat16", "--json"])
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
