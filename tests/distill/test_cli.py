@@ -1,7 +1,10 @@
 """The training CLI's distillation mode: teacher checkpoint in; checkpoints, resume, TensorBoard."""
 
+import contextlib
+import io
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -43,6 +46,22 @@ def _distill(model_dir, teacher_dir, steps):
         gin.clear_config()
 
 
+@pytest.fixture(scope="session")
+def distilled_2(tmp_path_factory, teacher_dir):
+    """(model dir, console) of a 2-step distillation from the teacher, run once for all
+    pytest workers; a test that trains on from it copies it first."""
+
+    def build(path):
+        console = io.StringIO()
+        with contextlib.redirect_stdout(console):
+            code = _distill(str(path / "run"), teacher_dir, 2)
+        (path / "console").write_text(console.getvalue())
+        assert code == 0, console.getvalue()[-3000:]
+
+    path = built_once(tmp_path_factory, "distilled_2_steps", build)
+    return str(path / "run"), (path / "console").read_text()
+
+
 def _load_distiller(model_dir, teacher_dir, student_config):
     """The distiller of `model_dir`'s newest checkpoint, and its teacher's config."""
     from keras_moe.distill import build_distiller, resolve_checkpoint
@@ -59,15 +78,14 @@ def _load_distiller(model_dir, teacher_dir, student_config):
 
 
 @pytest.mark.slow
-def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, capsys):
+def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, distilled_2):
     import keras
 
     from keras_moe.models import T5Config, build_model
 
     model_dir = str(tmp_path / "distill")
-    assert _distill(model_dir, teacher_dir, 2) == 0
-    out = capsys.readouterr().out
-    assert "student initialised from the teacher" in out
+    shutil.copytree(distilled_2[0], model_dir)
+    assert "student initialised from the teacher" in distilled_2[1]
     assert os.path.isfile(os.path.join(model_dir, "checkpoints", "ckpt-00000002.weights.h5"))
     assert os.path.isdir(os.path.join(model_dir, "logs", "train"))
     summary = json.load(open(os.path.join(model_dir, "summary.json")))
@@ -105,7 +123,8 @@ def test_missing_teacher_checkpoint_is_a_config_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir):
+def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir,
+                                                                         distilled_2):
     """An INIT_CHECKPOINT's weights are read into a second model built by the same
     factory; the student file once came from that second model (the start, not the
     trained student)."""
@@ -113,8 +132,7 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
 
     from keras_moe.models import T5Config, build_model
 
-    first = str(tmp_path / "first")
-    assert _distill(first, teacher_dir, 2) == 0  # the INIT_CHECKPOINT
+    first = distilled_2[0]  # the INIT_CHECKPOINT (only read)
     second = str(tmp_path / "second")
     from keras_moe.distill import cli
 

@@ -10,7 +10,9 @@ hint rather than skipping them.
 import configparser
 import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -188,23 +190,62 @@ def test_mixed_bfloat16_computes_in_bfloat16_with_float32_weights(report, mixed_
     assert matmuls["bf16"] > matmuls.get("f32", 0) > 0, matmuls
 
 
-def test_bad_dtype_policy_is_refused(libtpu):
-    done = run_cli([*_args(), "--dtype_policy=float16"], timeout=120, env=ENV, module=MODULE)
-    assert done.returncode == 2
-    assert "--dtype_policy" in done.stderr and "mixed_bfloat16" in done.stderr
+# Refusals that need no re-run of the CLI: one process calls its main() for each
+# (the same code path as the command line, started once).
+REFUSALS = {
+    "dtype_flag": [*_args(), "--dtype_policy=float16"],
     # Without the flag the job's own train.dtype_policy is read (and checked).
-    done = run_cli(_args(BINDINGS + ['train.dtype_policy = "float16"']), timeout=180, env=ENV,
-                   module=MODULE)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "train.dtype_policy must be one of" in done.stderr
-    assert "'float16'" in done.stderr
+    "dtype_binding": _args(BINDINGS + ['train.dtype_policy = "float16"']),
+    "topology": _args(topology="v9z:2x2"),
+}
+REFUSAL_RUNNER = """
+import json, sys
+from keras_moe.training.compile_cli import main
+for name, argv in json.loads(sys.argv[1]).items():
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    sys.stdout.flush()
+    print(f"=== {name} exited {code}", file=sys.stderr, flush=True)
+"""
 
 
-def test_unknown_topology_is_refused(libtpu):
-    done = run_cli(_args(topology="v9z:2x2"), timeout=120, env=ENV, module=MODULE)
-    assert done.returncode == 2
-    assert "unknown TPU topology 'v9z:2x2'" in done.stderr
-    assert "v5e:4x4" in done.stderr  # the known ones are listed
+@pytest.fixture(scope="session")
+def refusals(libtpu, tmp_path_factory):
+    """{case: (exit code, stderr)} of the REFUSALS cases, run once for all pytest workers."""
+
+    def build(path):
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+                   **ENV)
+        done = subprocess.run([sys.executable, "-c", REFUSAL_RUNNER, json.dumps(REFUSALS)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        (path / "stderr").write_text(done.stderr)
+
+    stderr = (built_once(tmp_path_factory, "compile_refusals", build) / "stderr").read_text()
+    out, start = {}, 0
+    for match in re.finditer(r"^=== (\w+) exited (\S+)$", stderr, flags=re.M):
+        out[match.group(1)] = (match.group(2), stderr[start:match.start()])
+        start = match.end()
+    assert sorted(out) == sorted(REFUSALS), stderr[-3000:]
+    return out
+
+
+def test_bad_dtype_policy_is_refused(refusals):
+    code, stderr = refusals["dtype_flag"]
+    assert code == "2", stderr[-2000:]
+    assert "--dtype_policy" in stderr and "mixed_bfloat16" in stderr
+    code, stderr = refusals["dtype_binding"]
+    assert code == "2", stderr[-2000:]
+    assert "train.dtype_policy must be one of" in stderr
+    assert "'float16'" in stderr
+
+
+def test_unknown_topology_is_refused(refusals):
+    code, stderr = refusals["topology"]
+    assert code == "2", stderr[-2000:]
+    assert "unknown TPU topology 'v9z:2x2'" in stderr
+    assert "v5e:4x4" in stderr  # the known ones are listed
 
 
 def test_mesh_product_must_equal_chip_count(libtpu):
