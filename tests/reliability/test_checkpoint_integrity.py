@@ -11,7 +11,8 @@ from keras_moe.training import checkpoint_manager
 from tests.reliability import helpers
 from tests.shared_runs import built_once
 
-pytestmark = pytest.mark.slow
+# One worker runs these tests one after the other: they copy one shared run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint_integrity")]
 
 RUN = helpers.FAST + ["CheckpointConfig.every = 4", "CheckpointConfig.keep = 3"]
 

@@ -31,6 +31,11 @@ ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1"
        "TPU_WORKER_HOSTNAMES": "localhost"}
 
 
+# The tests of the shared compiles run on one pytest worker, one after the other (the
+# compiles are built once either way; this keeps the other worker from waiting on them).
+SHARED = pytest.mark.xdist_group("compile_only")
+
+
 def _args(bindings=BINDINGS, topology="v5e:2x2"):
     return [*FILES, *[f"--gin_bindings={b}" for b in bindings], f"--topology={topology}"]
 
@@ -72,6 +77,7 @@ def report(report_run):
     return json.loads(report_run.stdout[report_run.stdout.index("{"):])
 
 
+@SHARED
 def test_each_stage_is_announced_on_stderr_in_order_and_nothing_else(report_run):
     # The JSON report alone is on stdout; stderr has the stage lines, and neither
     # TensorFlow's nor libtpu's start-up lines (no TPU, no GPU on this host).
@@ -113,6 +119,7 @@ def hand_count_param_bytes(expert_shards):
     return 4 * total
 
 
+@SHARED
 def test_v5e_2x2_report(report):
     assert report["topology"] == "v5e:2x2"
     assert report["chips"] == 4
@@ -132,6 +139,7 @@ def test_v5e_2x2_report(report):
     assert 0 < roof["mfu_at_bound"] <= 1
 
 
+@SHARED
 def test_default_groups_stay_on_their_chip_and_the_exchange_is_reported(report):
     # group_size="batch" on the mesh is each chip's 2 sequences: no token is
     # all-gathered (one group of the global batch compiled to 23 all-gathers), and
@@ -154,6 +162,7 @@ def test_default_groups_stay_on_their_chip_and_the_exchange_is_reported(report):
     assert "encoder_layer_1/ffn: all-to-all, buffers [8, 4, 10, 64]" in text
 
 
+@SHARED
 def test_param_bytes_match_a_hand_count(report):
     hand = hand_count_param_bytes(expert_shards=4)
     assert report["parameters"] * 4 == hand_count_param_bytes(expert_shards=1)
@@ -173,6 +182,7 @@ def mixed_report(libtpu, tmp_path_factory):
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
+@SHARED
 def test_mixed_bfloat16_computes_in_bfloat16_with_float32_weights(report, mixed_report):
     assert report["dtype_policy"] == "float32"  # tiny_local.gin: defaults.gin's train.dtype_policy
     assert report["compute_dtype"] == "float32"
@@ -231,6 +241,7 @@ def refusals(libtpu, tmp_path_factory):
     return out
 
 
+@SHARED
 def test_bad_dtype_policy_is_refused(refusals):
     code, stderr = refusals["dtype_flag"]
     assert code == "2", stderr[-2000:]
@@ -241,6 +252,7 @@ def test_bad_dtype_policy_is_refused(refusals):
     assert "'float16'" in stderr
 
 
+@SHARED
 def test_unknown_topology_is_refused(refusals):
     code, stderr = refusals["topology"]
     assert code == "2", stderr[-2000:]
