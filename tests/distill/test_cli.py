@@ -12,23 +12,14 @@ import pytest
 import gin
 import keras_moe
 from tests.shared_runs import built_once
-from tests.training.helpers import TINY, parse
+from tests.training.helpers import TINY
+from tests.training.tiny_run import GROUP, tiny_run
 
 
 @pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory):
-    """A 2-step tiny run, trained once for all pytest workers (the tests only read it)."""
-
-    def build(path):
-        from keras_moe.training import gin_configurables
-
-        parse(["TRAIN_STEPS = 2", "CheckpointConfig.every = 2", "train.summary_batches = 0"])
-        try:
-            gin_configurables.train(str(path), tensorboard=False, verbose=0)
-        finally:
-            gin.clear_config()
-
-    return str(built_once(tmp_path_factory, "distill_teacher", build))
+    """The shared README quick-start run of the TINY model (the tests only read it)."""
+    return str(tiny_run(tmp_path_factory)[0])
 
 
 def _distill(model_dir, teacher_dir, steps):
@@ -78,6 +69,7 @@ def _load_distiller(model_dir, teacher_dir, student_config):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)  # one worker: the shared runs are built in turn
 def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, distilled_2):
     import keras
 
@@ -123,6 +115,7 @@ def test_missing_teacher_checkpoint_is_a_config_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
 def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir,
                                                                          distilled_2):
     """An INIT_CHECKPOINT's weights are read into a second model built by the same
