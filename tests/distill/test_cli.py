@@ -1,25 +1,25 @@
 """The training CLI's distillation mode: teacher checkpoint in; checkpoints, resume, TensorBoard."""
 
+import contextlib
+import io
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 import gin
 import keras_moe
-from tests.training.helpers import TINY, parse
+from tests.shared_runs import built_once
+from tests.training.helpers import TINY
+from tests.training.tiny_run import GROUP, tiny_run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory):
-    from keras_moe.training import train_configurables
-
-    model_dir = str(tmp_path_factory.mktemp("teacher"))
-    parse(["TRAIN_STEPS = 2", "CheckpointConfig.every = 2", "train.summary_batches = 0"])
-    train_configurables.train(model_dir, tensorboard=False, verbose=0)
-    gin.clear_config()
-    return model_dir
+    """The shared README quick-start run of the TINY model (the tests only read it)."""
+    return str(tiny_run(tmp_path_factory)[0])
 
 
 def _distill(model_dir, teacher_dir, steps):
@@ -35,6 +35,22 @@ def _distill(model_dir, teacher_dir, steps):
         return distill_cli.main(args)
     finally:
         gin.clear_config()
+
+
+@pytest.fixture(scope="session")
+def distilled_2(tmp_path_factory, teacher_dir):
+    """(model dir, console) of a 2-step distillation from the teacher, run once for all
+    pytest workers; a test that trains on from it copies it first."""
+
+    def build(path):
+        console = io.StringIO()
+        with contextlib.redirect_stdout(console):
+            code = _distill(str(path / "run"), teacher_dir, 2)
+        (path / "console").write_text(console.getvalue())
+        assert code == 0, console.getvalue()[-3000:]
+
+    path = built_once(tmp_path_factory, "distilled_2_steps", build)
+    return str(path / "run"), (path / "console").read_text()
 
 
 def _load_distiller(model_dir, teacher_dir, student_config):
@@ -53,15 +69,15 @@ def _load_distiller(model_dir, teacher_dir, student_config):
 
 
 @pytest.mark.slow
-def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, capsys):
+@pytest.mark.xdist_group(GROUP)  # one worker: the shared runs are built in turn
+def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, distilled_2):
     import keras
 
     from keras_moe.models import T5Config, build_model
 
     model_dir = str(tmp_path / "distill")
-    assert _distill(model_dir, teacher_dir, 2) == 0
-    out = capsys.readouterr().out
-    assert "student initialised from the teacher" in out
+    shutil.copytree(distilled_2[0], model_dir)
+    assert "student initialised from the teacher" in distilled_2[1]
     assert os.path.isfile(os.path.join(model_dir, "checkpoints", "ckpt-00000002.weights.h5"))
     assert os.path.isdir(os.path.join(model_dir, "logs", "train"))
     summary = json.load(open(os.path.join(model_dir, "summary.json")))
@@ -99,7 +115,9 @@ def test_missing_teacher_checkpoint_is_a_config_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir):
+@pytest.mark.xdist_group(GROUP)
+def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir,
+                                                                         distilled_2):
     """An INIT_CHECKPOINT's weights are read into a second model built by the same
     factory; the student file once came from that second model (the start, not the
     trained student)."""
@@ -107,8 +125,7 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
 
     from keras_moe.models import T5Config, build_model
 
-    first = str(tmp_path / "first")
-    assert _distill(first, teacher_dir, 2) == 0  # the INIT_CHECKPOINT
+    first = distilled_2[0]  # the INIT_CHECKPOINT (only read)
     second = str(tmp_path / "second")
     from keras_moe.distill import distill_cli
 

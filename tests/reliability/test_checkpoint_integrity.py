@@ -9,8 +9,10 @@ import pytest
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.checkpoint import checkpoint_manager
 from tests.reliability import helpers
+from tests.shared_runs import built_once
 
-pytestmark = pytest.mark.slow
+# One worker runs these tests one after the other: they copy one shared run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint_integrity")]
 
 RUN = helpers.FAST + ["CheckpointConfig.every = 4", "CheckpointConfig.keep = 3"]
 
@@ -19,11 +21,11 @@ def _ckpt_dir(model_dir):
     return os.path.join(model_dir, "checkpoints")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def _trained_to_8(tmp_path_factory):
-    model_dir = str(tmp_path_factory.mktemp("template") / "run")
-    helpers.train_in_process(model_dir, RUN + ["TRAIN_STEPS = 8"])
-    return model_dir
+    """One run for all pytest workers; the tests change copies of it."""
+    return str(built_once(tmp_path_factory, "integrity_run_at_8",
+                          lambda path: helpers.train_in_process(path, RUN + ["TRAIN_STEPS = 8"])))
 
 
 @pytest.fixture

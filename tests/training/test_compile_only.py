@@ -10,9 +10,13 @@ hint rather than skipping them.
 import configparser
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
+from tests.shared_runs import built_once
 from tests.training.helpers import REPO, run_cli
 
 MODULE = "keras_moe.tpu_compile.compile_cli"
@@ -27,11 +31,16 @@ ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1"
        "TPU_WORKER_HOSTNAMES": "localhost"}
 
 
+# The tests of the shared compiles run on one pytest worker, one after the other (the
+# compiles are built once either way; this keeps the other worker from waiting on them).
+SHARED = pytest.mark.xdist_group("compile_only")
+
+
 def _args(bindings=BINDINGS, topology="v5e:2x2"):
     return [*FILES, *[f"--gin_bindings={b}" for b in bindings], f"--topology={topology}"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def libtpu():
     from keras_moe.tpu_compile import compile_only
 
@@ -40,18 +49,35 @@ def libtpu():
         pytest.fail(missing + " (scripts/install.sh test installs it)")
 
 
-@pytest.fixture(scope="module")
-def report_run(libtpu):
-    done = run_cli([*_args(), "--json"], timeout=300, env=ENV, module=MODULE)
+def _compiled_once(tmp_path_factory, name, extra):
+    """The CLI's (stdout, stderr) for `extra` arguments, from one run shared by the
+    pytest workers (the compile takes tens of seconds)."""
+
+    def build(path):
+        done = run_cli([*_args(), *extra], timeout=300, env=ENV, module=MODULE)
+        (path / "stdout").write_text(done.stdout)
+        (path / "stderr").write_text(done.stderr)
+        (path / "returncode").write_text(str(done.returncode))
+
+    path = built_once(tmp_path_factory, name, build)
+    done = subprocess.CompletedProcess(
+        MODULE, int((path / "returncode").read_text()), (path / "stdout").read_text(),
+        (path / "stderr").read_text())
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
+def report_run(libtpu, tmp_path_factory):
+    return _compiled_once(tmp_path_factory, "compile_v5e_2x2", ["--json"])
+
+
+@pytest.fixture(scope="session")
 def report(report_run):
     return json.loads(report_run.stdout[report_run.stdout.index("{"):])
 
 
+@SHARED
 def test_each_stage_is_announced_on_stderr_in_order_and_nothing_else(report_run):
     # The JSON report alone is on stdout; stderr has the stage lines, and neither
     # TensorFlow's nor libtpu's start-up lines (no TPU, no GPU on this host).
@@ -93,6 +119,7 @@ def hand_count_param_bytes(expert_shards):
     return 4 * total
 
 
+@SHARED
 def test_v5e_2x2_report(report):
     assert report["topology"] == "v5e:2x2"
     assert report["chips"] == 4
@@ -112,6 +139,7 @@ def test_v5e_2x2_report(report):
     assert 0 < roof["mfu_at_bound"] <= 1
 
 
+@SHARED
 def test_default_groups_stay_on_their_chip_and_the_exchange_is_reported(report):
     # group_size="batch" on the mesh is each chip's 2 sequences: no token is
     # all-gathered (one group of the global batch compiled to 23 all-gathers), and
@@ -134,6 +162,7 @@ def test_default_groups_stay_on_their_chip_and_the_exchange_is_reported(report):
     assert "encoder_layer_1/ffn: all-to-all, buffers [8, 4, 10, 64]" in text
 
 
+@SHARED
 def test_param_bytes_match_a_hand_count(report):
     hand = hand_count_param_bytes(expert_shards=4)
     assert report["parameters"] * 4 == hand_count_param_bytes(expert_shards=1)
@@ -146,14 +175,14 @@ def test_param_bytes_match_a_hand_count(report):
     assert state <= report["argument_bytes"] <= 1.25 * state + 2 ** 20
 
 
-@pytest.fixture(scope="module")
-def mixed_report(libtpu):
-    done = run_cli([*_args(), "--dtype_policy=mixed_bfloat16", "--json"], timeout=300, env=ENV,
-                   module=MODULE)
-    assert done.returncode == 0, done.stderr[-3000:]
+@pytest.fixture(scope="session")
+def mixed_report(libtpu, tmp_path_factory):
+    done = _compiled_once(tmp_path_factory, "compile_v5e_2x2_bf16",
+                          ["--dtype_policy=mixed_bfloat16", "--json"])
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
+@SHARED
 def test_mixed_bfloat16_computes_in_bfloat16_with_float32_weights(report, mixed_report):
     assert report["dtype_policy"] == "float32"  # tiny_local.gin: defaults.gin's train.dtype_policy
     assert report["compute_dtype"] == "float32"
@@ -171,23 +200,64 @@ def test_mixed_bfloat16_computes_in_bfloat16_with_float32_weights(report, mixed_
     assert matmuls["bf16"] > matmuls.get("f32", 0) > 0, matmuls
 
 
-def test_bad_dtype_policy_is_refused(libtpu):
-    done = run_cli([*_args(), "--dtype_policy=float16"], timeout=120, env=ENV, module=MODULE)
-    assert done.returncode == 2
-    assert "--dtype_policy" in done.stderr and "mixed_bfloat16" in done.stderr
+# Refusals that need no re-run of the CLI: one process calls its main() for each
+# (the same code path as the command line, started once).
+REFUSALS = {
+    "dtype_flag": [*_args(), "--dtype_policy=float16"],
     # Without the flag the job's own train.dtype_policy is read (and checked).
-    done = run_cli(_args(BINDINGS + ['train.dtype_policy = "float16"']), timeout=180, env=ENV,
-                   module=MODULE)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "train.dtype_policy must be one of" in done.stderr
-    assert "'float16'" in done.stderr
+    "dtype_binding": _args(BINDINGS + ['train.dtype_policy = "float16"']),
+    "topology": _args(topology="v9z:2x2"),
+}
+REFUSAL_RUNNER = """
+import json, sys
+from keras_moe.tpu_compile.compile_cli import main
+for name, argv in json.loads(sys.argv[1]).items():
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    sys.stdout.flush()
+    print(f"=== {name} exited {code}", file=sys.stderr, flush=True)
+"""
 
 
-def test_unknown_topology_is_refused(libtpu):
-    done = run_cli(_args(topology="v9z:2x2"), timeout=120, env=ENV, module=MODULE)
-    assert done.returncode == 2
-    assert "unknown TPU topology 'v9z:2x2'" in done.stderr
-    assert "v5e:4x4" in done.stderr  # the known ones are listed
+@pytest.fixture(scope="session")
+def refusals(libtpu, tmp_path_factory):
+    """{case: (exit code, stderr)} of the REFUSALS cases, run once for all pytest workers."""
+
+    def build(path):
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+                   **ENV)
+        done = subprocess.run([sys.executable, "-c", REFUSAL_RUNNER, json.dumps(REFUSALS)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        (path / "stderr").write_text(done.stderr)
+
+    stderr = (built_once(tmp_path_factory, "compile_refusals", build) / "stderr").read_text()
+    out, start = {}, 0
+    for match in re.finditer(r"^=== (\w+) exited (\S+)$", stderr, flags=re.M):
+        out[match.group(1)] = (match.group(2), stderr[start:match.start()])
+        start = match.end()
+    assert sorted(out) == sorted(REFUSALS), stderr[-3000:]
+    return out
+
+
+@SHARED
+def test_bad_dtype_policy_is_refused(refusals):
+    code, stderr = refusals["dtype_flag"]
+    assert code == "2", stderr[-2000:]
+    assert "--dtype_policy" in stderr and "mixed_bfloat16" in stderr
+    code, stderr = refusals["dtype_binding"]
+    assert code == "2", stderr[-2000:]
+    assert "train.dtype_policy must be one of" in stderr
+    assert "'float16'" in stderr
+
+
+@SHARED
+def test_unknown_topology_is_refused(refusals):
+    code, stderr = refusals["topology"]
+    assert code == "2", stderr[-2000:]
+    assert "unknown TPU topology 'v9z:2x2'" in stderr
+    assert "v5e:4x4" in stderr  # the known ones are listed
 
 
 def test_mesh_product_must_equal_chip_count(libtpu):

@@ -5,15 +5,13 @@ import glob
 import json
 import os
 import re
+import shutil
 
 import pytest
 
 from tests.training.helpers import cli_bindings, run_cli
+from tests.training.tiny_run import GROUP, RUN, tiny_run
 
-# Two epochs of 5 steps: a validation pass at steps 5 and 10 (and the start
-# evaluation at 0), training scalars and an expert-load measurement at 5 and 10.
-RUN = ["TRAIN_STEPS = 10", "CheckpointConfig.every = 5", "train.log_every = 5",
-       "train.expert_load_every = 5"]
 # Keras' TensorBoard callback names a metric `batch_<name>` and `epoch_<name>`.
 KERAS_FORMS = re.compile(r"^(batch_|epoch_)")
 ROUTER_TAG = re.compile(r"^moe/(.+)/([a-z_]+)$")
@@ -51,10 +49,19 @@ def _train(model_dir, steps):
     return result
 
 
+@pytest.fixture(scope="session")
+def readme_run(tmp_path_factory):
+    return tiny_run(tmp_path_factory)
+
+
 @pytest.mark.slow
-def test_cli_writes_one_tag_per_metric_validation_beside_train_and_load_history(tmp_path):
+@pytest.mark.xdist_group(GROUP)
+def test_cli_writes_one_tag_per_metric_validation_beside_train_and_load_history(tmp_path,
+                                                                                readme_run):
+    """The README's first command (10 steps of the TINY model) leaves what the README
+    says it leaves; a run resumed from it extends the expert-load history."""
     model_dir = tmp_path / "run"
-    _train(model_dir, 10)
+    shutil.copytree(readme_run[0], model_dir)  # this test resumes it below
 
     runs = sorted(os.listdir(model_dir / "logs"))
     assert runs == ["train", "validation"], runs
