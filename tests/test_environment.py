@@ -66,12 +66,20 @@ def declared_requirements():
     return [r for r in declared if r.marker is None or r.marker.evaluate()]
 
 
-def _is_vendored(dist):
-    # setuptools >= 71 appends its own setuptools/_vendor folder to sys.path when it is
-    # imported (a test that builds a wheel does), and that folder holds private
-    # *.dist-info copies (packaging, wheel, ...) that no pip install put there.
+def _is_vendored(dist, root=ROOT):
+    """Metadata on sys.path that no pip install put there:
+    * setuptools >= 71 appends its own setuptools/_vendor folder to sys.path when it is
+      imported (a test that builds a wheel does), and that folder holds private
+      *.dist-info copies (packaging, wheel, ...);
+    * `pip install -e .` leaves keras_moe.egg-info in the checkout, on sys.path while
+      tests run from it; its SOURCES.txt lists the checkout's files (gin/, tasks/), which
+      the installed package maps under keras_moe, not as top-level packages."""
     path = getattr(dist, "_path", None)
-    return path is not None and "_vendor" in os.path.normpath(str(path)).split(os.sep)
+    if path is None:
+        return False
+    path = os.path.normpath(str(path))
+    return "_vendor" in path.split(os.sep) or (
+        path.endswith(".egg-info") and os.path.dirname(path) == os.path.normpath(root))
 
 
 def installed_versions():
@@ -239,6 +247,14 @@ def test_one_seqio_and_one_tensorflow_datasets_distribution():
     assert owners.get("tensorflow_datasets") == {"tensorflow-datasets"}
     problems = owner_problems(declared_requirements(), owners)
     assert not problems, "\n".join(problems)
+
+
+def test_the_checkouts_own_egg_info_is_not_an_installation(tmp_path):
+    class Dist:
+        _path = tmp_path / "keras_moe.egg-info"
+
+    assert _is_vendored(Dist(), root=str(tmp_path))
+    assert not _is_vendored(Dist(), root=str(tmp_path / "elsewhere"))
 
 
 def test_setuptools_vendored_copies_are_not_counted_as_installations():
