@@ -4,11 +4,13 @@ import tempfile
 
 import keras
 import numpy as np
+import pytest
 
 from benchmarks import upcycle
 from keras_moe.models import T5Config, build_model
 
 
+@pytest.mark.slow
 def test_each_arm_starts_at_the_dense_run_step_with_its_layers():
     dense_config = T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=128,
                             num_encoder_layers=2, num_decoder_layers=2,

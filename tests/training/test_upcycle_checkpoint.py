@@ -69,6 +69,7 @@ def _upcycled(path, tmp_path, config=None, upcycle=None, name="adafactor"):
     return sparse, start_step
 
 
+@pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
 def test_the_upcycled_run_continues_the_dense_run_step_for_step(dense_checkpoint, tmp_path):
     sparse, start_step = _upcycled(dense_checkpoint, tmp_path)
     dense = _compiled(DENSE)
@@ -90,6 +91,7 @@ def test_the_upcycled_run_continues_the_dense_run_step_for_step(dense_checkpoint
                                    err_msg=path)
 
 
+@pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
 def test_without_the_optimizer_state_the_first_step_differs(dense_checkpoint, tmp_path):
     # The check above can fail: an optimizer started afresh moves the weights otherwise.
     sparse, start_step = _upcycled(dense_checkpoint, tmp_path,
@@ -106,6 +108,7 @@ def test_without_the_optimizer_state_the_first_step_differs(dense_checkpoint, tm
                   - relative_paths(dense)[path].numpy()).max() > 1e-4
 
 
+@pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
 def test_granular_experts_take_their_slice_of_the_adafactor_moments(dense_checkpoint,
                                                                       tmp_path):
     sparse, _ = _upcycled(dense_checkpoint, tmp_path, _sparse_config(d_ff=8, k=4, num_experts=8))
@@ -136,6 +139,7 @@ def test_granular_experts_take_their_slice_of_the_adafactor_moments(dense_checkp
     assert not sparse.optimizer._r[index].numpy().any()
 
 
+@pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
 def test_an_adam_run_carries_its_moments(tmp_path):
     keras.utils.set_random_seed(0)
     dense = _compiled(DENSE, "adam")
@@ -154,6 +158,7 @@ def test_an_adam_run_carries_its_moments(tmp_path):
         np.testing.assert_array_equal(momentum[e], want)
 
 
+@pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
 def test_a_checkpoint_of_another_optimizer_or_shape_is_refused(dense_checkpoint, tmp_path):
     with pytest.raises(TrainingConfigError, match="does not hold this run's optimizer state"):
         _upcycled(dense_checkpoint, tmp_path / "adam", name="adam")
