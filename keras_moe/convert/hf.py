@@ -225,6 +225,17 @@ def _weight_map(model, weights=None, style="DenseReluDense"):
     return out
 
 
+def is_hf_folder(path: str) -> bool:
+    """Whether `path` is a Hugging Face model folder (it holds a `config.json`).
+
+    Example:
+    >>> import tempfile
+    >>> is_hf_folder(tempfile.gettempdir())
+    False
+    """
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+
+
 def from_hf(path, capacity="hf", dtype=None, **overrides):
     """Builds a keras_moe model from a HF T5 (v1.1) or SwitchTransformers folder.
 

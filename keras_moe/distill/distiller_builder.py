@@ -1,6 +1,5 @@
 """`build_distiller`: teacher from a checkpoint, dense student initialised from it, `Distiller`."""
 
-import os
 
 from keras_moe.distill.distiller import Distiller
 from keras_moe.distill.init_from_teacher import dense_student_config, init_student_from_teacher
@@ -42,10 +41,9 @@ def load_teacher(teacher_checkpoint, teacher_config=None):
 
     if not isinstance(teacher_checkpoint, str) or not teacher_checkpoint:
         raise ValueError(f"`teacher_checkpoint` must be a path, got {teacher_checkpoint!r}.")
-    if os.path.isdir(teacher_checkpoint) and \
-            os.path.isfile(os.path.join(teacher_checkpoint, "config.json")):
-        from keras_moe.convert import from_hf
+    from keras_moe.convert import from_hf, is_hf_folder
 
+    if is_hf_folder(teacher_checkpoint):
         log(f"teacher: Hugging Face checkpoint {teacher_checkpoint}", source=LOG_SOURCE)
         return from_hf(teacher_checkpoint)
     if teacher_config is None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from keras_moe.models.variable_paths import relative_paths
+from keras_moe.validation import is_number
 
 if TYPE_CHECKING:
     import keras
@@ -84,11 +85,7 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
     >>> bool(np.allclose(sparse(batch), dense(batch), atol=1e-5))
     True
     """
-    if router_init not in ROUTER_INITS:
-        raise ValueError(f"`router_init` must be one of {ROUTER_INITS}, got {router_init!r}.")
-    if not (isinstance(noise_std, (int, float)) and not isinstance(noise_std, bool)
-            and np.isfinite(noise_std) and noise_std >= 0):
-        raise ValueError(f"`noise_std` must be a number >= 0, got {noise_std!r}.")
+    check_upcycle_args(router_init, noise_std)
     rng = np.random.default_rng(seed)
     source, target = relative_paths(dense), relative_paths(sparse)
     report = {"copied": [], "experts": [], "routers": [], "fresh": []}
@@ -127,6 +124,24 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
     return report
 
 
+def check_upcycle_args(router_init: str, noise_std: float, prefix: str = "",
+                       error: type[Exception] = ValueError) -> None:
+    """Raises `error` naming `<prefix>router_init` or `<prefix>noise_std` unless
+    `router_init` is one of `ROUTER_INITS` and `noise_std` a finite number >= 0."""
+    if router_init not in ROUTER_INITS:
+        raise error(f"`{prefix}router_init` must be one of {ROUTER_INITS}, "
+                    f"got {router_init!r}.")
+    if not is_number(noise_std) or not np.isfinite(noise_std) or noise_std < 0:
+        raise error(f"`{prefix}noise_std` must be a number >= 0, got {noise_std!r}.")
+
+
+def expert_slices(num_experts: int, d_ff: int, width: int) -> list[slice]:
+    """The slice of `d_ff` each of `num_experts` experts `width` wide starts from:
+    expert e takes the (e mod G)-th of the G = d_ff / width equal slices."""
+    parts = d_ff // width
+    return [slice((e % parts) * width, (e % parts + 1) * width) for e in range(num_experts)]
+
+
 def _copy(variable, source, path):
     if tuple(source.shape) != tuple(variable.shape):
         raise ValueError(f"weight {path!r} has shape {tuple(variable.shape)} in the sparse model "
@@ -147,8 +162,7 @@ def _expert_values(source, shape, name, path, noise_std, rng):
             "fraction of it, with the same d_model.")
     slices = d_ff // width
     experts = []
-    for e in range(num_experts):
-        cut = slice((e % slices) * width, (e % slices + 1) * width)
+    for cut in expert_slices(num_experts, d_ff, width):
         expert = value[:, cut] if name != "wo" else value[cut, :] * slices
         if noise_std:
             expert = expert * (1.0 + rng.normal(0.0, noise_std, expert.shape))

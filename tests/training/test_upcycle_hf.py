@@ -13,8 +13,7 @@ import transformers
 from keras_moe import TopKFeedForward
 from keras_moe.convert import from_hf
 from keras_moe.models import EncoderDecoder
-from keras_moe.training.checkpoint.checkpoint_config import load_upcycled
-from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle
+from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle, load_upcycled
 from keras_moe.training.run.schedules import make_optimizer
 
 ENC = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 1, 0], [13, 14, 15, 16, 17, 1, 0, 0, 0, 0]])

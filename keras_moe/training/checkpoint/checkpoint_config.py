@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle, dense_model_for
+from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle, load_upcycled
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 from keras_moe.validation import check_int
@@ -30,7 +29,8 @@ class CheckpointConfig:
         init_checkpoint: weights a run starts from when its model_dir holds no
             checkpoint (`INIT_CHECKPOINT`; see `load_init_checkpoint`).
         upcycle: an `Upcycle` to start this sparse run from the dense model of
-            `init_checkpoint` (`load_upcycled`); None: the same architecture.
+            `init_checkpoint` (`upcycle_checkpoint.load_upcycled`); None: the same
+            architecture.
 
     Example:
     >>> CheckpointConfig(every=100, keep=2).check()
@@ -145,10 +145,10 @@ def load_init_checkpoint(model: keras.Model, path: str,
     Raises:
         TrainingConfigError: when the checkpoint does not fit the model.
     """
+    from keras_moe.convert import from_hf, is_hf_folder
     from keras_moe.models import model_configurables
 
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        from keras_moe.convert import from_hf
+    if is_hf_folder(path):
 
         source = from_hf(path)
         kind = "Hugging Face checkpoint"
@@ -172,43 +172,3 @@ def load_init_checkpoint(model: keras.Model, path: str,
         b.assign(a.value)
     log(f"initialised the model from {kind} {path}")
 
-
-def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
-    """Starts the sparse `model` from the dense model at `path` (`Upcycle.load`).
-
-    Args:
-        model: the built, compiled sparse model.
-        path: a dense keras_moe `.weights.h5`, model dir or checkpoint folder
-            (its weights and optimizer state), or a Hugging Face T5 folder
-            (weights only: the optimizer starts at step 0).
-        upcycle: how (router, noise, optimizer state).
-
-    Returns:
-        `Upcycle.load`'s report.
-
-    Raises:
-        TrainingConfigError: when the checkpoint is not the dense form of the model.
-    """
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        from keras_moe.convert import from_hf
-
-        return upcycle.load(model, from_hf(path), f"Hugging Face checkpoint {path}")
-    weights = ckpt_lib.resolve_checkpoint(path, "init_checkpoint")
-    carry = upcycle.optimizer_state and model.optimizer is not None
-    dense = dense_model_for(model, model.optimizer if carry else None)
-    if carry:
-        dense.optimizer.build(dense.trainable_variables)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            dense.load_weights(weights)
-    except (ValueError, KeyError, OSError) as e:
-        raise TrainingConfigError(f"init_checkpoint {weights} is not the dense form of the "
-                                  f"configured sparse model: {e}") from None
-    skipped = [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
-    if skipped and carry:
-        raise TrainingConfigError(
-            f"init_checkpoint {weights} does not hold this run's optimizer state "
-            f"({skipped[0].strip()}); bind `Upcycle.optimizer_state = False` to start the "
-            "optimizer afresh.")
-    return upcycle.load(model, dense, f"checkpoint {weights}")

@@ -100,6 +100,15 @@ def _is_unreadable(error):
                             "can't open", "unable to read"))
 
 
+def skipped_variables(load):
+    """Calls `load()` and returns the messages of the variables Keras skipped while
+    loading weights: it only warns when a checkpoint lacks some (e.g. another optimizer)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load()
+    return [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
+
+
 def restore(model, meta, seed_states=True):
     """Loads a checkpoint (model + optimizer variables, seed-generator states) into a
     built, compiled model.
@@ -113,12 +122,10 @@ def restore(model, meta, seed_states=True):
         model.optimizer.build(model.trainable_variables)
     verify_checkpoint(meta)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if os.path.isdir(meta["path"]):
-                sharded_checkpoint.restore(model, meta["path"])
-            else:
-                model.load_weights(meta["path"])
+        if os.path.isdir(meta["path"]):
+            skipped = skipped_variables(lambda: sharded_checkpoint.restore(model, meta["path"]))
+        else:
+            skipped = skipped_variables(lambda: model.load_weights(meta["path"]))
     except (ValueError, KeyError, OSError) as e:
         if _is_unreadable(e):
             raise CorruptCheckpointError(
@@ -128,7 +135,6 @@ def restore(model, meta, seed_states=True):
             f"checkpoint {meta['path']} does not match this model/optimizer ({e}). {MISMATCH_HINT}"
         ) from None
     # Keras only warns when it skips variables (e.g. another optimizer): refuse that.
-    skipped = [str(w.message) for w in caught if "Skipping variable loading" in str(w.message)]
     if skipped:
         raise TrainingConfigError(
             f"checkpoint {meta['path']} does not match this model/optimizer: "

@@ -18,8 +18,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_moe.models.upcycle import ROUTER_INITS, RouterInit, upcycle_weights
+from keras_moe.models.upcycle import (
+    RouterInit,
+    check_upcycle_args,
+    expert_slices,
+    upcycle_weights,
+)
 from keras_moe.models.variable_paths import relative_paths
+from keras_moe.training.checkpoint.checkpoint_restore import resolve_checkpoint, skipped_variables
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 
@@ -59,13 +65,7 @@ class Upcycle:
 
     def check(self) -> Upcycle:
         """Checks every setting; returns self. Raises `TrainingConfigError` naming it."""
-        if self.router_init not in ROUTER_INITS:
-            raise TrainingConfigError(f"`Upcycle.router_init` must be one of {ROUTER_INITS}, "
-                                      f"got {self.router_init!r}.")
-        if (isinstance(self.noise_std, bool) or not isinstance(self.noise_std, (int, float))
-                or not np.isfinite(self.noise_std) or self.noise_std < 0):
-            raise TrainingConfigError(
-                f"`Upcycle.noise_std` must be a number >= 0, got {self.noise_std!r}.")
+        check_upcycle_args(self.router_init, self.noise_std, "Upcycle.", TrainingConfigError)
         if not isinstance(self.optimizer_state, bool):
             raise TrainingConfigError(
                 f"`Upcycle.optimizer_state` must be True or False, got {self.optimizer_state!r}.")
@@ -109,6 +109,44 @@ def dense_model_for(model: keras.Model,
     return dense
 
 
+def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
+    """Starts the sparse `model` from the dense model at `path` (`Upcycle.load`).
+
+    Args:
+        model: the built, compiled sparse model.
+        path: a dense keras_moe `.weights.h5`, model dir or checkpoint folder
+            (its weights and optimizer state), or a Hugging Face T5 folder
+            (weights only: the optimizer starts at step 0).
+        upcycle: how (router, noise, optimizer state).
+
+    Returns:
+        `Upcycle.load`'s report.
+
+    Raises:
+        TrainingConfigError: when the checkpoint is not the dense form of the model.
+    """
+    from keras_moe.convert import from_hf, is_hf_folder
+
+    if is_hf_folder(path):
+        return upcycle.load(model, from_hf(path), f"Hugging Face checkpoint {path}")
+    weights = resolve_checkpoint(path, "init_checkpoint")
+    carry = upcycle.optimizer_state and model.optimizer is not None
+    dense = dense_model_for(model, model.optimizer if carry else None)
+    if carry:
+        dense.optimizer.build(dense.trainable_variables)
+    try:
+        skipped = skipped_variables(lambda: dense.load_weights(weights))
+    except (ValueError, KeyError, OSError) as e:
+        raise TrainingConfigError(f"init_checkpoint {weights} is not the dense form of the "
+                                  f"configured sparse model: {e}") from None
+    if skipped and carry:
+        raise TrainingConfigError(
+            f"init_checkpoint {weights} does not hold this run's optimizer state "
+            f"({skipped[0].strip()}); bind `Upcycle.optimizer_state = False` to start the "
+            "optimizer afresh.")
+    return upcycle.load(model, dense, f"checkpoint {weights}")
+
+
 def carry_optimizer_state(sparse: keras.Model, dense: keras.Model, report: dict) -> None:
     """Sets the sparse model's optimizer slots and step from the dense model's,
     following `report` (`upcycle_weights`' map). Both optimizers must be of one
@@ -120,9 +158,9 @@ def carry_optimizer_state(sparse: keras.Model, dense: keras.Model, report: dict)
                                   "the same optimizer.")
     if not target.built:
         target.build(sparse.trainable_variables)
-    dense_slots = _slots(origin, dense.trainable_variables, relative_paths(dense))
-    sparse_slots = _slots(target, sparse.trainable_variables, relative_paths(sparse))
     dense_vars, sparse_vars = relative_paths(dense), relative_paths(sparse)
+    dense_slots = _slots(origin, dense.trainable_variables, dense_vars)
+    sparse_slots = _slots(target, sparse.trainable_variables, sparse_vars)
     for path in report["copied"]:
         for name, slot in sparse_slots.get(path, {}).items():
             slot.assign(dense_slots[path][name].value)
@@ -167,8 +205,7 @@ def _expert_slot(slots, name, weight, shape, d_ff, width):
     value = np.asarray(slots[name].numpy(), dtype=np.float64)
     if value.ndim == 0:  # Adafactor's placeholder of an unfactored variable
         return np.broadcast_to(value, shape).copy()
-    parts = d_ff // width
-    cuts = [slice((e % parts) * width, (e % parts + 1) * width) for e in range(shape[0])]
+    cuts = expert_slices(shape[0], d_ff, width)
     if name not in ("_r", "_c"):  # a slot of the weight's own shape
         return np.stack([value[:, cut] if weight != "wo" else value[cut, :] for cut in cuts])
     # wi [d_model, d_ff]: c runs over d_ff, r over d_model; wo [d_ff, d_model]: the reverse.
