@@ -22,22 +22,61 @@ def _committed_results():
     return out
 
 
-def run_smoke(script, output, *extra, extensions=("json",), default_output=False):
+def _run_in_this_process(script, argv):
+    """`benchmarks/<script>`'s `main(argv)` here, with `sys.argv` as the command line would
+    set it; the process-wide settings a benchmark changes are put back afterwards."""
+    import importlib
+
+    import keras
+
+    from benchmarks import common
+
+    module = importlib.import_module(f"benchmarks.{script[:-len('.py')]}")
+    saved = (sys.argv, common.RESULTS_DIR, keras.mixed_precision.global_policy().name,
+             _torch_threads())
+    sys.argv = [os.path.join(ROOT, "benchmarks", script), *argv]
+    try:
+        module.main(argv)
+    finally:
+        sys.argv, common.RESULTS_DIR = saved[0], saved[1]
+        keras.mixed_precision.set_global_policy(saved[2])
+        if saved[3] is not None:
+            import torch
+
+            torch.set_num_threads(saved[3])
+
+
+def _torch_threads():
+    """torch's thread count if a benchmark has imported torch, else None."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+def run_smoke(script, output, *extra, extensions=("json",), default_output=False,
+              own_process=False):
     """Returns {extension: parsed JSON (json) or True (other files that exist)}.
 
     A smoke run writes under `benchmarks/results/smoke/` and must leave the
     committed results as they were (checked here); its files are removed
     afterwards. `default_output`: run without `--output`, as a user would;
-    `output` is then the script's default result name.
+    `output` is then the script's default result name. The script's `main()`
+    runs in this process (its own subprocesses aside), which spares a
+    TensorFlow start and the tracing this process has already done;
+    `own_process`: run `python benchmarks/<script>` as a user types it.
     """
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--smoke"]
+    argv = ["--smoke"]
     if not default_output:
-        cmd += ["--output", output]
+        argv += ["--output", output]
+    argv += list(extra)
     before = _committed_results()
-    result = subprocess.run(cmd + list(extra), cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    if own_process:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script)]
+                                + argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    else:
+        _run_in_this_process(script, argv)
     assert _committed_results() == before, "a smoke run changed benchmarks/results/"
     found = {}
     for ext in extensions:

@@ -54,8 +54,10 @@ def test_layer_speed_reports_on_a_fake_clock(monkeypatch):
 
 
 def test_layer_speed_smoke():
-    """Run as the docstring shows (no --output): the result goes to results/smoke/."""
-    data = run_smoke("layer_speed.py", "layer_speed", default_output=True)["json"]
+    """Run as the docstring shows, in a process of its own and without --output: the
+    result goes to results/smoke/."""
+    data = run_smoke("layer_speed.py", "layer_speed", default_output=True,
+                     own_process=True)["json"]
     assert data["benchmark"] == "layer_speed"
     assert (data["args"]["tokens"], data["args"]["experts"]) == ([SMOKE_TOKENS], [2, 4])
     assert data["environment"]["backend"] == "tensorflow"
@@ -73,7 +75,9 @@ def test_layer_speed_smoke():
 
 @pytest.mark.slow
 def test_memory_smoke():
-    data = _run("memory.py", "smoke_memory")
+    # Its own process: a child's peak RSS (ru_maxrss) starts at its parent's when it is
+    # exec'd, so children of this large pytest process would all measure 0 growth.
+    data = run_smoke("memory.py", "smoke_memory", own_process=True)["json"]
     rows = {r["kind"]: r for r in data["rows"]}
     assert sorted(r["kind"] for r in data["rows"]) == ["dense", "dropless", "einsum", "gather"]
     assert {r["tokens"] for r in data["rows"]} == {SMOKE_TOKENS}

@@ -10,10 +10,18 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# For JAX processes that check values, not compiled programs: XLA skips most of
+# its optimisation passes, which cost more than the tiny programs they speed up
+# (tests/core/jax_backend_checks.py: 119 s -> 100 s). Not for the checks that
+# read collectives or memory off compiled programs (sharding, compile tests).
+JAX_NUMERICS_ENV = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+
+
 def run_jax_checks(script, checks):
     """Runs tests/core/`script` with KERAS_BACKEND=jax in a fresh process (the backend is
     fixed per process) and asserts it printed "OK <check>" for each of `checks`."""
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+               **JAX_NUMERICS_ENV)
     result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "core", script)],
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

@@ -175,20 +175,16 @@ def check_compiled_decoding():
 
 
 def check_upcycle():
-    """Upcycled granular experts (zero router) and top-1 experts start at the dense logits."""
+    """Upcycled granular experts (zero router) start at the dense logits (the top-1 and
+    replicated-router starts are checked on TensorFlow: the copy is the same on both)."""
     from keras_moe import TopKFeedForward
     from keras_moe.models.upcycle import upcycle_weights
     from tests.models.test_upcycle import _batch, _logits, _pair
 
-    for ffn, router_init in (
-            (TopKFeedForward(num_experts=8, d_ff=8, k=4, normalize_top_k=True,
-                             eval_capacity_factor=8.0, activation="gated-gelu"), "zero"),
-            (TopKFeedForward(num_experts=4, d_ff=32, k=1, normalize_top_k=True,
-                             eval_capacity_factor=4.0, activation="gated-gelu"), "fresh")):
-        sparse, dense = _pair(ffn)
-        upcycle_weights(sparse, dense, router_init=router_init)
-        np.testing.assert_allclose(_logits(sparse, _batch(2)), _logits(dense, _batch(2)),
-                                   atol=2e-5)
+    sparse, dense = _pair(TopKFeedForward(num_experts=8, d_ff=8, k=4, normalize_top_k=True,
+                                          eval_capacity_factor=8.0, activation="gated-gelu"))
+    upcycle_weights(sparse, dense, router_init="zero")
+    np.testing.assert_allclose(_logits(sparse, _batch(2)), _logits(dense, _batch(2)), atol=2e-5)
     print("OK upcycle")
 
 

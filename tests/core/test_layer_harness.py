@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.core.helpers import JAX_NUMERICS_ENV
 from tests.core.layer_harness import CASES, case_classes, check_layer, registered_layers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +36,8 @@ def test_layer_on_tensorflow(name):
 @pytest.mark.jax
 @pytest.mark.jax_harness
 def test_layers_on_jax():
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+               **JAX_NUMERICS_ENV)
     result = subprocess.run([sys.executable, "-c", JAX_SCRIPT.format(root=ROOT)], env=env,
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
