@@ -128,12 +128,12 @@ def test_readme_command_line_training_and_eval(tmp_path):
     assert os.path.isfile(os.path.join(model_dir, "checkpoints", "ckpt-00000002.weights.h5"))
     train, evaluate, export = consoles
     assert "signatures generate_ids, generate_text" in export, export[-3000:]
-    served = run_python(
-        "import tensorflow as tf, tensorflow_text\n"
-        f"served = tf.saved_model.load({str(tmp_path / 'served')!r})\n"
-        "out = served.signatures['generate_text'](inputs=tf.constant(['The module']))\n"
-        "print('outputs', out['outputs'].shape, out['outputs'].dtype.name)\n", timeout=300)
-    assert "outputs (1,) string" in served, served
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SentencePiece ops of the text signature)
+
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    out = served.signatures["generate_text"](inputs=tf.constant(["The module"]))["outputs"]
+    assert (tuple(out.shape), out.dtype) == ((1,), tf.string)
     for out in consoles:
         for noise in CONSOLE_NOISE:
             assert noise not in out, (noise, out[:4000])

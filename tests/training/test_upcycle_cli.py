@@ -1,7 +1,8 @@
 """`keras-moe-train --gin_file=upcycle.gin`: a dense run's checkpoint starts a MoE run.
 
-The two commands are the README's (section 5), run as a user types them,
-shortened by gin bindings and with temporary folders.
+The two commands are the README's (section 5), shortened by gin bindings and with
+temporary folders: the first as a user types it, the others through the same
+`main()` in this process (a TensorFlow start each spared).
 """
 
 import json
@@ -10,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 
+import gin
 import pytest
 
 from tests.docs.test_readme_snippets import README, REPO, code_blocks
@@ -32,7 +34,21 @@ def _run(args):
                           text=True, timeout=400)
 
 
-def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path):
+def _run_here(args, capfd):
+    """`keras-moe-train args` through its `main()` in this process: (exit status, stdout)."""
+    from keras_moe.training import train_cli
+
+    capfd.readouterr()
+    try:
+        code = train_cli.main(args)
+    finally:
+        gin.clear_config()
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path,
+                                                                                  capfd):
     block = code_blocks(README, "bash")[2]
     dense_command, upcycle_command = (shlex.split(c) for c in
                                       block.replace("\\\n", " ").splitlines() if c.strip())
@@ -50,8 +66,8 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
     assert dense_command[0] == upcycle_command[0] == "keras-moe-train"
     dense = _run(local(dense_command) + _flags(SMALL + ["TRAIN_STEPS = 2"]))
     assert dense.returncode == 0, dense.stdout[-2000:] + dense.stderr[-3000:]
-    upcycled = _run(local(upcycle_command) + _flags(SMALL + ["TopKFeedForward.d_ff = 64",
-                                                             "TRAIN_STEPS = 4"]))
+    upcycled = _run_here(local(upcycle_command) + _flags(
+        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 4"]), capfd)
     assert upcycled.returncode == 0, upcycled.stdout[-2000:] + upcycled.stderr[-3000:]
     assert "upcycled checkpoint" in upcycled.stdout and "continuing at step 2" in upcycled.stdout
     with open(os.path.join(sparse_dir, "summary.json")) as f:
@@ -61,8 +77,8 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
         assert "TopKFeedForward.num_experts = 8" in f.read()
 
     # Run again with a longer run: it resumes from its own step-4 checkpoint, as any run does.
-    resumed = _run(local(upcycle_command) + _flags(SMALL + ["TopKFeedForward.d_ff = 64",
-                                                            "TRAIN_STEPS = 6"]))
+    resumed = _run_here(local(upcycle_command) + _flags(
+        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 6"]), capfd)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout
     assert "upcycled checkpoint" not in resumed.stdout
