@@ -62,7 +62,7 @@ def _reset_keras_state():
 # a `slow` or `jax` mark, a shared long-lived subprocess (`xdist_group`), or a
 # call in its body or its fixtures that starts a process or trains a whole job.
 _E2E_MARKS = ("slow", "jax", "xdist_group")
-_E2E_CALLS = re.compile(r"subprocess\.|\brun_cli\(|\bcli_args\(|\btrain_in_process\(|"
+_E2E_CALLS = re.compile(r"subprocess\.|\brun_cli(?:_here)?\(|\bcli_args\(|\btrain_in_process\(|"
                         r"\brun_smoke\(|(?:gin|train)_configurables\.train\(|\b_run\(|\b_train\(|"
                         r"\bexport_for_serving\(")
 

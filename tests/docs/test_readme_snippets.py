@@ -14,8 +14,7 @@ import sys
 
 import pytest
 
-import gin
-from tests.training.helpers import REPO
+from tests.training.helpers import REPO, run_cli_here
 
 README = os.path.join(REPO, "README.md")
 SHARDING = os.path.join(REPO, "docs", "sharding.md")
@@ -159,7 +158,7 @@ def _hf_block_in(tmp_path):
 
 
 @pytest.mark.slow
-def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_path, capfd):
+def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_path):
     """The page's Python block (checkpoint, import, decoding, export), then its
     fine-tuning command from that checkpoint, shortened by gin bindings; without
     the page's tie binding the command is refused."""
@@ -185,26 +184,17 @@ def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_pa
     shrink = [f"--gin_bindings={b}" for b in (
         "TRAIN_STEPS = 2", "BATCH_SIZE = 4", "CheckpointConfig.every = 2",
         "train.summary_batches = 0", "train.expert_load_every = 0")]
-    env = dict(os.environ, PYTHONPATH=REPO)
-    result = subprocess.run([shutil.which(command[0])] + command[1:] + shrink, cwd=str(tmp_path),
-                            env=env, capture_output=True, text=True, timeout=600)
+    result = run_cli_here(command[1:] + shrink)  # keras-moe-train's main(), in this process
     console = result.stdout + result.stderr
     assert result.returncode == 0, console[-4000:]
     assert f"initialised the model from Hugging Face checkpoint {tmp_path}/switch-tiny-hf" \
         in console, console[-4000:]
-    # The same command without the tie binding, through the CLI's main() here (the
-    # console script above already ran it as a process): refused before training.
-    from keras_moe.training import train_cli
-
+    # The same command without the tie binding: refused before training.
     untied = [a for a in command[1:] if "tie_word_embeddings" not in a]
     assert len(untied) == len(command) - 2
-    capfd.readouterr()
-    try:
-        code = train_cli.main(untied + shrink + [f"--model_dir={tmp_path}/other"])
-    finally:
-        gin.clear_config()
-    out, err = capfd.readouterr()
-    assert code == 2 and "different architecture" in err, (out + err)[-4000:]
+    refused = run_cli_here(untied + shrink + [f"--model_dir={tmp_path}/other"])
+    assert refused.returncode == 2 and "different architecture" in refused.stderr, \
+        (refused.stdout + refused.stderr)[-4000:]
 
 
 def test_sharding_doc_rules_are_the_librarys():

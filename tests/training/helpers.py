@@ -39,6 +39,27 @@ def run_cli(args, timeout, env=None, module="keras_moe.training"):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_cli_here(args, main=None):
+    """`keras-moe-train args` (or another CLI's `main`) in this process: what `run_cli`
+    does without starting TensorFlow again. Returns a CompletedProcess with the exit
+    status and what Python wrote to stdout and stderr; gin is cleared before and after."""
+    import contextlib
+    import io
+
+    import gin
+
+    if main is None:
+        from keras_moe.training.train_cli import main
+    out, err = io.StringIO(), io.StringIO()
+    gin.clear_config()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        gin.clear_config()
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def cli_bindings(bindings):
     out = []
     for b in TINY + list(bindings):

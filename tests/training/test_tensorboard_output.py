@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.training.helpers import cli_bindings, run_cli
+from tests.training.helpers import cli_bindings, run_cli_here
 from tests.training.tiny_run import GROUP, RUN, tiny_run
 
 # Keras' TensorBoard callback names a metric `batch_<name>` and `epoch_<name>`.
@@ -43,8 +43,8 @@ def _router_tags(tags):
 
 def _train(model_dir, steps):
     bindings = RUN + [f"TRAIN_STEPS = {steps}"]
-    result = run_cli(["--gin_file=tiny_local.gin", f"--model_dir={model_dir}",
-                      *cli_bindings(bindings)], timeout=600)
+    result = run_cli_here(["--gin_file=tiny_local.gin", f"--model_dir={model_dir}",
+                           *cli_bindings(bindings)])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -11,10 +11,10 @@ import shlex
 import shutil
 import subprocess
 
-import gin
 import pytest
 
 from tests.docs.test_readme_snippets import README, REPO, code_blocks
+from tests.training.helpers import run_cli_here
 
 SMALL = ["T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
          "T5Config.d_ff = 64", 'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}',
@@ -34,21 +34,7 @@ def _run(args):
                           text=True, timeout=400)
 
 
-def _run_here(args, capfd):
-    """`keras-moe-train args` through its `main()` in this process: (exit status, stdout)."""
-    from keras_moe.training import train_cli
-
-    capfd.readouterr()
-    try:
-        code = train_cli.main(args)
-    finally:
-        gin.clear_config()
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
-
-
-def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path,
-                                                                                  capfd):
+def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path):
     block = code_blocks(README, "bash")[2]
     dense_command, upcycle_command = (shlex.split(c) for c in
                                       block.replace("\\\n", " ").splitlines() if c.strip())
@@ -66,8 +52,8 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
     assert dense_command[0] == upcycle_command[0] == "keras-moe-train"
     dense = _run(local(dense_command) + _flags(SMALL + ["TRAIN_STEPS = 2"]))
     assert dense.returncode == 0, dense.stdout[-2000:] + dense.stderr[-3000:]
-    upcycled = _run_here(local(upcycle_command) + _flags(
-        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 4"]), capfd)
+    upcycled = run_cli_here(local(upcycle_command) + _flags(
+        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 4"]))
     assert upcycled.returncode == 0, upcycled.stdout[-2000:] + upcycled.stderr[-3000:]
     assert "upcycled checkpoint" in upcycled.stdout and "continuing at step 2" in upcycled.stdout
     with open(os.path.join(sparse_dir, "summary.json")) as f:
@@ -77,8 +63,8 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
         assert "TopKFeedForward.num_experts = 8" in f.read()
 
     # Run again with a longer run: it resumes from its own step-4 checkpoint, as any run does.
-    resumed = _run_here(local(upcycle_command) + _flags(
-        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 6"]), capfd)
+    resumed = run_cli_here(local(upcycle_command) + _flags(
+        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 6"]))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout
     assert "upcycled checkpoint" not in resumed.stdout
