@@ -63,8 +63,8 @@ def _reset_keras_state():
 # call in its body or its fixtures that starts a process or trains a whole job.
 _E2E_MARKS = ("slow", "jax", "xdist_group")
 _E2E_CALLS = re.compile(r"subprocess\.|\brun_cli(?:_here)?\(|\bcli_args\(|\btrain_in_process\(|"
-                        r"\brun_smoke\(|(?:gin|train)_configurables\.train\(|\b_run\(|\b_train\(|"
-                        r"\bexport_for_serving\(")
+                        r"\brun_smoke\(|\bexec_here\(|(?:gin|train)_configurables\.train\(|"
+                        r"\b_run\(|\b_train\(|\bexport_for_serving\(")
 
 
 @functools.lru_cache(maxsize=None)
