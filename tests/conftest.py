@@ -24,11 +24,6 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
 )
 
-# In this process only: tests check what a graph computes, and Grappler's
-# rewrites of the many small graphs traced here cost about a tenth of their
-# time. The command-line jobs the tests start run with it, as users do.
-tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-
 logging.getLogger("absl").setLevel(logging.ERROR)
 logging.getLogger("tensorflow").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
