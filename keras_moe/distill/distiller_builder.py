@@ -1,6 +1,5 @@
 """`build_distiller`: teacher from a checkpoint, dense student initialised from it, `Distiller`."""
 
-
 from keras_moe.distill.distiller import Distiller
 from keras_moe.distill.init_from_teacher import dense_student_config, init_student_from_teacher
 from keras_moe.training.checkpoint import resolve_checkpoint

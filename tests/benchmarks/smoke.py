@@ -32,18 +32,16 @@ def _run_in_this_process(script, argv):
     from benchmarks import common
 
     module = importlib.import_module(f"benchmarks.{script[:-len('.py')]}")
-    saved = (sys.argv, common.RESULTS_DIR, keras.mixed_precision.global_policy().name,
-             _torch_threads())
+    argv_before, results_dir = sys.argv, common.RESULTS_DIR
+    policy, torch_threads = keras.mixed_precision.global_policy().name, _torch_threads()
     sys.argv = [os.path.join(ROOT, "benchmarks", script), *argv]
     try:
         module.main(argv)
     finally:
-        sys.argv, common.RESULTS_DIR = saved[0], saved[1]
-        keras.mixed_precision.set_global_policy(saved[2])
-        if saved[3] is not None:
-            import torch
-
-            torch.set_num_threads(saved[3])
+        sys.argv, common.RESULTS_DIR = argv_before, results_dir
+        keras.mixed_precision.set_global_policy(policy)
+        if torch_threads is not None:
+            sys.modules["torch"].set_num_threads(torch_threads)
 
 
 def _torch_threads():

@@ -1,7 +1,5 @@
 """The training CLI's distillation mode: teacher checkpoint in; checkpoints, resume, TensorBoard."""
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -12,7 +10,7 @@ import pytest
 import gin
 import keras_moe
 from tests.shared_runs import built_once
-from tests.training.helpers import TINY
+from tests.training.helpers import TINY, run_cli_here
 from tests.training.tiny_run import GROUP, tiny_run
 
 
@@ -23,18 +21,15 @@ def teacher_dir(tmp_path_factory):
 
 
 def _distill(model_dir, teacher_dir, steps):
+    """The distillation CLI in this process: a CompletedProcess (`run_cli_here`)."""
     from keras_moe.distill import distill_cli
 
-    gin.clear_config()
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={model_dir}"]
     for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', f"TRAIN_STEPS = {steps}",
                      "CheckpointConfig.every = 2", "train.summary_batches = 1",
                      "DISTILL_TEMPERATURE = 2.0"]:
         args.append(f"--gin_bindings={b}")
-    try:
-        return distill_cli.main(args)
-    finally:
-        gin.clear_config()
+    return run_cli_here(args, distill_cli.main)
 
 
 @pytest.fixture(scope="session")
@@ -43,11 +38,9 @@ def distilled_2(tmp_path_factory, teacher_dir):
     pytest workers; a test that trains on from it copies it first."""
 
     def build(path):
-        console = io.StringIO()
-        with contextlib.redirect_stdout(console):
-            code = _distill(str(path / "run"), teacher_dir, 2)
-        (path / "console").write_text(console.getvalue())
-        assert code == 0, console.getvalue()[-3000:]
+        done = _distill(str(path / "run"), teacher_dir, 2)
+        (path / "console").write_text(done.stdout)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
     path = built_once(tmp_path_factory, "distilled_2_steps", build)
     return str(path / "run"), (path / "console").read_text()
@@ -86,7 +79,8 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, dis
     assert "build_distiller.alpha = %DISTILL_ALPHA" in open(
         os.path.join(model_dir, "operative_config.gin")).read()
 
-    assert _distill(model_dir, teacher_dir, 4) == 0  # resumes at step 2
+    resumed = _distill(model_dir, teacher_dir, 4)  # resumes at step 2
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     summary = json.load(open(os.path.join(model_dir, "summary.json")))
     assert (summary["start_step"], summary["end_step"]) == (2, 4)
     assert summary["resumed_from"].endswith("ckpt-00000002.weights.h5")
@@ -109,9 +103,9 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, dis
     keras.backend.clear_session()
 
 
-def test_missing_teacher_checkpoint_is_a_config_error(tmp_path, capsys):
-    assert _distill(str(tmp_path / "d"), str(tmp_path / "nowhere"), 2) == 2
-    assert "teacher_checkpoint" in capsys.readouterr().err
+def test_missing_teacher_checkpoint_is_a_config_error(tmp_path):
+    refused = _distill(str(tmp_path / "d"), str(tmp_path / "nowhere"), 2)
+    assert refused.returncode == 2 and "teacher_checkpoint" in refused.stderr, refused.stderr
 
 
 @pytest.mark.slow

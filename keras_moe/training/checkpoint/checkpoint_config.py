@@ -149,7 +149,6 @@ def load_init_checkpoint(model: keras.Model, path: str,
     from keras_moe.models import model_configurables
 
     if is_hf_folder(path):
-
         source = from_hf(path)
         kind = "Hugging Face checkpoint"
     else:
