@@ -9,6 +9,7 @@ layer (`make_metric_trackers`) and `RouterMetricsMixin` bring them into
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -240,7 +241,25 @@ class RouterMetricsMixin:
                                     training=training)
 
 
-_JAX_WARNED = set()
+_JAX_WARNED = weakref.WeakSet()  # layers that warned
+
+
+def trackers_reach_logs(layer: keras.layers.Layer) -> bool:
+    """Whether `layer`'s router trackers are updated where `fit` and `evaluate` keep
+    the update: on TensorFlow, or when a `RouterMetricsMixin` model claimed the layer."""
+    return (keras.backend.backend() == "tensorflow"
+            or getattr(layer, "_router_metrics_claimed", False))
+
+
+def reported_metrics(layer: keras.layers.Layer, metrics: list) -> list:
+    """`layer`'s Keras `metrics` without its router trackers where they would not be
+    updated (`trackers_reach_logs`): a statistic that was not measured must not show
+    up in the logs as 0."""
+    trackers = getattr(layer, "_trackers", None)
+    if not trackers or trackers_reach_logs(layer):
+        return metrics
+    own = {id(tracker) for tracker in trackers.values()}
+    return [metric for metric in metrics if id(metric) not in own]
 
 
 def track_layer_stats(layer: keras.layers.Layer, trackers: dict[str, keras.metrics.Mean],
@@ -259,14 +278,16 @@ def track_layer_stats(layer: keras.layers.Layer, trackers: dict[str, keras.metri
 
         scope = get_stateless_scope()
         if scope is not None:  # a trace whose variable updates the layer cannot keep
-            if warn and scope.collect_losses and layer.name not in _JAX_WARNED:
-                _JAX_WARNED.add(layer.name)
+            if warn and scope.collect_losses and layer not in _JAX_WARNED:
+                _JAX_WARNED.add(layer)
                 warnings.warn(
-                    f"MoE layer '{layer.name}': `track_metrics=True` cannot report router "
-                    f"metrics from inside a layer on the {keras.backend.backend()} backend's "
-                    "`fit`. Mix `keras_moe.RouterMetricsMixin` into your model (before "
-                    "keras.Model) to get them in the history, or call the layer with "
-                    "`return_metrics=True` and make the statistics model outputs.",
+                    f"MoE layer '{layer.name}': its router metrics cannot be measured from "
+                    f"inside the layer on the {keras.backend.backend()} backend's `fit` and "
+                    "`evaluate`, so they are left out of the logs. To get them, build the "
+                    "model from a class with `keras_moe.RouterMetricsMixin` before "
+                    "keras.Model (a functional model too: `class Model(keras_moe."
+                    "RouterMetricsMixin, keras.Model): pass`, then `Model(inputs, outputs)`), "
+                    "or call the layer with `return_metrics=True`.",
                     stacklevel=2)
             return
     update_metric_trackers(trackers, stats)

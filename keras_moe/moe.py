@@ -88,7 +88,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             reported by `fit` and `evaluate` as `<metrics_prefix>/<statistic>`.
             In a model with `keras_moe.RouterMetricsMixin` (as `EncoderDecoder`)
             the model updates them, on every backend; elsewhere the layer
-            updates them in `call`, which JAX's `fit` cannot keep (it warns).
+            updates them in `call`, which only TensorFlow's `fit` keeps (on JAX
+            they are left out of the logs, with a warning).
         return_metrics: the default of `call`'s `return_metrics`: return
             `(outputs, metrics_dict)` instead of `outputs`
             (`keras_moe.router_metrics`' statistics, its `num_tokens` included).
@@ -196,6 +197,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         self._trackers = None
         if self.track_metrics:
             self._trackers = metrics_lib.make_metric_trackers(metrics_prefix or self.name)
+
+    @property
+    def metrics(self) -> list:
+        return metrics_lib.reported_metrics(self, super().metrics)
 
     def build(self, input_shape: Shape) -> None:
         check_rank3_inputs(self, input_shape)

@@ -10,6 +10,8 @@ tokens), plus the MoE aux / z losses that the layers add to `model.losses`
 import keras
 from keras import ops
 
+from keras_moe.models.adafactor import Adafactor
+
 
 def token_log_likelihood(targets, logits):
     """log p(target) of every token: `logits[target] - logsumexp(logits)`, in float32.
@@ -167,7 +169,7 @@ def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile="auto"):
     ('Adafactor', 0.01)
     """
     if optimizer is None:
-        optimizer = keras.optimizers.Adafactor(learning_rate=learning_rate)
+        optimizer = Adafactor(learning_rate=learning_rate)
     if jit_compile == "auto":
         jit_compile = keras.backend.backend() == "jax"
     return dict(

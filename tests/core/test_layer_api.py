@@ -196,6 +196,12 @@ def test_router_metrics_mixin_logs_the_layer_statistics(rng):
     check_fit_history_matches_the_layer_statistics(rng)
 
 
+def test_router_metrics_in_any_model_are_the_layer_statistics(rng):
+    from tests.core.router_metrics_checks import check_router_metrics_are_measured_or_absent
+
+    check_router_metrics_are_measured_or_absent(rng)
+
+
 @pytest.mark.slow
 def test_encoder_decoder_logs_router_metrics():
     from tests.core.router_metrics_checks import check_encoder_decoder_logs_router_metrics

@@ -41,6 +41,7 @@ MODULES = [
     "keras_moe.layouts",
     "keras_moe.local_groups",
     "keras_moe.metrics",
+    "keras_moe.models.adafactor",
     "keras_moe.models.attention",
     "keras_moe.models.blocks",
     "keras_moe.models.model_builder",

@@ -13,6 +13,7 @@ import math
 import keras
 from keras import ops
 
+from keras_moe.models.adafactor import Adafactor
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.validation import is_int, is_number
 
@@ -118,7 +119,7 @@ def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup
     if name == "adafactor":
         if weight_decay is not None:
             common["weight_decay"] = weight_decay
-        return keras.optimizers.Adafactor(learning_rate=lr, **common)
+        return Adafactor(learning_rate=lr, **common)
     if name == "adam":
         if weight_decay is not None:
             common["weight_decay"] = weight_decay
