@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tokenize
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from keras_moe.gin_errors import GinConfigError
+from keras_moe.gin_errors import GinConfigError, describe_syntax_error
 
 if TYPE_CHECKING:
     from keras_moe.models.config import T5Config
@@ -259,7 +260,10 @@ def _parse_binding(binding, files, skip_unknown):
             f"{files}; known macros: {sorted(_macros())}.")
     try:
         gin.parse_config(binding, skip_unknown=skip_unknown)
-    except (ValueError, SyntaxError) as e:
+    except (SyntaxError, tokenize.TokenError) as e:
+        raise GinConfigError(
+            f"gin binding {binding!r}: {describe_syntax_error(binding, e)}") from None
+    except ValueError as e:
         raise GinConfigError(f"gin binding {binding!r}: {e}") from None
 
 
@@ -361,7 +365,12 @@ def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
                 gin.parse_config_file(path, skip_unknown=skip_unknown)
             except GinConfigError:
                 raise
-            except (ValueError, IOError, SyntaxError) as e:
+            except (SyntaxError, tokenize.TokenError) as e:
+                source = getattr(e, "filename", None) or path  # an included file's own
+                with open(source, encoding="utf-8") as f:
+                    where = describe_syntax_error(f.read(), e)
+                raise GinConfigError(f"bad gin file {source}: {where}") from None
+            except (ValueError, IOError) as e:
                 raise GinConfigError(f"bad gin file {path}: {e}") from None
         for binding in _binding_lines(bindings):
             _parse_binding(binding, files, skip_unknown)

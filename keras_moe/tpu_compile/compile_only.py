@@ -43,6 +43,7 @@ from keras_moe.tpu_compile.tpu_topology import (  # noqa: F401  (this module's A
     topology_devices,
 )
 from keras_moe.training.errors import CompileOnlyError
+from keras_moe.training.placement.mesh import check_batch_splits
 
 # "<shape> all-to-all(...)" is an instruction; "%all-to-all.3" a use of one.
 COLLECTIVES = ("all-to-all", "ragged-all-to-all", "all-gather", "all-reduce", "reduce-scatter",
@@ -222,6 +223,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     files, bindings, config = _parse_job(gin_files, bindings, allowed_imports, target_platform)
     job = job_config()
     dtype_policy = _job_dtype_policy(dtype_policy, job)
+    batch_size_given = batch_size
     batch_size, feature_lengths = _job_batch(batch_size, feature_lengths, job)
     job_mesh, job_rules = _job_mesh(job)
     from keras_moe.training import train_configurables
@@ -229,6 +231,8 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     if devices is None:
         devices = cpu_devices(_num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh))
     mesh_shape = _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh)
+    check_batch_splits(dict(mesh_shape), job_rules, batch_size,
+                       "BATCH_SIZE" if batch_size_given is None else "--batch_size")
     distribution = _configure_mesh(config, devices, mesh_shape, job_rules)
     try:
         report = _compile(config, distribution, train_configurables, batch_size, feature_lengths,

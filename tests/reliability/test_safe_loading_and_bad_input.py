@@ -132,3 +132,75 @@ def test_gin_import_refusal_names_the_flag_on_the_command_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "--gin_allow_import __gin__" in err and "bad.gin:2" in err
     assert not (tmp_path / "run").exists()
+
+
+# A gin syntax error: (binding, where the error must point).
+BAD_SYNTAX = [
+    ('TASK_FEATURE_LENGTHS = {"inputs": 64', "'{' at column 24 is never closed"),
+    ('TASK_FEATURE_LENGTHS = {"inputs": 64]', "syntax error at column 37"),
+    ("BATCH_SIZE = 8 8", "syntax error at column 16: expected a newline"),
+    ("train.log_every = (5", "'(' at column 19 is never closed"),
+]
+
+
+@pytest.mark.parametrize("binding,where", BAD_SYNTAX)
+def test_a_gin_syntax_error_names_the_binding_and_the_position(binding, where):
+    import gin
+
+    try:
+        with pytest.raises(GinConfigError) as raised:
+            parse_gin(["tiny_local.gin"], [binding])
+    finally:
+        gin.clear_config()
+    message = str(raised.value)
+    assert message == f"gin binding {binding!r}: {where}" or message.startswith(
+        f"gin binding {binding!r}: {where}"), message
+    assert "\n" not in message
+
+
+def test_a_gin_file_syntax_error_names_the_file_line_and_column(tmp_path):
+    import gin
+
+    bad = tmp_path / "mine.gin"
+    bad.write_text("include 'runs/tiny_local.gin'\n\nBATCH_SIZE = (8\n")
+    including = tmp_path / "outer.gin"
+    including.write_text(f"include '{bad}'\n")
+    try:
+        with pytest.raises(GinConfigError) as raised:
+            parse_gin([str(bad)])
+        assert str(raised.value) == f"bad gin file {bad}: '(' at line 3, column 14 is never closed"
+        bad.write_text("include 'runs/tiny_local.gin'\nTRAIN_STEPS = [1,, 2]\n")
+        with pytest.raises(GinConfigError) as raised:  # reported in the file that has it
+            parse_gin([str(including)])
+        assert str(raised.value) == (f"bad gin file {bad}: syntax error at line 2, column 18: "
+                                     "unable to parse value")
+    finally:
+        gin.clear_config()
+
+
+def _mains():
+    from keras_moe.distill import distill_cli
+    from keras_moe.tpu_compile import compile_cli
+    from keras_moe.training import eval_cli, train_cli
+
+    return {"keras-moe-train": train_cli.main, "keras-moe-eval": eval_cli.main,
+            "python -m keras_moe.distill": distill_cli.main,
+            "keras-moe-compile": compile_cli.main}
+
+
+@pytest.mark.parametrize("command", sorted(_mains()))
+def test_every_command_refuses_a_gin_syntax_error_in_one_line(command, tmp_path):
+    from tests.training.helpers import run_cli_here
+
+    binding, where = BAD_SYNTAX[0]
+    model_dir = tmp_path / "run"
+    args = ["--gin_file=tiny_local.gin", f"--gin_bindings={binding}"]
+    if command == "keras-moe-eval":  # evaluates a run that exists
+        model_dir.mkdir()
+    if command != "keras-moe-compile":
+        args.append(f"--model_dir={model_dir}")
+    result = run_cli_here(args, main=_mains()[command])
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"{command}: error: gin binding {binding!r}: {where}"], result.stderr[-3000:]
+    assert not model_dir.exists() or not list(model_dir.iterdir())

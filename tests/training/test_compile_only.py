@@ -207,6 +207,13 @@ REFUSALS = {
     # Without the flag the job's own train.dtype_policy is read (and checked).
     "dtype_binding": _args(BINDINGS + ['train.dtype_policy = "float16"']),
     "topology": _args(topology="v9z:2x2"),
+    # A batch the mesh cannot split (every chip would compute all of it): refused as
+    # keras-moe-train refuses it, from the job's BATCH_SIZE or from --batch_size.
+    "batch_over_4_data_chips": _args(BINDINGS[1:] + [
+        "BATCH_SIZE = 6", 'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}']),
+    "batch_flag_over_2x2": [*_args(BINDINGS[1:] + [
+        "BATCH_SIZE = 8", 'train.mesh_shape = {"data": 2, "expert": 2, "model": 1}']),
+        "--batch_size=7"],
 }
 REFUSAL_RUNNER = """
 import json, sys
@@ -258,6 +265,18 @@ def test_unknown_topology_is_refused(refusals):
     assert code == "2", stderr[-2000:]
     assert "unknown TPU topology 'v9z:2x2'" in stderr
     assert "v5e:4x4" in stderr  # the known ones are listed
+
+
+@SHARED
+def test_a_batch_the_mesh_cannot_split_is_refused_in_one_line(refusals):
+    for case, name, value, devices in (("batch_over_4_data_chips", "BATCH_SIZE", 6, 4),
+                                       ("batch_flag_over_2x2", "--batch_size", 7, 4)):
+        code, stderr = refusals[case]
+        assert code == "2", (case, stderr[-2000:])
+        errors = [line for line in stderr.splitlines() if "error" in line.lower()]
+        assert len(errors) == 1 and errors[0].startswith("keras-moe-compile: error: "), stderr
+        assert f"{name}={value} does not split over the device mesh" in errors[0]
+        assert f"= {devices} devices" in errors[0] and "fits" not in stderr, errors[0]
 
 
 def test_mesh_product_must_equal_chip_count(libtpu):

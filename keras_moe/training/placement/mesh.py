@@ -87,10 +87,16 @@ def batch_split(mesh_shape, logical_axis_rules, batch_size=None):
     return axes, size
 
 
-def check_batch_splits(mesh_shape, logical_axis_rules, batch_size):
+def check_batch_splits(mesh_shape, logical_axis_rules, batch_size, name="BATCH_SIZE"):
     """Raises `TrainingConfigError` unless `batch_size` splits over the mesh axes the
     batch is meant to be split over (without it the layout would silently fall back
-    to a smaller split, or none).
+    to a smaller split, or none, and every device would compute the whole batch).
+
+    Args:
+        mesh_shape: dict mesh axis -> size, or None (no mesh: nothing to check).
+        logical_axis_rules: `(logical axis, mesh axes)` pairs, or None for the defaults.
+        batch_size: the global batch.
+        name: what the error calls the batch size (the setting that gave it).
 
     Example:
     >>> check_batch_splits({"data": 2, "expert": 4}, None, 16)
@@ -106,8 +112,8 @@ def check_batch_splits(mesh_shape, logical_axis_rules, batch_size):
         lower = batch_size // size * size
         examples = " or ".join(str(n) for n in (lower, lower + size) if n > 0)
         raise TrainingConfigError(
-            f"BATCH_SIZE={batch_size} does not split over the device mesh {mesh_shape!r}: the "
-            f"batch is split over the mesh axes {axes} = {size} devices, so BATCH_SIZE must "
+            f"{name}={batch_size} does not split over the device mesh {mesh_shape!r}: the "
+            f"batch is split over the mesh axes {axes} = {size} devices, so {name} must "
             f"be a multiple of {size} (e.g. {examples}).")
 
 
