@@ -29,6 +29,7 @@ import re
 import tempfile
 import time
 
+from keras_moe.dispatch import resolve_dispatch
 from keras_moe.tpu_compile import compile_memory, compile_progress, hlo_collectives, roofline
 from keras_moe.tpu_compile.abstract_step import abstract_batch as _abstract_batch
 from keras_moe.tpu_compile.abstract_step import abstract_model as _abstract_model
@@ -149,12 +150,6 @@ def _dispatch_binding(config, target_platform):
     # Bound on the specs' layer classes, by name (e.g. `SwitchFeedForward`).
     names = sorted({spec["class_name"].split(">")[-1] for spec in config.used_sparse_ffn_specs()})
     return "\n".join(f'{name}.dispatch = "einsum"' for name in names)
-
-
-def _resolved_dispatch(mode, platform):
-    if mode == "auto":
-        return "einsum" if platform == "tpu" else "gather"
-    return mode
 
 
 def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=None,
@@ -364,7 +359,7 @@ def _job_summary(config, devices, distribution, batch_size, feature_lengths, tar
              **{k: int(v) for k, v in dict(feature_lengths).items()}}
     return {"chips": len(devices), "device_kind": devices[0].device_kind, "mesh": mesh,
             "batch": batch,
-            "dispatch": _resolved_dispatch(config.sparse_option("dispatch"), target_platform),
+            "dispatch": resolve_dispatch(config.sparse_option("dispatch"), target_platform),
             "num_experts": config.num_experts, "vocab_size": config.vocab_size,
             "group_size": config.sparse_option("group_size"),
             "sparse_ffn_classes": sorted({spec["class_name"].split(">")[-1]

@@ -78,7 +78,11 @@ def check_gradients_agree():
 
 
 def check_dropless():
-    """ragged_dot under jax.jit: the same outputs and gradients as gather with room for all."""
+    """ragged_dot under jax.jit: the same outputs and gradients as gather with room for all;
+    one warning that it is slow here."""
+    from tests.core.helpers import check_slow_dropless_warning
+
+    check_slow_dropless_warning()
     x = rng.normal(size=(3, 10, 8)).astype("float32")
     mask = np.ones((3, 10), "float32")
     mask[2, 6:] = 0

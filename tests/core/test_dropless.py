@@ -152,3 +152,9 @@ def test_t5_model_with_dropless_layers_equals_gather_with_room_for_all(rng):
     dropless.set_weights(gather.get_weights())
     np.testing.assert_allclose(np.asarray(dropless(batch)), np.asarray(gather(batch)),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_dropless_warns_only_where_it_is_slow_and_auto_never_picks_it():
+    from tests.core.helpers import check_slow_dropless_warning
+
+    check_slow_dropless_warning()  # TensorFlow: no warning (JAX: tests/core/jax_backend_checks)
