@@ -217,7 +217,26 @@ def quiet_startup() -> None:
         from keras_moe import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
 
         tf.config.list_physical_devices()
-    for name in {name for name, _ in HARMLESS_LOG_MESSAGES}:
+    for name, drop in _harmless_message_filters().items():
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in log.filters):
-            log.addFilter(_DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name))
+            log.addFilter(drop)
+
+
+def _harmless_message_filters() -> dict[str, logging.Filter]:
+    return {name: _DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name)
+            for name in {name for name, _ in HARMLESS_LOG_MESSAGES}}
+
+
+@contextlib.contextmanager
+def harmless_log_messages_dropped() -> Iterator[None]:
+    """Drops `HARMLESS_LOG_MESSAGES` inside the block (a notebook's `tasks.get_dataset`),
+    leaving the loggers as they were afterwards."""
+    filters = _harmless_message_filters()
+    for name, drop in filters.items():
+        logging.getLogger(name).addFilter(drop)
+    try:
+        yield
+    finally:
+        for name, drop in filters.items():
+            logging.getLogger(name).removeFilter(drop)

@@ -5,6 +5,8 @@ import numbers
 
 import seqio
 
+from keras_moe.startup import harmless_log_messages_dropped
+
 
 def _check_lengths(sequence_length):
     if not isinstance(sequence_length, dict) or set(sequence_length) != {
@@ -75,15 +77,16 @@ def get_dataset(name, sequence_length, split="train", batch_size=8,
     if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     task = get_task_or_mixture(name)
-    return seqio.get_dataset(
-        task,
-        task_feature_lengths=dict(sequence_length),
-        feature_converter=seqio.EncDecFeatureConverter(pack=pack),
-        dataset_split=split,
-        use_cached=use_cached,
-        shuffle=shuffle,
-        num_epochs=num_epochs,
-        shard_info=shard_info,
-        seed=seed,
-        batch_size=int(batch_size),
-        verbose=False)
+    with harmless_log_messages_dropped():
+        return seqio.get_dataset(
+            task,
+            task_feature_lengths=dict(sequence_length),
+            feature_converter=seqio.EncDecFeatureConverter(pack=pack),
+            dataset_split=split,
+            use_cached=use_cached,
+            shuffle=shuffle,
+            num_epochs=num_epochs,
+            shard_info=shard_info,
+            seed=seed,
+            batch_size=int(batch_size),
+            verbose=False)

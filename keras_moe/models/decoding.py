@@ -20,6 +20,8 @@ short outputs).
 import numpy as np
 from keras import ops
 
+from keras_moe.models.text_io import is_text
+
 METHODS = ("greedy", "beam")
 
 
@@ -171,19 +173,12 @@ def input_token_ids(encoder_input_tokens, vocab_size):
     ...
     ValueError: `encoder_input_tokens` holds token id 40 (at [0, 1]), outside [0, vocab_size) with vocab_size=32: the ids must come from the model's vocabulary.
     """  # noqa: E501 - verbatim output lines
-    def is_text(value):
-        return isinstance(value, (str, bytes)) or (
-            isinstance(value, (list, tuple)) and any(is_text(v) for v in value))
-
-    if is_text(encoder_input_tokens) or (
-            isinstance(encoder_input_tokens, np.ndarray)
-            and encoder_input_tokens.dtype.kind in "USO"):
+    if is_text(encoder_input_tokens):
         raise ValueError(
-            "`generate` takes token ids, int [batch, length], not text. Tokenize first, "
-            "e.g. with the task's vocabulary: `vocab = keras_moe.tasks.get_vocabulary()`, "
-            "`ids = [vocab.encode(text) + [1] for text in texts]` (1 = EOS), 0-padded to one "
-            "length; decode the output with `vocab.decode(list(row))`. To serve text in and "
-            "out, see `model.export_for_serving(path, vocabulary=vocab)`.")
+            "`generate` was given text without a vocabulary to tokenize it: call "
+            "`model.generate(texts, vocabulary=keras_moe.tasks.get_vocabulary())` (or the "
+            "checkpoint's SentencePiece .model path), which returns text, or give token ids, "
+            "int [batch, length].")
     try:
         values = np.asarray(ops.convert_to_numpy(encoder_input_tokens))
     except Exception as e:  # ragged lists and other non-arrays
@@ -208,6 +203,35 @@ def input_token_ids(encoder_input_tokens, vocab_size):
                 f"{list(where)}), outside [0, vocab_size) with vocab_size={vocab_size}: the "
                 "ids must come from the model's vocabulary.")
     return values.astype(np.int32)
+
+
+def beam_arguments(method: str | None, num_beams: int | None,
+                   beam_size: int | None) -> tuple[str, int]:
+    """`(method, num_beams)` from `generate`'s `method`, `num_beams` and the CLI's
+    `beam_size` (1: greedy, N > 1: N beams); refuses settings that disagree.
+
+    Example:
+    >>> beam_arguments(None, None, 3), beam_arguments(None, None, None)
+    (('beam', 3), ('greedy', 4))
+    >>> beam_arguments("greedy", None, 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: `beam_size=3` asks for beam search but `method='greedy'`: give one of them.
+    """
+    if beam_size is not None:
+        if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+            raise ValueError(f"`beam_size` must be an integer >= 1, got {beam_size!r}.")
+        wanted = "greedy" if beam_size == 1 else "beam"
+        if method is not None and method != wanted:
+            raise ValueError(f"`beam_size={beam_size}` asks for {wanted} search but "
+                             f"`method={method!r}`: give one of them.")
+        if num_beams is not None and num_beams != beam_size:
+            raise ValueError(f"`beam_size={beam_size}` and `num_beams={num_beams}` disagree: "
+                             "give one of them.")
+        return wanted, beam_size
+    if method is None:
+        method = "beam" if num_beams is not None and num_beams > 1 else "greedy"
+    return method, 4 if num_beams is None else num_beams
 
 
 def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,

@@ -13,6 +13,7 @@ from keras_moe.models.distribute_compat import DistributedBuildMixin
 from keras_moe.models.ffn_factories import FfnFactories, block_args
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
+from keras_moe.models.progress import CompactFitMixin
 
 
 def as_config(config: Union[T5Config, Dict[str, Any]]) -> T5Config:
@@ -64,7 +65,7 @@ def _positions(tokens, positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
+class EncoderDecoder(CompactFitMixin, RouterMetricsMixin, DistributedBuildMixin, keras.Model):
     """T5.1.1-style encoder-decoder with optional Switch / GShard MoE FFN layers.
 
     Pre-norm RMS layer norms, T5 relative position bias (bidirectional in the
@@ -274,19 +275,54 @@ class EncoderDecoder(RouterMetricsMixin, DistributedBuildMixin, keras.Model):
         return self.logits(self.decoder_norm(x))[:, 0], new_caches
 
     # ------------------------------------------------------------------ API
-    def generate(self, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
+    def generate(self, encoder_input_tokens, max_length=64, method=None, num_beams=None,
                  length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
-                 compiled=True, jit_compile=False, length_normalizer="gnmt"):
-        """Decodes token ids `[B, <= max_length]` (see `keras_moe.models.decoding.generate`;
-        `length_normalizer="hf"` ranks beams as HF transformers does)."""
-        from keras_moe.models import decoding
+                 compiled=True, jit_compile=False, length_normalizer="gnmt", beam_size=None,
+                 vocabulary=None):
+        """Decodes token ids `[B, <= max_length]`, or text to text (see
+        `keras_moe.models.decoding.generate`; `length_normalizer="hf"` ranks beams as HF
+        transformers does).
 
-        return decoding.generate(self, encoder_input_tokens, max_length=max_length,
-                                 method=method, num_beams=num_beams,
-                                 length_penalty=length_penalty, use_cache=use_cache,
-                                 eos_id=eos_id, return_scores=return_scores,
-                                 compiled=compiled, jit_compile=jit_compile,
-                                 length_normalizer=length_normalizer)
+        Args:
+            encoder_input_tokens: int token ids `[B, L]`, or a string or list of
+                strings (then `vocabulary` tokenizes them and the outputs are text).
+            method: "greedy" or "beam"; default "beam" when `num_beams` or
+                `beam_size` > 1 is given, else "greedy".
+            num_beams: beams of beam search (default 4).
+            beam_size: the CLI's name (`keras-moe-eval --beam_size`): 1 is
+                greedy, N > 1 beam search with N beams.
+            vocabulary: for text inputs: a seqio vocabulary
+                (`keras_moe.tasks.get_vocabulary()`) or a SentencePiece `.model` path.
+            The others: see `keras_moe.models.decoding.generate`.
+        """
+        from keras_moe.models import decoding, text_io
+
+        method, num_beams = decoding.beam_arguments(method, num_beams, beam_size)
+        text = text_io.is_text(encoder_input_tokens)
+        single = isinstance(encoder_input_tokens, (str, bytes))
+        if text:
+            if vocabulary is None:
+                raise ValueError(
+                    "`generate` got text: pass the vocabulary that tokenizes it, e.g. "
+                    "`vocabulary=keras_moe.tasks.get_vocabulary()` (the local tasks' "
+                    "SentencePiece model) or a checkpoint's `spiece.model` path.")
+            vocabulary = text_io.load_vocabulary(vocabulary)
+            eos = self.config.eos_id if eos_id is None else eos_id
+            encoder_input_tokens = text_io.encode_texts(
+                encoder_input_tokens, vocabulary, eos, self.config.pad_id)
+        out = decoding.generate(self, encoder_input_tokens, max_length=max_length,
+                                method=method, num_beams=num_beams,
+                                length_penalty=length_penalty, use_cache=use_cache,
+                                eos_id=eos_id, return_scores=return_scores,
+                                compiled=compiled, jit_compile=jit_compile,
+                                length_normalizer=length_normalizer)
+        if not text:
+            return out
+        tokens, scores = out if return_scores else (out, None)
+        texts = text_io.decode_tokens(tokens, vocabulary, eos)
+        if single:
+            texts, scores = texts[0], None if scores is None else scores[0]
+        return (texts, scores) if return_scores else texts
 
     def export_for_serving(self, path, vocabulary=None, **kwargs):
         """Writes a TensorFlow SavedModel of the compiled search with token and text

@@ -89,17 +89,32 @@ def test_readme_layer_quick_start():
 
 
 @pytest.mark.slow
-def test_readme_notebook_quick_start():
+def test_readme_notebook_quick_start(caplog):
+    """As written it trains, decodes text to text, and prints short lines, a router
+    table, and no warning."""
+    import logging
+    import warnings
+
     block = code_blocks(README, "python")[2]
-    out = exec_here(block + (
-        "loss = history.history['loss']\n"
-        "router = [k for k in history.history if k.endswith('/dropped_fraction')]\n"
-        "tokens = model.generate(batch['encoder_input_tokens'][:2], max_length=32)\n"
-        "print('loss', loss[0], 'router', len(router), 'tokens', tuple(tokens.shape))\n"))
-    match = re.search(r"loss (\S+) router (\d+) tokens \(2, (\d+)\)", out)
+    lines = block.strip().splitlines()
+    generate = lines.index(next(line for line in lines if line.startswith("model.generate(")))
+    block = "\n".join(lines[:generate]) + "\ntext = " + "\n".join(lines[generate:]) + "\n"
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        out = exec_here(block + (
+            "loss = history.history['loss']\n"
+            "router = [k for k in history.history if k.endswith('/dropped_fraction')]\n"
+            "print('loss', loss[0], 'router', len(router), 'text', repr(text))\n"))
+    match = re.search(r"loss (\S+) router (\d+) text \['(.*)'\]", out)
     assert match, out
     assert float(match.group(1)) < 9.0  # from ln(8100) = 9.0 at init
-    assert int(match.group(2)) == 2 and int(match.group(3)) <= 32
+    assert int(match.group(2)) == 2 and match.group(3)
+    assert not [str(w.message) for w in caught if w.category is not DeprecationWarning]
+    assert not [r.getMessage() for r in caplog.records], caplog.text
+    shown = [line for line in re.sub(r"\x1b\[[0-9;]*m|\x08", "", out).replace("\r", "\n")
+             .splitlines() if not line.startswith("loss ")]  # this test's own line
+    assert max(len(line.rstrip()) for line in shown) <= 160, max(shown, key=len)
+    assert "MaxVio:" in out and "decoder_layer_1/ffn" in out  # the table and its legend
 
 
 @pytest.mark.slow

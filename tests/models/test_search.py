@@ -289,10 +289,63 @@ def test_generate_refuses_ids_outside_the_vocabulary_naming_the_id(model, compil
         model.generate(np.where(INPUTS == 5, -1, INPUTS), max_length=4, compiled=compiled)
 
 
-@pytest.mark.parametrize("text", [["some text"], "some text", np.array(["a", "b"])])
-def test_generate_given_text_says_it_takes_token_ids_and_how_to_tokenize(model, text):
-    with pytest.raises(ValueError, match=r"takes token ids.*get_vocabulary\(\).*vocab.encode"):
+class Letters:
+    """A vocabulary of the 8-token model: letters a-f are ids 2-7 (0 pad, 1 EOS)."""
+
+    def encode(self, text):
+        return [ord(c) - ord("a") + 2 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i - 2 + ord("a")) for i in ids if i >= 2)
+
+
+@pytest.mark.parametrize("text", [["abc"], "abc", np.array(["ab", "c"])])
+def test_generate_given_text_without_a_vocabulary_names_the_argument(model, text):
+    with pytest.raises(ValueError, match=r"got text.*vocabulary=keras_moe.tasks.get_vocabulary"):
         model.generate(text, max_length=4)
+
+
+def test_generate_text_to_text_is_the_token_path_encoded_and_decoded_by_hand(model):
+    texts = ["abc", "fed", "a"]
+    ids = np.zeros((3, 4), "int32")  # each text's ids, then EOS, 0-padded (by hand)
+    ids[0, :4] = [2, 3, 4, EOS]
+    ids[1, :4] = [7, 6, 5, EOS]
+    ids[2, :2] = [2, EOS]
+    for kwargs in ({}, {"beam_size": 3}):
+        tokens = model.generate(ids, max_length=6, **kwargs)
+        expected = []
+        for row in tokens.tolist():
+            row = row[:row.index(EOS)] if EOS in row else row
+            expected.append("".join(chr(i - 2 + ord("a")) for i in row if i >= 2))
+        assert model.generate(texts, max_length=6, vocabulary=Letters(), **kwargs) == expected
+        assert model.generate("fed", max_length=6, vocabulary=Letters(), **kwargs) == expected[1]
+
+
+def test_generate_with_the_tasks_sentencepiece_vocabulary_round_trips_text():
+    from keras_moe import tasks
+    from keras_moe.models import T5Config
+
+    vocab = tasks.get_vocabulary()
+    keras.utils.set_random_seed(0)
+    model = EncoderDecoder(T5Config(vocab_size=vocab.vocab_size, d_model=16, num_heads=2,
+                                    d_kv=8, d_ff=32, num_encoder_layers=1, num_decoder_layers=1))
+    ids = np.array([vocab.encode("In the beginning") + [EOS]], "int32")
+    tokens = model.generate(ids, max_length=5)[0].tolist()
+    tokens = tokens[:tokens.index(EOS)] if EOS in tokens else tokens
+    assert model.generate(["In the beginning"], max_length=5, vocabulary=vocab) == [
+        vocab.decode(tokens)]
+
+
+def test_generate_takes_the_clis_beam_size(model):
+    beam = model.generate(INPUTS, max_length=6, method="beam", num_beams=3)
+    np.testing.assert_array_equal(model.generate(INPUTS, max_length=6, beam_size=3), beam)
+    np.testing.assert_array_equal(model.generate(INPUTS, max_length=6, beam_size=1),
+                                  model.generate(INPUTS, max_length=6, method="greedy"))
+    with pytest.raises(ValueError, match=r"`beam_size=3` asks for beam search but "
+                                         r"`method='greedy'`"):
+        model.generate(INPUTS, max_length=6, method="greedy", beam_size=3)
+    with pytest.raises(ValueError, match=r"`beam_size=3` and `num_beams=2` disagree"):
+        model.generate(INPUTS, max_length=6, beam_size=3, num_beams=2)
 
 
 def test_generate_refuses_a_single_unbatched_sequence(model):

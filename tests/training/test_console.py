@@ -1,8 +1,11 @@
-"""Start-up noise is filtered from stderr; real errors pass through."""
+"""The console: start-up noise filtered from stderr (real errors pass through), short
+progress lines, and router tables that say what their columns mean."""
 
 import os
 
 import pytest
+
+from tests.training.tiny_run import GROUP, tiny_run
 
 
 def test_filtered_stderr_keeps_real_errors_and_drops_known_noise(capfd):
@@ -25,3 +28,40 @@ def test_filtered_stderr_keeps_real_errors_and_drops_known_noise(capfd):
 
 # The CLIs' consoles are checked on the README's commands:
 # tests/docs/test_readme_snippets.py::test_readme_command_line_training_and_eval.
+
+
+@pytest.mark.xdist_group(GROUP)
+def test_the_training_console_explains_its_router_table_once(tmp_path_factory):
+    """The README's first command prints a router table at every log step; the first
+    says what imbalance and MaxVio (and the other columns) mean."""
+    _, console = tiny_run(tmp_path_factory)
+    headers = [line for line in console.splitlines() if line.strip().startswith("MoE layer")]
+    assert len(headers) == 2, console[-3000:]  # steps 5 and 10
+    legend = " ".join(line.strip() for line in console.splitlines()
+                      if line.startswith("  (") or line.startswith("   "))
+    assert console.count("(dropped: tokens no expert took") == 1, console[-3000:]
+    assert "MaxVio: the busiest expert's selections over the mean, minus 1" in legend, legend
+    assert "imbalance: the busiest expert's share of first choices x experts" in legend, legend
+
+
+def test_the_notebook_progress_bar_is_short_and_tables_the_router_statistics(capsys):
+    import keras
+    import numpy as np
+
+    from keras_moe.models import EncoderDecoder
+    from tests.models.helpers import tiny_switch_config
+
+    keras.utils.set_random_seed(0)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=16, track_router_metrics=True))
+    model.compile(**model.compile_defaults())
+    tokens = np.random.default_rng(0).integers(2, 16, size=(8, 6)).astype("int32")
+    x = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
+         "decoder_target_tokens": tokens}
+    history = model.fit(x, epochs=2, batch_size=4, verbose=2).history
+    printed = capsys.readouterr().out
+    assert any(k.endswith("/ffn/max_violation") for k in history)  # the logs keep them all
+    bars = [line for line in printed.splitlines() if "loss:" in line]
+    assert len(bars) == 2 and all("/ffn/" not in line for line in bars), printed
+    assert printed.count("MoE layer") == 2 and printed.count("(dropped:") == 1, printed
+    model.evaluate(x, batch_size=4, verbose=2)
+    assert "/ffn/" not in capsys.readouterr().out

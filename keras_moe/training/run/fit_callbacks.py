@@ -66,6 +66,7 @@ class TrainingLogger(keras.callbacks.Callback):
         self.expert_load_every = int(expert_load_every or 0)
         self.enabled = enabled
         self.stream = stream or sys.stdout
+        self._legend_shown = False  # the router table says what its columns mean once
         self.history_dir = history_dir
         self.history = []  # (step, running loss)
         self.load_history = None  # expert-load entries, read at the first train begin
@@ -190,7 +191,8 @@ class TrainingLogger(keras.callbacks.Callback):
         if self.enabled and log_step:
             total = f"/{self.total_steps}" if self.total_steps else ""
             loss = f" loss {scalars['loss']:.4f}" if "loss" in scalars else ""
-            table = console.router_table(router)
+            table = console.router_table(router, legend=not self._legend_shown)
+            self._legend_shown = self._legend_shown or bool(table)
             print(f"\n[keras_moe] step {step}{total}{loss} lr {scalars['learning_rate']:.3g} "
                   f"tokens/s {scalars['tokens_per_second']:.0f}" + (f"\n{table}" if table else ""),
                   file=self.stream, flush=True)
