@@ -84,7 +84,6 @@ MODULES = [
     "keras_moe.tpu_compile.compile_only",
     "keras_moe.tpu_compile.compile_progress",
     "keras_moe.tpu_compile.compile_report",
-    "keras_moe.training.console",
     "keras_moe.training.run.expert_load",
     "keras_moe.tpu_compile.hlo_collectives",
     "keras_moe.tasks.docs",
