@@ -42,7 +42,8 @@ def build_parser(prog="keras-moe-compile"):
     add_gin_flags(parser)
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--topology", help="TPU slice to compile for, e.g. v5e:4x4, v4:2x2x2, "
-                                          "v5p:2x2x2, v6e:4x4 (needs libtpu)")
+                                          "v5p:2x2x2, v6e:4x4, or a Cloud TPU type such as "
+                                          "v5litepod-8 or v4-32 (needs libtpu)")
     where.add_argument("--num_cpu_devices", type=int,
                        help="compile for this many emulated CPU devices instead (default "
                             "without --topology: the size of the job's mesh)")
@@ -112,6 +113,7 @@ def main(argv=None):
     # Cheap refusals first, before any compiler is loaded.
     if args.topology is not None:
         try:
+            args.topology = compile_only.canonical_topology(args.topology)
             compile_only.parse_topology(args.topology)
         except compile_only.CompileOnlyError as e:
             return _fail(f"--topology: {e}")

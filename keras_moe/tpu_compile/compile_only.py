@@ -37,6 +37,7 @@ from keras_moe.tpu_compile.abstract_step import abstract_state as _abstract_stat
 from keras_moe.tpu_compile.compile_report import format_exchange_choices, format_report  # noqa: F401
 from keras_moe.tpu_compile.tpu_topology import (  # noqa: F401  (this module's API before the split)
     GENERATIONS,
+    canonical_topology,
     KNOWN_TOPOLOGIES,
     libtpu_missing_message,
     parse_topology,
@@ -210,6 +211,7 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     from keras_moe import sharding
 
     progress = progress or compile_progress.SILENT
+    topology = None if topology is None else canonical_topology(topology)
     _check_jax_backend()
     generation, hbm, devices = _topology_target(topology, progress)
     if target_platform is None:

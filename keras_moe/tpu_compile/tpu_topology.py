@@ -73,8 +73,49 @@ def libtpu_missing_message():
             "Without it, compile for emulated CPU devices (--num_cpu_devices).")
 
 
+# Cloud TPU accelerator types (`gcloud ... --accelerator-type`, tpu_scripts/): v5e and
+# v6e count chips, v4 and v5p TensorCores (two per chip).
+_ACCELERATOR_TYPE_RE = re.compile(r"^(v4|v5litepod|v5e|v5p|v6e)-(\d+)$")
+_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+
+
+def canonical_topology(name):
+    """`name` as "<generation>:<shape>": a Cloud TPU accelerator type ("v5litepod-8",
+    "v4-32", "v5p-16", "v6e-64") becomes the slice shape it is; other names are
+    returned stripped (`parse_topology` checks them).
+
+    Example:
+    >>> canonical_topology("v5litepod-8"), canonical_topology("v4-32"), canonical_topology("v5e:4x4")
+    ('v5e:2x4', 'v4:2x2x4', 'v5e:4x4')
+    """
+    text = str(name or "").strip()
+    match = _ACCELERATOR_TYPE_RE.match(text)
+    if not match:
+        return text
+    generation = "v5e" if match.group(1) == "v5litepod" else match.group(1)
+    count = int(match.group(2))
+    chips, rest = divmod(count, _CORES_PER_CHIP[generation])
+    dims = [1, 1] if generation in ("v5e", "v6e") else [1, 1, 1]
+    if chips >= 4:  # a host of 2x2 chips, then the smallest axis (the last of them) doubled
+        dims[:2] = [2, 2]
+        while dims[0] * dims[1] * (dims[2] if len(dims) == 3 else 1) < chips:
+            smallest = min(dims)
+            last = max(i for i, d in enumerate(dims) if d == smallest)
+            dims[last] *= 2
+    size = 1
+    for d in dims:
+        size *= d
+    if rest or size != chips or chips & (chips - 1) or chips == 2:
+        unit = "chips" if _CORES_PER_CHIP[generation] == 1 else "TensorCores (2 per chip)"
+        raise CompileOnlyError(f"unknown Cloud TPU type {text!r}: {match.group(1)}-N takes N "
+                               f"{unit}, 1 or a power of two >= 4 chips (e.g. "
+                               f"{match.group(1)}-8).")
+    return f"{generation}:{'x'.join(str(d) for d in dims)}"
+
+
 def parse_topology(name):
-    """`(generation, chips, dims)` of a topology name such as "v5e:4x4" or "v4:2x2x2".
+    """`(generation, chips, dims)` of a topology name such as "v5e:4x4" or "v4:2x2x2", or
+    of a Cloud TPU accelerator type such as "v5litepod-8" (`canonical_topology`).
 
     Raises:
         CompileOnlyError: an unknown generation or a malformed shape (one line
@@ -84,7 +125,8 @@ def parse_topology(name):
     >>> parse_topology("v5e:4x4")
     ('v5e', 16, (4, 4))
     """
-    match = _TOPOLOGY_RE.match(str(name or "").strip())
+    name = canonical_topology(name)
+    match = _TOPOLOGY_RE.match(name)
     bad = CompileOnlyError(
         f"unknown TPU topology {name!r}: use {ALLOWED_FORMS}; generation one of "
         f"{sorted(GENERATIONS)}, e.g. one of {list(KNOWN_TOPOLOGIES)}.")

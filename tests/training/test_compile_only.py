@@ -209,8 +209,10 @@ REFUSALS = {
     "topology": _args(topology="v9z:2x2"),
     # A batch the mesh cannot split (every chip would compute all of it): refused as
     # keras-moe-train refuses it, from the job's BATCH_SIZE or from --batch_size.
+    # (v5litepod-4, tpu_scripts/' name of v5e:2x2, is read as that slice.)
     "batch_over_4_data_chips": _args(BINDINGS[1:] + [
-        "BATCH_SIZE = 6", 'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}']),
+        "BATCH_SIZE = 6", 'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}'],
+        topology="v5litepod-4"),
     "batch_flag_over_2x2": [*_args(BINDINGS[1:] + [
         "BATCH_SIZE = 8", 'train.mesh_shape = {"data": 2, "expert": 2, "model": 1}']),
         "--batch_size=7"],
@@ -295,6 +297,20 @@ def test_topology_names():
 
     assert compile_only.parse_topology("v5e:4x4") == ("v5e", 16, (4, 4))
     assert compile_only.parse_topology("v4:2x2x2") == ("v4", 8, (2, 2, 2))
+    # Cloud TPU accelerator types, as tpu_scripts/ names them (Google's published shapes):
+    # v5e and v6e count chips, v4 and v5p TensorCores (two per chip).
+    for accelerator_type, topology in (
+            ("v5litepod-1", "v5e:1x1"), ("v5litepod-4", "v5e:2x2"), ("v5litepod-8", "v5e:2x4"),
+            ("v5litepod-16", "v5e:4x4"), ("v5litepod-64", "v5e:8x8"),
+            ("v5litepod-256", "v5e:16x16"), ("v6e-32", "v6e:4x8"), ("v4-8", "v4:2x2x1"),
+            ("v4-16", "v4:2x2x2"), ("v4-32", "v4:2x2x4"), ("v4-64", "v4:2x4x4"),
+            ("v4-128", "v4:4x4x4"), ("v4-4096", "v4:8x16x16"), ("v5p-8", "v5p:2x2x1")):
+        assert compile_only.canonical_topology(accelerator_type) == topology, accelerator_type
+        assert compile_only.parse_topology(accelerator_type) == compile_only.parse_topology(
+            topology)
+    for bad in ("v5litepod-6", "v5litepod-2", "v4-12"):
+        with pytest.raises(compile_only.CompileOnlyError, match=r"unknown Cloud TPU type"):
+            compile_only.parse_topology(bad)
     for bad in ("v5e:4x4x4", "v4:2x2", "tpu:4", "", None, "v5e:3x3", "v4:3x2x2"):
         with pytest.raises(compile_only.CompileOnlyError, match="unknown TPU topology"):
             compile_only.parse_topology(bad)
