@@ -37,8 +37,8 @@ from keras_moe.tpu_compile.abstract_step import abstract_state as _abstract_stat
 from keras_moe.tpu_compile.compile_report import format_exchange_choices, format_report  # noqa: F401
 from keras_moe.tpu_compile.tpu_topology import (  # noqa: F401  (this module's API before the split)
     GENERATIONS,
-    canonical_topology,
     KNOWN_TOPOLOGIES,
+    canonical_topology,
     libtpu_missing_message,
     parse_topology,
     setup_environment,

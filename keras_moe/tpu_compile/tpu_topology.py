@@ -85,8 +85,8 @@ def canonical_topology(name):
     returned stripped (`parse_topology` checks them).
 
     Example:
-    >>> canonical_topology("v5litepod-8"), canonical_topology("v4-32"), canonical_topology("v5e:4x4")
-    ('v5e:2x4', 'v4:2x2x4', 'v5e:4x4')
+    >>> [canonical_topology(name) for name in ("v5litepod-8", "v4-32", "v5e:4x4")]
+    ['v5e:2x4', 'v4:2x2x4', 'v5e:4x4']
     """
     text = str(name or "").strip()
     match = _ACCELERATOR_TYPE_RE.match(text)
