@@ -57,7 +57,8 @@ def exec_here(code):
 
 def test_the_blocks_this_file_runs_are_the_ones_in_the_docs():
     assert len(code_blocks(README, "python")) == 3
-    assert len(code_blocks(README, "bash")) == 3  # the third: tests/training/test_upcycle_cli.py
+    # The third is docs/sharding.md's (below), the fourth tests/training/test_upcycle_cli.py's.
+    assert len(code_blocks(README, "bash")) == 4
     assert len(code_blocks(SHARDING, "python")) == 2
     assert len(code_blocks(SERVING, "python")) == 1
     assert not code_blocks(SERVING, "bash")
@@ -222,6 +223,16 @@ def test_hf_doc_imports_decodes_exports_and_fine_tunes_a_local_checkpoint(tmp_pa
     refused = run_cli_here(untied + shrink + [f"--model_dir={tmp_path}/other"])
     assert refused.returncode == 2 and "different architecture" in refused.stderr, \
         (refused.stdout + refused.stderr)[-4000:]
+
+
+def test_the_readme_mesh_command_is_the_sharding_docs_which_runs_in_the_mesh_tests():
+    """tests/training/test_mesh.py runs docs/sharding.md's command on 8 emulated devices;
+    the README gives the same command, with the settings a CPU host needs."""
+    readme = code_blocks(README, "bash")[2].replace("\\\n", " ").split()
+    sharding = code_blocks(SHARDING, "bash")[0].replace("\\\n", " ").splitlines()[0].split()
+    assert readme == sharding
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=8" in readme and (
+        "PJRT_NPROC=16" in readme)
 
 
 def test_sharding_doc_rules_are_the_librarys():

@@ -163,6 +163,10 @@ def test_mesh_settings_are_refused_where_they_cannot_apply(tmp_path, bindings, m
 
 @pytest.mark.parametrize("mesh_shape,message", [
     ({"data": 2, "expert": 2}, "4 devices but 8 devices are available"),
+    # More devices than this CPU host has: the error says how to emulate them.
+    ({"data": 4, "expert": 4}, "16 devices but 8 devices are available.*On a CPU host, emulate "
+                               "16 devices: start the command with XLA_FLAGS=--xla_force_host_"
+                               "platform_device_count=16 PJRT_NPROC=32"),
     ({"data": 2, "experts": 4}, "Unknown mesh axis 'experts'"),
 ])
 def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh_shape,

@@ -35,7 +35,7 @@ def _run(args):
 
 
 def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path):
-    block = code_blocks(README, "bash")[2]
+    block = code_blocks(README, "bash")[3]
     dense_command, upcycle_command = (shlex.split(c) for c in
                                       block.replace("\\\n", " ").splitlines() if c.strip())
     dense_dir, sparse_dir = tmp_path / "dense", tmp_path / "upcycled"

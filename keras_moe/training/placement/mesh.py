@@ -44,12 +44,21 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
             "tf.distribute strategy: bind one placement, @MeshPlacement() or @StrategyPlacement().")
     from keras_moe import sharding
 
+    import jax
+
     devices = keras.distribution.list_devices()
     try:  # axes, sizes, rules and the device count, before anything is written
         sharding.validate_mesh(mesh_shape, _rules(logical_axis_rules), num_devices=len(devices))
     except ValueError as e:
-        raise TrainingConfigError(f"MeshPlacement.mesh_shape={mesh_shape!r}: {e}") from None
-    import jax
+        hint = ""
+        if "devices are available" in str(e) and jax.devices()[0].platform == "cpu":
+            needed = 1
+            for size in mesh_shape.values():
+                needed *= int(size)
+            hint = (f" On a CPU host, emulate {needed} devices: start the command with "
+                    f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
+                    f"PJRT_NPROC={2 * needed} (docs/sharding.md).")
+        raise TrainingConfigError(f"MeshPlacement.mesh_shape={mesh_shape!r}: {e}{hint}") from None
 
     local = jax.local_devices()
     if cpu_threads_too_few(len(local), local[0].platform):
