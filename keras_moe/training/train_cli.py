@@ -118,7 +118,9 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
     except (KeyboardInterrupt, TrainingInterrupted) as e:
         if not isinstance(e, TrainingInterrupted):  # before or after the training loop
             e = TrainingInterrupted(checkpoint=_newest_checkpoint(args.model_dir))
-        print(f"{prog}: {e}", file=sys.stderr, flush=True)
+        if sys.stdout.isatty():  # a live progress bar leaves the cursor on its line
+            print(flush=True)
+        print(f"{prog}: {error_message(e)}", file=sys.stderr, flush=True)
         return 130
     print(text, flush=True)
     return 0

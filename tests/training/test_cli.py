@@ -85,3 +85,29 @@ def _interrupted(step, checkpoint):
     from keras_moe.training.errors import TrainingInterrupted
 
     return TrainingInterrupted(step, checkpoint)
+
+
+def test_ctrl_c_inside_the_gin_configured_job_is_one_line_on_its_own_line(tmp_path, capsys,
+                                                                          monkeypatch):
+    """In a terminal the progress bar leaves the cursor on its line: the message starts
+    on a new one; gin's "In call to configurable" line is not printed after it."""
+    import gin
+
+    from keras_moe.training import train_cli
+
+    @gin.configurable
+    def interrupted_job():
+        raise _interrupted(75, None)
+
+    def body(args):
+        print("\r 74/100 ━━━━━━ loss: 6.13", end="", flush=True)  # a live progress bar
+        interrupted_job()
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code = train_cli.run_cli(
+        "demo", ["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'run'}"], body)
+    out, err = capsys.readouterr()
+    assert code == 130
+    assert out.endswith("loss: 6.13\n"), repr(out)
+    assert err.splitlines() == ["demo: interrupted at step 75; no checkpoint was written yet. "
+                                "Run the same command to resume."], err
