@@ -85,6 +85,7 @@ MODULES = [
     "keras_moe.tpu_compile.compile_progress",
     "keras_moe.tpu_compile.compile_report",
     "keras_moe.training.run.expert_load",
+    "keras_moe.training.run.load_history",
     "keras_moe.tpu_compile.hlo_collectives",
     "keras_moe.tasks.docs",
     "keras_moe.training.run.input_pipeline",

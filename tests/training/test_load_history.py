@@ -77,3 +77,42 @@ def test_resumed_logger_keeps_the_history_up_to_its_step_and_extends_it(tmp_path
     assert history[2]["dropped_fraction"][path] == measured["dropped_fraction"]
     assert "train_dropped_fraction" in history[2]
     assert (tmp_path / "expert_load_history.png").is_file()
+
+
+def _drawn(monkeypatch, plot, *args):
+    """The figure `plot` draws (instead of writing it), rendered so text has a size."""
+    from keras_moe.training.run import expert_load
+
+    drawn = []
+    monkeypatch.setattr(expert_load, "save_figure", lambda fig, path: drawn.append(fig))
+    plot(*args, "unused.png")
+    (fig,) = drawn
+    fig.canvas.draw()
+    return fig
+
+
+def test_the_history_plot_spans_the_steps_of_the_run(monkeypatch):
+    """Measured at 0, 100, 200 and 300 of a 300-step run: the step axis runs from 0 to
+    300 (it ran to 350, half a cell past the end)."""
+    from keras_moe.training.run.load_history import plot_history
+
+    entries = [{"step": s, "load": {"enc": [0.5, 0.5]}, "dropped_fraction": {"enc": 0.1}}
+               for s in (0, 100, 200, 300)]
+    fig = _drawn(monkeypatch, plot_history, entries)
+    for ax in fig.axes:
+        if ax.get_xlabel() == "step" or ax.get_ylabel() in ("expert", "dropped"):
+            assert ax.get_xlim() == (0.0, 300.0), (ax.get_ylabel(), ax.get_xlim())
+
+
+def test_expert_load_plot_labels_do_not_overlap_at_32_or_128_experts(monkeypatch):
+    from keras_moe.training.run.expert_load import plot_expert_load
+
+    for num_experts in (8, 32, 128):
+        load = np.full(num_experts, 1.0 / num_experts)
+        fig = _drawn(monkeypatch, plot_expert_load, {"encoder/ffn": load, "decoder/ffn": load})
+        for ax in fig.axes:
+            boxes = [label.get_window_extent() for label in ax.get_xticklabels()
+                     if label.get_text()]
+            assert len(boxes) >= min(num_experts, 8), num_experts
+            for left, right in zip(boxes, boxes[1:]):
+                assert left.x1 < right.x0, (num_experts, left, right)

@@ -114,7 +114,8 @@ def plot_expert_load(loads, path, title="Expert load per MoE layer"):
                    label="uniform")
         ax.set_title(f"{name}  (MaxVio {max_violation(load):.2f})", fontsize=9)
         ax.set_ylabel("fraction")
-        ax.set_xticks(experts)
+        # Every expert up to 16; beyond, every k-th (32 labels overlap at this width).
+        ax.set_xticks(experts[::max(1, -(-len(load) // 16))])
         ax.set_ylim(0, max(float(load.max()) * 1.15, 2.0 / len(load)))
     if not names:
         axes[0, 0].text(0.5, 0.5, "no MoE layers", ha="center", va="center")

@@ -80,6 +80,25 @@ def history_matrix(entries, layer):
     return steps, load, dropped
 
 
+def cell_edges(steps):
+    """The heat map's cell edges: each cell centred on its measurement step (edges half
+    way between measurements), the outer ones cut at step 0 and at the last step, so
+    the axis covers the steps the run took and no more.
+
+    Example:
+    >>> cell_edges(np.array([0, 100, 200, 300])).tolist()
+    [0.0, 50.0, 150.0, 250.0, 300.0]
+    >>> cell_edges(np.array([100, 200])).tolist()
+    [50.0, 150.0, 200.0]
+    """
+    steps = np.asarray(steps, np.float64)
+    if len(steps) == 1:
+        return np.array([steps[0] - 0.5, steps[0] + 0.5])
+    mids = (steps[1:] + steps[:-1]) / 2.0
+    first = max(steps[0] - (mids[0] - steps[0]), min(0.0, steps[0]))
+    return np.concatenate([[first], mids, [steps[-1]]])
+
+
 def layers_of(entries):
     """The layer paths of the history, in the order they first appear."""
     names = []
@@ -108,11 +127,7 @@ def plot_history(entries, path, title="Expert load over training (held batch)"):
     for i, name in enumerate(names):
         heat_ax, drop_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
         steps, load, dropped = history_matrix(entries, name)
-        # Cells centred on their step: edges half way between measurements.
-        mids = (steps[1:] + steps[:-1]) / 2.0
-        first = steps[0] - (mids[0] - steps[0] if len(mids) else 0.5)
-        last = steps[-1] + (steps[-1] - mids[-1] if len(mids) else 0.5)
-        edges = np.concatenate([[first], mids, [last]])
+        edges = cell_edges(steps)
         mesh = heat_ax.pcolormesh(edges, np.arange(load.shape[0] + 1) - 0.5, load,
                                   cmap="viridis", vmin=0.0, shading="flat")
         # One colour bar beside both panels keeps their step axes aligned.
