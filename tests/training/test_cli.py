@@ -92,7 +92,6 @@ def test_ctrl_c_inside_the_gin_configured_job_is_one_line_on_its_own_line(tmp_pa
     """In a terminal the progress bar leaves the cursor on its line: the message starts
     on a new one; gin's "In call to configurable" line is not printed after it."""
     import gin
-
     from keras_moe.training import train_cli
 
     @gin.configurable

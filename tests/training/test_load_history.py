@@ -114,5 +114,5 @@ def test_expert_load_plot_labels_do_not_overlap_at_32_or_128_experts(monkeypatch
             boxes = [label.get_window_extent() for label in ax.get_xticklabels()
                      if label.get_text()]
             assert len(boxes) >= min(num_experts, 8), num_experts
-            for left, right in zip(boxes, boxes[1:]):
+            for left, right in zip(boxes, boxes[1:], strict=False):
                 assert left.x1 < right.x0, (num_experts, left, right)

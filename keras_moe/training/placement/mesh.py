@@ -42,9 +42,9 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
         raise TrainingConfigError(
             f"MeshPlacement.mesh_shape shards over a JAX device mesh; strategy={strategy!r} is a "
             "tf.distribute strategy: bind one placement, @MeshPlacement() or @StrategyPlacement().")
-    from keras_moe import sharding
-
     import jax
+
+    from keras_moe import sharding
 
     devices = keras.distribution.list_devices()
     try:  # axes, sizes, rules and the device count, before anything is written
