@@ -133,3 +133,54 @@ def test_the_editable_install_maps_the_tasks_and_gin_folders_of_this_checkout():
         "in this checkout")
     assert gin_config.resolve("switch_tiny") == os.path.join(ROOT, "gin", "models",
                                                              "switch_tiny.gin")
+
+
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# `python -m pip install ...` as pip prints it on a fresh machine; `python -` reads the
+# environment report's code and prints a stand-in line.
+if [[ "$1 $2" == "-m pip" ]]; then
+  echo "$*" >> "$CALLS"
+  if [[ "$*" == *"t5==0.9.4"* ]]; then
+    echo "ERROR: pip's dependency resolver does not currently take into account all the packages that are installed. This behaviour is the source of the following dependency conflicts." >&2
+    echo "t5 0.9.4 requires mesh-tensorflow[transformer]>=0.1.13, which is not installed." >&2
+    echo "t5 0.9.4 requires seqio-nightly, which is not installed." >&2
+    echo "t5 0.9.4 requires tfds-nightly, which is not installed." >&2
+    echo "WARNING: something else pip had to say" >&2
+  fi
+  [[ "$*" == *"$FAIL_ON"* && -n "$FAIL_ON" ]] && { echo "ERROR: no matching distribution" >&2; exit 1; }
+  exit 0
+fi
+cat > /dev/null
+echo "keras_moe environment: (stand-in)"
+"""
+
+
+def _install(tmp_path, extras="test", fail_on=""):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = dict(os.environ, PYTHON=str(python), CALLS=str(calls), FAIL_ON=fail_on)
+    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install.sh"), extras],
+                          env=env, capture_output=True, text=True, timeout=60)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_install_says_what_it_installs_and_hides_only_t5s_known_resolver_lines(tmp_path):
+    """A newcomer sees a line per stage (the first takes minutes), not pip's resolver
+    ERROR about the t5 dependencies install.sh leaves out on purpose; anything else
+    pip says still shows."""
+    done, calls = _install(tmp_path)
+    assert done.returncode == 0, done.stderr
+    stages = [line for line in done.stdout.splitlines() if line.startswith("install.sh: ")]
+    assert len(stages) == 6 and "minutes" in stages[0] and stages[-1].startswith(
+        "install.sh: done"), done.stdout
+    assert "ERROR" not in done.stdout + done.stderr, done.stderr
+    assert "WARNING: something else pip had to say" in done.stderr
+    assert "t5==0.9.4" in calls[-1] and "--no-deps" in calls[-1], calls
+
+
+def test_install_stops_when_pip_fails(tmp_path):
+    done, _ = _install(tmp_path, extras="", fail_on="t5==0.9.4")
+    assert done.returncode == 1
+    assert "ERROR: no matching distribution" in done.stderr
