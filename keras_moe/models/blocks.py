@@ -109,7 +109,7 @@ class _Block(keras.layers.Layer):
             config = _legacy_block_args(config, cls._side)
         return cls(**config)
 
-    def _ffn_branch(self, x, token_mask, training, independent_routing=False):
+    def _ffn_branch(self, x, token_mask, training, independent_routing=None):
         h = self.ffn_norm(x)
         if self.is_sparse:
             h = self.ffn(h, mask=token_mask, training=training,
@@ -158,8 +158,9 @@ class EncoderBlock(_Block):
     def sublayers(self):
         return (self.attention_norm, self.attention, self.ffn_norm, self.ffn)
 
-    def call(self, x, bias, token_mask=None, training=None, independent_routing=False):
-        """`independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`)."""
+    def call(self, x, bias, token_mask=None, training=None, independent_routing=None):
+        """`independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`; None:
+        as the thread's `keras_moe.route_each_sequence()` scope says)."""
         h = self.attention(self.attention_norm(x), bias=bias, training=training)
         x = x + self.dropout(h, training=training)
         return self._ffn_branch(x, token_mask, training, independent_routing)
@@ -214,9 +215,10 @@ class DecoderBlock(_Block):
                 self.cross_attention, self.ffn_norm, self.ffn)
 
     def call(self, x, self_bias, encoder_outputs, cross_bias, token_mask=None, cache=None,
-             cache_index=None, training=None, independent_routing=False):
+             cache_index=None, training=None, independent_routing=None):
         """`cache`: None or dict(self=(k, v), cross=(k, v)); returns (x, new_cache) with a cache.
-        `independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`)."""
+        `independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`; None:
+        as the thread's `keras_moe.route_each_sequence()` scope says)."""
         h = self.self_attention_norm(x)
         if cache is None:
             h = self.self_attention(h, bias=self_bias, training=training)

@@ -14,6 +14,7 @@ from keras_moe.models.ffn_factories import FfnFactories, block_args
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 from keras_moe.models.progress import CompactFitMixin
+from keras_moe.models.routing_mode import RoutingScopeMixin
 
 
 def as_config(config: Union[T5Config, Dict[str, Any]]) -> T5Config:
@@ -65,7 +66,8 @@ def _positions(tokens, positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class EncoderDecoder(CompactFitMixin, RouterMetricsMixin, DistributedBuildMixin, keras.Model):
+class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, DistributedBuildMixin,
+                     keras.Model):
     """T5.1.1-style encoder-decoder with optional Switch / GShard MoE FFN layers.
 
     Pre-norm RMS layer norms, T5 relative position bias (bidirectional in the
@@ -176,11 +178,13 @@ class EncoderDecoder(CompactFitMixin, RouterMetricsMixin, DistributedBuildMixin,
 
     # ------------------------------------------------------------------ stacks
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
-               training=None, independent_routing=False):
+               training=None, independent_routing=None):
         """Encoder outputs `[B, L, d]` and the encoder token mask `[B, L]`.
 
         `independent_routing`: the MoE layers route each sequence apart from
         the rest of the batch (decoding and serving pass True; `MoeLayer`).
+        None: inside `keras_moe.route_each_sequence()`, as True; else each MoE
+        layer's own `group_size`.
         """
         tokens = check_token_ids(ops.cast(encoder_input_tokens, "int32"), self.config.vocab_size,
                                  "encoder_input_tokens")
@@ -207,7 +211,7 @@ class EncoderDecoder(CompactFitMixin, RouterMetricsMixin, DistributedBuildMixin,
 
     def decode(self, decoder_input_tokens, encoder_outputs, encoder_mask, decoder_segment_ids=None,
                decoder_positions=None, encoder_segment_ids=None, training=None,
-               independent_routing=False):
+               independent_routing=None):
         """Teacher-forced decoder: logits `[B, L_dec, vocab]` (`independent_routing`: as
         in `encode`)."""
         tokens = check_token_ids(ops.cast(decoder_input_tokens, "int32"), self.config.vocab_size,

@@ -65,3 +65,56 @@ def test_a_call_argument_routes_each_sequence_apart(rng):
     with keras_moe.route_each_sequence():  # the scope is the default, the argument wins
         np.testing.assert_allclose(np.asarray(layer(x)), apart, atol=1e-6)
         assert not np.allclose(np.asarray(layer(x, independent_routing=False)), apart, atol=1e-6)
+
+
+def _pair(group_size="batch"):
+    """An EncoderDecoder whose batch-wide routing groups drop tokens, and its twin with
+    one routing group per sequence (`group_size="sequence"`): the reference of what
+    routing each sequence apart must give."""
+    models = []
+    for size in ("batch", "sequence"):
+        keras.utils.set_random_seed(2)
+        model = EncoderDecoder(tiny_switch_config(
+            vocab_size=16, train_capacity_factor=0.5, eval_capacity_factor=0.5,
+            min_expert_capacity=1, group_size=size, track_router_metrics=False))
+        model.compile(keras.optimizers.SGD(0.0), **{
+            k: v for k, v in model.compile_defaults().items() if k != "optimizer"})
+        models.append(model)
+    batch, sequence = models
+    x = _tokens()
+    batch(x), sequence(x)
+    sequence.set_weights(batch.get_weights())
+    return batch, sequence
+
+
+def _tokens():
+    tokens = np.random.default_rng(5).integers(2, 16, size=(4, 7)).astype("int32")
+    return {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
+            "decoder_target_tokens": tokens}
+
+
+def test_route_each_sequence_takes_effect_on_the_encoder_decoder():
+    """call, encode, evaluate and fit inside the scope equal the per-sequence twin; outside
+    it they do not (the capacity drops tokens differently). Functions Keras traced
+    outside the scope are traced again inside it, and the other way round."""
+    model, reference = _pair()
+    x = _tokens()
+    outside = {"call": np.asarray(model(x)),
+               "evaluate": model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"],
+               "fit": model.fit(x, batch_size=4, verbose=0).history["loss"][0]}
+    expected = {"call": np.asarray(reference(x)),
+                "encode": np.asarray(reference.encode(x["encoder_input_tokens"])[0]),
+                "evaluate": reference.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"],
+                "fit": reference.fit(x, batch_size=4, verbose=0).history["loss"][0]}
+    assert not np.allclose(outside["call"], expected["call"], atol=1e-5)
+    assert not np.isclose(outside["evaluate"], expected["evaluate"], rtol=1e-6)
+    assert not np.isclose(outside["fit"], expected["fit"], rtol=1e-6)
+    with keras_moe.route_each_sequence():
+        inside = {"call": np.asarray(model(x)),
+                  "encode": np.asarray(model.encode(x["encoder_input_tokens"])[0]),
+                  "evaluate": model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"],
+                  "fit": model.fit(x, batch_size=4, verbose=0).history["loss"][0]}
+    for name, value in inside.items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"], outside["evaluate"],
+                               rtol=1e-6)  # and back to batch-wide groups after it
