@@ -141,13 +141,18 @@ FAKE_PYTHON = r"""#!/usr/bin/env bash
 if [[ "$1 $2" == "-m pip" ]]; then
   echo "$*" >> "$CALLS"
   if [[ "$*" == *"t5==0.9.4"* ]]; then
-    echo "ERROR: pip's dependency resolver does not currently take into account all the packages that are installed. This behaviour is the source of the following dependency conflicts." >&2
+    echo "ERROR: pip's dependency resolver does not currently take into account all the" \
+      "packages that are installed. This behaviour is the source of the following" \
+      "dependency conflicts." >&2
     echo "t5 0.9.4 requires mesh-tensorflow[transformer]>=0.1.13, which is not installed." >&2
     echo "t5 0.9.4 requires seqio-nightly, which is not installed." >&2
     echo "t5 0.9.4 requires tfds-nightly, which is not installed." >&2
     echo "WARNING: something else pip had to say" >&2
   fi
-  [[ "$*" == *"$FAIL_ON"* && -n "$FAIL_ON" ]] && { echo "ERROR: no matching distribution" >&2; exit 1; }
+  if [[ -n "$FAIL_ON" && "$*" == *"$FAIL_ON"* ]]; then
+    echo "ERROR: no matching distribution" >&2
+    exit 1
+  fi
   exit 0
 fi
 cat > /dev/null

@@ -93,18 +93,21 @@ def _tokens():
             "decoder_target_tokens": tokens}
 
 
+def _evaluate(model, x):
+    return model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"]
+
+
 def test_route_each_sequence_takes_effect_on_the_encoder_decoder():
     """call, encode, evaluate and fit inside the scope equal the per-sequence twin; outside
     it they do not (the capacity drops tokens differently). Functions Keras traced
     outside the scope are traced again inside it, and the other way round."""
     model, reference = _pair()
     x = _tokens()
-    outside = {"call": np.asarray(model(x)),
-               "evaluate": model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"],
+    outside = {"call": np.asarray(model(x)), "evaluate": _evaluate(model, x),
                "fit": model.fit(x, batch_size=4, verbose=0).history["loss"][0]}
     expected = {"call": np.asarray(reference(x)),
                 "encode": np.asarray(reference.encode(x["encoder_input_tokens"])[0]),
-                "evaluate": reference.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"],
+                "evaluate": _evaluate(reference, x),
                 "fit": reference.fit(x, batch_size=4, verbose=0).history["loss"][0]}
     assert not np.allclose(outside["call"], expected["call"], atol=1e-5)
     assert not np.isclose(outside["evaluate"], expected["evaluate"], rtol=1e-6)
@@ -112,9 +115,9 @@ def test_route_each_sequence_takes_effect_on_the_encoder_decoder():
     with keras_moe.route_each_sequence():
         inside = {"call": np.asarray(model(x)),
                   "encode": np.asarray(model.encode(x["encoder_input_tokens"])[0]),
-                  "evaluate": model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"],
+                  "evaluate": _evaluate(model, x),
                   "fit": model.fit(x, batch_size=4, verbose=0).history["loss"][0]}
     for name, value in inside.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    np.testing.assert_allclose(model.evaluate(x, batch_size=4, verbose=0, return_dict=True)["loss"], outside["evaluate"],
+    np.testing.assert_allclose(_evaluate(model, x), outside["evaluate"],
                                rtol=1e-6)  # and back to batch-wide groups after it
