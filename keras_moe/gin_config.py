@@ -217,6 +217,23 @@ def _refuse_unknown_keywords():
                 f"{unknown[0]!r}; it takes {', '.join(sorted(allowed))}.")
 
 
+def _refuse_model_decided_bindings():
+    """A binding of an argument the model sets on its MoE layers itself (`causal`,
+    `dtype`, ...) would be recorded as applied and then dropped: refused by name."""
+    from keras_moe import compat
+    from keras_moe.models.sparse_ffn import MODEL_DECIDED, model_decided_error
+
+    layers = {f"keras_moe.{name}" for name in
+              ("SwitchFeedForward", "GShardFeedForward", "TopKFeedForward", "MoeLayer")}
+    for (scope, selector), parameters in sorted(compat.gin_bound_parameters().items()):
+        decided = [p for p in parameters if p in MODEL_DECIDED]
+        if selector in layers and decided:
+            short = selector.rsplit(".", 1)[-1]
+            binding = f"{scope}/{short}" if scope else short
+            raise GinConfigError(model_decided_error(decided[0],
+                                                     f"gin binding {binding}.{decided[0]}"))
+
+
 def _retired_macro_error(name, where):
     return GinConfigError(
         f"{where}: {name} is no longer a macro, so binding it would change nothing; "
@@ -377,6 +394,7 @@ def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
     flat_moe_gin.apply(flat_fields)
     _refuse_unread_retired_macros(paths)
     _refuse_unknown_keywords()
+    _refuse_model_decided_bindings()
     missing = unbound_required_macros() if check_required else []
     if missing:
         raise GinConfigError(

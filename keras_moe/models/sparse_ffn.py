@@ -49,9 +49,43 @@ from keras_moe.models import sparse_ffn_checks
 from keras_moe.moe import MoeLayer
 from keras_moe.validation import is_int
 
-# Set by the model for each layer, never taken from the spec.
-MODEL_DECIDED = ("name", "dtype", "trainable", "causal", "track_metrics", "metrics_prefix",
-                 "return_metrics")
+# Set by the model for each layer, never taken from the spec; given for a model's
+# sparse FFN they are refused, saying who decides.
+MODEL_DECIDED = {
+    "name": "the model names each layer after its place (encoder_layer_1/ffn)",
+    "dtype": "the layers follow the model's dtype policy (train.dtype_policy; the router "
+             "keeps float32 by its own router_dtype)",
+    "trainable": "freeze layers of the built model instead (layer.trainable = False)",
+    "causal": "the decoder's MoE layers are causal and the encoder's are not",
+    "track_metrics": "bind T5Config.track_router_metrics instead",
+    "metrics_prefix": "each layer's metrics are named after its place "
+                      "(encoder_layer_1/ffn/dropped_fraction)",
+    "return_metrics": "the model reads the statistics through its metrics",
+}
+
+
+def model_decided_error(name: str, where: str) -> str:
+    """The message refusing the model-decided argument `name` given by `where`."""
+    return (f"{where}: `{name}` of a model's MoE layers is set by the model, not by its "
+            f"sparse FFN: {MODEL_DECIDED[name]}. Remove it.")
+
+
+def _refuse_given(kwargs, where):
+    for name in MODEL_DECIDED:
+        if name in kwargs:
+            raise TypeError(model_decided_error(name, where))
+
+
+def _refuse_set_on(layer):
+    """A template layer (or a factory's) with a model-decided argument away from its
+    default: the model would drop it silently."""
+    given = [name for name, differs in (
+        ("trainable", layer.trainable is not True), ("causal", layer.causal),
+        ("metrics_prefix", layer.metrics_prefix is not None),
+        ("return_metrics", layer.return_metrics),
+        ("dtype", layer.dtype_policy.name != keras.config.dtype_policy().name)) if differs]
+    if given:
+        raise TypeError(model_decided_error(given[0], f"`sparse_ffn` {type(layer).__name__}"))
 
 # T5Config's MoE fields before the spec, and their defaults then: old
 # checkpoints' configs hold these (see `spec_from_flat_fields`).
@@ -312,6 +346,7 @@ def _describe_value(value):
         if value.built:
             raise ValueError("`sparse_ffn` must be an unbuilt template layer (its weights are "
                              "never used); got a built one.")
+        _refuse_set_on(value)
         return _describe(value)
     func, args, kwargs = value, (), {}
     if isinstance(value, functools.partial):
@@ -325,6 +360,7 @@ def _describe_value(value):
             if name in kwargs:
                 raise TypeError(f"`sparse_ffn`: `{name}` is given twice.")
             kwargs[name] = arg
+        _refuse_given(kwargs, f"`sparse_ffn` {func.__name__}")
         return {"class_name": keras.saving.get_registered_name(func),
                 "config": _strip({k: _plain(v) for k, v in kwargs.items()})}
     if callable(value):
@@ -333,6 +369,7 @@ def _describe_value(value):
         if not isinstance(layer, MoeLayer):
             raise ValueError("`sparse_ffn` must make a keras_moe MoeLayer, got "
                              f"{type(layer).__name__}.")
+        _refuse_set_on(layer)
         return _describe(layer)
     raise ValueError("`sparse_ffn` must be a MoeLayer, a callable making one, or a spec "
                      f"dict, got {type(value).__name__}.")

@@ -130,3 +130,38 @@ def test_deepseek_v3_router_through_a_general_moe_layer():
         config = layer.router.get_config()
         assert {name: config[name] for name in expected} == expected
     assert [w.name for w in encoder.router.non_trainable_weights] == ["expert_bias"]
+
+
+@pytest.mark.parametrize("binding,name,why", [
+    ("SwitchFeedForward.trainable = False", "trainable", "layer.trainable = False"),
+    ('SwitchFeedForward.dtype = "bfloat16"', "dtype", "train.dtype_policy"),
+    ("SwitchFeedForward.causal = True", "causal", "the decoder's MoE layers are causal"),
+    ('SwitchFeedForward.metrics_prefix = "moe"', "metrics_prefix", "named after its place"),
+    ('decoder/SwitchFeedForward.name = "mine"', "name", "names each layer"),
+    ("SwitchFeedForward.track_metrics = False", "track_metrics",
+     "T5Config.track_router_metrics"),
+])
+def test_arguments_the_model_decides_are_refused_by_name(binding, name, why):
+    """They were accepted, written to operative_config.gin as applied, then dropped."""
+    with pytest.raises(ValueError) as raised:
+        parse_gin(["tiny.gin"], TINY + SWITCH + [binding])
+    message = str(raised.value)
+    assert f"gin binding {binding.split(' = ')[0]}: `{name}`" in message, message
+    assert "set by the model" in message and why in message, message
+
+
+def test_model_decided_arguments_given_in_python_are_refused():
+    import functools
+
+    from keras_moe.models import T5Config
+
+    for sparse_ffn, name in (
+            (functools.partial(keras_moe.SwitchFeedForward, 4, 8, causal=True), "causal"),
+            (keras_moe.SwitchFeedForward(4, 8, trainable=False), "trainable"),
+            (keras_moe.SwitchFeedForward(4, 8, dtype="bfloat16"), "dtype"),
+            (keras_moe.SwitchFeedForward(4, 8, metrics_prefix="x"), "metrics_prefix")):
+        with pytest.raises(TypeError, match=rf"`{name}` of a model's MoE layers is set by the "
+                                            "model"):
+            T5Config(vocab_size=32, d_model=16, num_heads=2, d_kv=8, d_ff=32,
+                     num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
+                     decoder_sparse_step=2, sparse_ffn=sparse_ffn)
