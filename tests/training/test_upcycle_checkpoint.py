@@ -179,3 +179,32 @@ def test_a_checkpoint_of_another_optimizer_or_shape_is_refused(dense_checkpoint,
 def test_bad_upcycle_settings_are_refused_naming_them(settings, match):
     with pytest.raises(TrainingConfigError, match=match):
         CheckpointConfig(**settings).check()
+
+
+@pytest.mark.parametrize("dispatch,capacity,exact", [
+    ("dropless", 1.0, True),    # no capacity: the first step is the dense model's
+    ("gather", 8.0, True),      # a capacity no expert exceeds: the same
+    ("gather", 0.5, False),     # tokens over capacity get 0 from the MoE branch
+])
+def test_the_upcycled_start_is_measured_on_a_batch_and_logged(dense_checkpoint, tmp_path, capsys,
+                                                               dispatch, capacity, exact):
+    x, _, _ = _batch(9)
+    config = dataclasses.replace(_sparse_config(), sparse_ffn=TopKFeedForward(
+        num_experts=4, d_ff=32, k=1, normalize_top_k=True, dispatch=dispatch,
+        train_capacity_factor=capacity, eval_capacity_factor=capacity, min_expert_capacity=0,
+        activation="gated-gelu"))
+    keras.utils.set_random_seed(1)
+    sparse = _compiled(config)
+    checkpoints = CheckpointConfig(init_checkpoint=dense_checkpoint, upcycle=Upcycle()).check()
+    checkpoints.restore(sparse, str(tmp_path / "run"), probe=lambda: x)
+    out = capsys.readouterr().out
+    dense = _compiled(DENSE)
+    dense.load_weights(dense_checkpoint)
+    gap = np.abs(np.asarray(sparse(x, training=True)) - np.asarray(dense(x, training=True))).max()
+    if exact:
+        assert gap < 1e-4, gap
+        assert "upcycled start: the first batch's logits are the dense model's" in out, out
+    else:
+        assert gap > 0.05, gap
+        assert "warning: upcycled start: the first batch's logits differ" in out, out
+        assert f"by up to {gap:.2g} (training mode)" in out and 'dispatch="dropless"' in out

@@ -56,6 +56,8 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
         SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 4"]))
     assert upcycled.returncode == 0, upcycled.stdout[-2000:] + upcycled.stderr[-3000:]
     assert "upcycled checkpoint" in upcycled.stdout and "continuing at step 2" in upcycled.stdout
+    # The start matches, as README section 5 says, and the run shows it.
+    assert "upcycled start: the first batch's logits are the dense model's" in upcycled.stdout
     with open(os.path.join(sparse_dir, "summary.json")) as f:
         summary = json.load(f)
     assert (summary["start_step"], summary["end_step"]) == (2, 4), summary

@@ -69,7 +69,8 @@ class CheckpointConfig:
         return self
 
     def restore(self, model: keras.Model, model_dir: str, model_factory: Callable | None = None,
-                sharded: bool = False, primary: bool = True) -> tuple:
+                sharded: bool = False, primary: bool = True,
+                probe: Callable | None = None) -> tuple:
         """Restores the newest loadable checkpoint of `model_dir` (step checkpoints
         or preemption backup) into `model`, or else `init_checkpoint` (weights only).
 
@@ -79,6 +80,8 @@ class CheckpointConfig:
             model_factory: the factory the model came from (reads a keras_moe
                 `init_checkpoint`).
             sharded, primary: see `CheckpointManager` (several JAX processes).
+            probe: gives a batch of model inputs on which an upcycled start is
+                compared with the dense model (`Upcycle.load`).
 
         Returns:
             `(manager, backup_dir, resumed, start_step)`: the step-checkpoint
@@ -97,7 +100,7 @@ class CheckpointConfig:
                     f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
                     "(all corrupt, see above); move them away to start from step 0.")
         elif self.init_checkpoint and self.upcycle is not None:
-            load_upcycled(model, self.init_checkpoint, self.upcycle)
+            load_upcycled(model, self.init_checkpoint, self.upcycle, probe)
         elif self.init_checkpoint:
             load_init_checkpoint(model, self.init_checkpoint, model_factory)
         start_step = int(model.optimizer.iterations.numpy())

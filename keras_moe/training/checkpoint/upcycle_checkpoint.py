@@ -14,7 +14,8 @@ slots. The step counter is the dense run's, so schedules continue.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,10 +72,13 @@ class Upcycle:
                 f"`Upcycle.optimizer_state` must be True or False, got {self.optimizer_state!r}.")
         return self
 
-    def load(self, model: keras.Model, dense: keras.Model, source: str) -> dict:
+    def load(self, model: keras.Model, dense: keras.Model, source: str,
+             probe: Callable[[], Any] | None = None) -> dict:
         """Fills the built, compiled sparse `model` from the `dense` model (its
         weights and, when compiled and built, its optimizer), logs it, and returns
-        `upcycle_weights`' report plus `step`."""
+        `upcycle_weights`' report plus `step` and, with `probe` (a function giving
+        a batch of model inputs, e.g. the first training batch), `start_gap`: the
+        largest difference of the two models' logits on it (`start_gap`)."""
         try:
             report = upcycle_weights(model, dense, self.router_init, self.noise_std, self.seed)
         except ValueError as e:
@@ -87,7 +91,46 @@ class Upcycle:
         report["step"] = step
         log(f"upcycled {source} into {len(report['experts'])} expert weights "
             f"({len(report['routers'])} routers {self.router_init}), continuing at step {step}")
+        if probe is not None:
+            report["start_gap"], mode = start_gap(model, dense, probe())
+            meant_exact = self.noise_std == 0 and (
+                _top1_renormalised(model) or self.router_init == "replicated")
+            gap = f"{report['start_gap']:.2g} ({mode} mode)"
+            if report["start_gap"] <= 1e-3:
+                log(f"upcycled start: the first batch's logits are the dense model's "
+                    f"(largest difference {report['start_gap']:.2g}, {mode} mode)")
+            elif meant_exact:
+                log(f"warning: upcycled start: the first batch's logits differ from the dense "
+                    f"model's by up to {gap}: tokens over an expert's capacity get 0 from the "
+                    "MoE branch; dispatch=\"dropless\" (or a capacity no expert exceeds) starts "
+                    "exactly")
+            else:
+                log(f"upcycled start: the first batch's logits differ from the dense model's by "
+                    f"up to {gap}, as this router initialisation or noise makes them")
         return report
+
+
+def _top1_renormalised(model) -> bool:
+    """Whether the model's experts start as copies whose gate is 1 whatever the router
+    says (top-1 with `normalize_top_k`): then a fresh router starts exactly too."""
+    config = getattr(model, "config", None)
+    return (config is not None and config.sparse_option("k", 1) == 1
+            and bool(config.sparse_option("normalize_top_k", False)))
+
+
+def start_gap(sparse: keras.Model, dense: keras.Model, inputs: Any) -> tuple[float, str]:
+    """The largest absolute difference of the two models' logits on `inputs`, and the
+    mode it was measured in: "training" (the first step's routing and capacity) when
+    the sparse model draws no random numbers in training (no dropout, jitter or
+    expert dropout), else "inference"."""
+    config = sparse.config
+    # A training call of a layer with loss-free balancing would also move its bias.
+    noisy = config.dropout_rate or any(config.sparse_option(name, 0.0) for name in (
+        "jitter_noise", "expert_dropout_rate", "bias_update_rate"))
+    training = not noisy
+    gap = np.max(np.abs(np.asarray(sparse(inputs, training=training), np.float64)
+                        - np.asarray(dense(inputs, training=training), np.float64)))
+    return float(gap), "training" if training else "inference"
 
 
 def dense_model_for(model: keras.Model,
@@ -109,7 +152,8 @@ def dense_model_for(model: keras.Model,
     return dense
 
 
-def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
+def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle,
+                  probe: Callable[[], Any] | None = None) -> dict:
     """Starts the sparse `model` from the dense model at `path` (`Upcycle.load`).
 
     Args:
@@ -118,6 +162,8 @@ def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
             (its weights and optimizer state), or a Hugging Face T5 folder
             (weights only: the optimizer starts at step 0).
         upcycle: how (router, noise, optimizer state).
+        probe: a function giving a batch of model inputs on which the start is
+            compared with the dense model's (`Upcycle.load`).
 
     Returns:
         `Upcycle.load`'s report.
@@ -128,7 +174,7 @@ def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
     from keras_moe.convert import from_hf, is_hf_folder
 
     if is_hf_folder(path):
-        return upcycle.load(model, from_hf(path), f"Hugging Face checkpoint {path}")
+        return upcycle.load(model, from_hf(path), f"Hugging Face checkpoint {path}", probe)
     weights = resolve_checkpoint(path, "init_checkpoint")
     carry = upcycle.optimizer_state and model.optimizer is not None
     dense = dense_model_for(model, model.optimizer if carry else None)
@@ -144,7 +190,7 @@ def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle) -> dict:
             f"init_checkpoint {weights} does not hold this run's optimizer state "
             f"({skipped[0].strip()}); bind `Upcycle.optimizer_state = False` to start the "
             "optimizer afresh.")
-    return upcycle.load(model, dense, f"checkpoint {weights}")
+    return upcycle.load(model, dense, f"checkpoint {weights}", probe)
 
 
 def carry_optimizer_state(sparse: keras.Model, dense: keras.Model, report: dict) -> None:

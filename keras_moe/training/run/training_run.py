@@ -127,7 +127,7 @@ class Run:
                 log(f"  MoE exchange {line}")
             self.manager, self.backup_dir, self.resumed, self.start_step = c.checkpoint.restore(
                 self.model, self.model_dir, c.model, sharded=self.process_count > 1,
-                primary=self.chief)
+                primary=self.chief, probe=lambda: first_inputs(c.dataset.train_stream()))
 
     def read_data(self) -> None:
         """Checks the training split has data; the summary split's batches."""
@@ -273,6 +273,13 @@ class Run:
                                        json.dumps(summary, indent=1))
         summary.model = self.model
         return summary
+
+
+def first_inputs(ds: tf.data.Dataset) -> dict:
+    """The model inputs of `ds`'s first `(inputs, targets, weights)` batch."""
+    for batch in ds.take(1):
+        return batch[0]
+    raise TrainingConfigError("the training split produced no batch of the requested size.")
 
 
 def fit_segments(start: int, total: int, steps_per_epoch: int) -> list[tuple]:
