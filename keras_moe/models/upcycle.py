@@ -61,7 +61,8 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
         weights the dense model has no counterpart for, e.g. shared experts).
 
     Raises:
-        ValueError: a bad `router_init` or `noise_std`; a weight of one model
+        ValueError: a bad `router_init` or `noise_std`; a `dense` model with MoE
+            layers or a `sparse` one without; a weight of one model
             with no place in the other, or a shape that differs; experts
             whose width does not divide the dense `d_ff`.
 
@@ -88,6 +89,13 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
     check_upcycle_args(router_init, noise_std)
     rng = np.random.default_rng(seed)
     source, target = relative_paths(dense), relative_paths(sparse)
+    for model, paths, role in ((dense, source, "dense"), (sparse, target, "sparse")):
+        moe = sorted(p for p in paths if p.rpartition("/")[0].endswith(("/experts", "/router")))
+        if (role == "dense") == bool(moe):
+            found = (f"has MoE layers ({moe[0].rpartition('/')[0].rpartition('/')[0]} ...)"
+                     if moe else "has no MoE layer")
+            raise ValueError(f"`{role}` {type(model).__name__} {found}: upcycling fills the "
+                             "experts of a sparse model from a dense model's FFNs.")
     report = {"copied": [], "experts": [], "routers": [], "fresh": []}
     used = set()
     for path, variable in target.items():

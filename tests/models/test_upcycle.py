@@ -169,3 +169,18 @@ def test_bad_arguments_are_refused(kwargs, match):
     sparse, dense = _pair(TopKFeedForward(num_experts=4, d_ff=32, k=1, activation="gated-gelu"))
     with pytest.raises(ValueError, match=match):
         upcycle_weights(sparse, dense, **kwargs)
+
+
+def test_an_moe_model_given_as_the_dense_source_or_a_dense_target_is_refused():
+    """An MoE 'dense' source of the same shape would be copied weight for weight without
+    a word (the training CLI refuses it); a dense 'sparse' target likewise."""
+    ffn = TopKFeedForward(num_experts=4, d_ff=32, k=1, activation="gated-gelu")
+    sparse, dense = _pair(ffn)
+    other_sparse, _ = _pair(ffn, seed=1)
+    before = [v.numpy().copy() for v in sparse.weights]
+    with pytest.raises(ValueError, match=r"`dense` EncoderDecoder has MoE layers "
+                                         r"\((en|de)coder_layer_1/ffn \.\.\.\): upcycling"):
+        upcycle_weights(sparse, other_sparse)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, sparse.weights, strict=True))
+    with pytest.raises(ValueError, match=r"`sparse` EncoderDecoder has no MoE layer"):
+        upcycle_weights(dense, dense)
