@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import logging
 import os
 import re
 import sys
 import tempfile
 from collections.abc import Iterator, MutableMapping, Sequence
+
+from keras_moe.log_filters import drop_harmless_log_messages
 
 # A machine with an NVIDIA driver loaded has this; there a failed CUDA probe is news.
 NVIDIA_DRIVER_PATH = "/proc/driver/nvidia"
@@ -189,26 +190,9 @@ def import_keras_quietly() -> None:
             import keras  # noqa: F401
 
 
-# (logger name, message start): absl/Python log records that are expected here.
-HARMLESS_LOG_MESSAGES = (
-    # seqio, for tasks read from in-memory or local files: the training stream
-    # is shuffled by seqio with a seed and resumed by position, not by a cache.
-    ("absl", "Using an uncached FunctionDataset for training is not recommended"),
-)
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, starts):
-        super().__init__()
-        self.starts = tuple(starts)
-
-    def filter(self, record):
-        return not str(record.msg).startswith(self.starts)
-
-
 def quiet_startup() -> None:
     """Imports TensorFlow, seqio and the tasks and probes the devices with
-    start-up noise filtered; silences `HARMLESS_LOG_MESSAGES`. Idempotent.
+    start-up noise filtered; silences `log_filters.HARMLESS_LOG_MESSAGES`. Idempotent.
     The command-line tools call it first thing (Keras itself was imported
     quietly by `keras_moe/__init__`, see `launched_as_command`)."""
     with filtered_stderr():
@@ -217,26 +201,4 @@ def quiet_startup() -> None:
         from keras_moe import tasks  # noqa: F401  (seqio, jax, tensorflow-text)
 
         tf.config.list_physical_devices()
-    for name, drop in _harmless_message_filters().items():
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in log.filters):
-            log.addFilter(drop)
-
-
-def _harmless_message_filters() -> dict[str, logging.Filter]:
-    return {name: _DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name)
-            for name in {name for name, _ in HARMLESS_LOG_MESSAGES}}
-
-
-@contextlib.contextmanager
-def harmless_log_messages_dropped() -> Iterator[None]:
-    """Drops `HARMLESS_LOG_MESSAGES` inside the block (a notebook's `tasks.get_dataset`),
-    leaving the loggers as they were afterwards."""
-    filters = _harmless_message_filters()
-    for name, drop in filters.items():
-        logging.getLogger(name).addFilter(drop)
-    try:
-        yield
-    finally:
-        for name, drop in filters.items():
-            logging.getLogger(name).removeFilter(drop)
+    drop_harmless_log_messages()

@@ -5,7 +5,7 @@ import numbers
 
 import seqio
 
-from keras_moe.startup import harmless_log_messages_dropped
+from keras_moe.log_filters import harmless_log_messages_dropped
 
 
 def _check_lengths(sequence_length):

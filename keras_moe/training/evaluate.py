@@ -9,6 +9,7 @@ import numpy as np
 from keras_moe.models.decoding import pad_input_tokens, strip_ids
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.run.training_run import set_eval_routing
 
 
 def is_translation(task_name):
@@ -75,7 +76,8 @@ def restore_from_run(model_dir, checkpoint=None):
     from keras_moe.training import train_configurables
     from keras_moe.training.run.compiled_model import build_compiled_model
 
-    dataset = train_configurables.job_config().dataset
+    job = train_configurables.job_config()
+    dataset = job.dataset
     if dataset is None or dataset.feature_lengths is None:
         raise TrainingConfigError(
             "the gin config binds no train.dataset with its task and feature_lengths; pass "
@@ -91,6 +93,7 @@ def restore_from_run(model_dir, checkpoint=None):
         meta = {"path": checkpoint, "step": None}
     # The run's optimizer, as gin binds it: the checkpoint holds its variables.
     model = build_compiled_model(optimizer=train_configurables.make_optimizer)
+    set_eval_routing(model, job.eval_routing)  # the run's train.eval_routing
     ckpt_lib.restore(model, meta, seed_states=False)  # evaluation draws no random numbers
     return model, meta, dataset
 

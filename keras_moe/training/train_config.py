@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from keras_moe.models.routing_mode import EVAL_ROUTINGS
 from keras_moe.training.checkpoint.checkpoint_config import CheckpointConfig
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.placement import MeshPlacement, StrategyPlacement
@@ -73,6 +74,11 @@ class TrainConfig:
         model: factory of the model, called in the placement's scope (gin:
             `train.model = @build_distiller`, as T5X run files inject `MODEL`);
             default: gin's `build_model` (`keras_moe.models.model_configurables`).
+        eval_routing: how evaluation (the validation curve, the start and end
+            losses, `keras-moe-eval`) routes tokens: "groups" (default) as training
+            does, in each device's share of the batch, so an evaluation on another
+            device count or batch routes other groups and drops other tokens;
+            "sequence": each sequence apart, the same on any device count.
         dtype_policy: Keras dtype policy the model is built under, one of
             `dtype_policy.DTYPE_POLICIES`: "float32", "mixed_bfloat16" (float32
             weights and optimizer state, bfloat16 activations and matmuls,
@@ -107,6 +113,7 @@ class TrainConfig:
     record_batches: str | None = None
     model: Callable[[], Any] | None = None
     dtype_policy: str = "float32"
+    eval_routing: str = "groups"
 
     @classmethod
     def from_settings(cls, **settings: Any) -> TrainConfig:
@@ -156,6 +163,9 @@ class TrainConfig:
                 f"got {self.placement!r}.")
         self.placement.check(self.dataset.batch_size)
         check_dtype_policy(self.dtype_policy)
+        if self.eval_routing not in EVAL_ROUTINGS:
+            raise TrainingConfigError(f"train.eval_routing must be one of {EVAL_ROUTINGS}, "
+                                      f"got {self.eval_routing!r}.")
         for name, minimum in (("train_steps", 1), ("log_every", 1), ("summary_batches", 0),
                               ("steps_per_execution", 1), ("validation_freq", 0),
                               ("expert_load_every", 0)):

@@ -40,6 +40,7 @@ MODULES = [
     "keras_moe.layers",
     "keras_moe.layouts",
     "keras_moe.local_groups",
+    "keras_moe.log_filters",
     "keras_moe.metrics",
     "keras_moe.models.adafactor",
     "keras_moe.models.attention",

@@ -4,6 +4,7 @@ import threading
 
 import keras
 import numpy as np
+import pytest
 
 import keras_moe
 from keras_moe.models import EncoderDecoder
@@ -121,3 +122,29 @@ def test_route_each_sequence_takes_effect_on_the_encoder_decoder():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(_evaluate(model, x), outside["evaluate"],
                                rtol=1e-6)  # and back to batch-wide groups after it
+
+
+def test_eval_routing_sequence_evaluates_the_same_on_one_device_and_on_two(two_cpu_strategy):
+    """train.eval_routing: with "groups" the loss of one batch depends on how many
+    replicas split it (each routes its share, at its capacity); with "sequence" it is
+    the per-sequence twin's on one device and on two replicas."""
+    model, reference = _pair()
+    x = _tokens()
+    with two_cpu_strategy.scope():
+        keras.utils.set_random_seed(2)
+        replicated = EncoderDecoder(model.config)
+        replicated.compile(keras.optimizers.SGD(0.0), **{
+            k: v for k, v in model.compile_defaults().items() if k != "optimizer"})
+    replicated(x)
+    replicated.set_weights(model.get_weights())
+    one = _evaluate(model, x)
+    two = _evaluate(replicated, x)
+    assert not np.isclose(one, two, rtol=1e-5), "the replicas' groups must change the loss"
+    expected = _evaluate(reference, x)
+    for evaluated in (model, replicated):
+        evaluated.eval_routing = "sequence"
+        np.testing.assert_allclose(_evaluate(evaluated, x), expected, rtol=1e-5)
+    model.eval_routing = "everything"
+    with pytest.raises(ValueError, match=r"`eval_routing` must be one of \('groups', "
+                                         r"'sequence'\), got 'everything'"):
+        _evaluate(model, x)

@@ -112,6 +112,7 @@ def test_the_mesh_shorthand_works_where_no_placement_is_bound_and_is_refused_bes
     (dict(collective_timeout=-1), r"`StrategyPlacement.collective_timeout` must be a positive"),
     (dict(feature_lengths={"inputs": 8}), r"TASK_FEATURE_LENGTHS must be a dict"),
     (dict(train_steps=0), r"`train.train_steps` must be an integer >= 1"),
+    (dict(eval_routing="batch"), r"train.eval_routing must be one of \('groups', 'sequence'\)"),
 ])
 def test_bad_settings_are_refused_naming_the_setting(settings, message):
     with pytest.raises(TrainingConfigError, match=message):
@@ -144,3 +145,20 @@ def test_a_failed_collective_names_the_resume_only_under_multi_worker():
     assert StrategyPlacement().peer_failure(error, 12) is None
     assert StrategyPlacement("multi_worker").peer_failure(ValueError("x"), 1) is None
     assert MeshPlacement({"data": 2}).peer_failure(error, 12) is None
+
+
+def test_eval_routing_reaches_the_model_or_is_refused_where_it_cannot():
+    import keras
+
+    from keras_moe.models import EncoderDecoder, T5Config
+    from keras_moe.training.run.training_run import set_eval_routing
+
+    model = EncoderDecoder(T5Config(vocab_size=16, d_model=8, num_heads=2, d_kv=4, d_ff=8,
+                                    num_encoder_layers=1, num_decoder_layers=1))
+    set_eval_routing(model, "sequence")
+    assert model.eval_routing == "sequence"
+    plain = keras.Sequential([keras.layers.Dense(1)])
+    set_eval_routing(plain, "groups")  # what it does anyway
+    with pytest.raises(TrainingConfigError, match=r"train.eval_routing='sequence' needs a "
+                                                  r"keras_moe EncoderDecoder; Sequential"):
+        set_eval_routing(plain, "sequence")

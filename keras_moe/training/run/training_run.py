@@ -118,6 +118,7 @@ class Run:
                 config = getattr(self.model, "config", None)
                 gin_unread.refuse_unread_model_bindings(
                     config if isinstance(config, T5Config) else None)
+                set_eval_routing(self.model, c.eval_routing)
                 self.model.optimizer.build(self.model.trainable_variables)
             self.shards = self.placement.shard_report(self.model)
             for name, full, local in self.shards or ():
@@ -273,6 +274,21 @@ class Run:
                                        json.dumps(summary, indent=1))
         summary.model = self.model
         return summary
+
+
+def set_eval_routing(model: keras.Model, eval_routing: str) -> None:
+    """Gives `model` the evaluation routing `train.eval_routing` names (`RoutingScopeMixin`);
+    a model without it can only evaluate as it trains."""
+    from keras_moe.models.routing_mode import EVAL_ROUTINGS
+
+    if eval_routing not in EVAL_ROUTINGS:
+        raise TrainingConfigError(f"train.eval_routing must be one of {EVAL_ROUTINGS}, "
+                                  f"got {eval_routing!r}.")
+    if hasattr(type(model), "eval_routing"):
+        model.eval_routing = eval_routing
+    elif eval_routing != "groups":
+        raise TrainingConfigError(f"train.eval_routing={eval_routing!r} needs a keras_moe "
+                                  f"EncoderDecoder; {type(model).__name__} evaluates as it trains.")
 
 
 def first_inputs(ds: tf.data.Dataset) -> dict:
