@@ -15,6 +15,7 @@ Give the teacher's run file first, then `distill.gin`:
 
 import json
 import os
+import sys
 
 from keras_moe.training.train_cli import run_cli
 
@@ -52,4 +53,7 @@ def _distill(args):
 
 
 def main(argv=None):
-    return run_cli("python -m keras_moe.distill", argv, _distill, gin_files=_with_distill_gin)
+    # Errors name the command as it was typed: the console script or the module.
+    typed = os.path.basename(sys.argv[0]) if sys.argv else ""
+    prog = "keras-moe-distill" if typed == "keras-moe-distill" else "python -m keras_moe.distill"
+    return run_cli(prog, argv, _distill, gin_files=_with_distill_gin)
