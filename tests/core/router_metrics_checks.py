@@ -41,15 +41,9 @@ def check_fit_history_matches_the_layer_statistics(rng):
 
 
 def check_encoder_decoder_logs_router_metrics():
-    from keras_moe.models import EncoderDecoder
-    from tests.models.helpers import tiny_switch_config
+    from tests.models.helpers import compiled_tiny_switch_and_batch
 
-    keras.utils.set_random_seed(0)
-    model = EncoderDecoder(tiny_switch_config(vocab_size=16, track_router_metrics=True))
-    model.compile(**model.compile_defaults())
-    tokens = np.random.default_rng(0).integers(2, 16, size=(4, 6)).astype("int32")
-    x = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
-         "decoder_target_tokens": tokens}
+    model, x = compiled_tiny_switch_and_batch(rows=4)
     history = model.fit(x, epochs=1, batch_size=4, verbose=0).history
     keys = [k for k in history if k.endswith("/ffn/dropped_fraction")]
     sparse = [layer for layer in model.encoder_layers + model.decoder_layers if layer.is_sparse]

@@ -42,3 +42,19 @@ def tiny_switch_config(**overrides):
                 activation="relu", min_expert_capacity=4)
     args.update(overrides)
     return tiny_config(**args)
+
+
+def compiled_tiny_switch_and_batch(rows, seed=0):
+    """A compiled tiny Switch `EncoderDecoder` with router metrics on (random weights of
+    `seed`) and a batch of `rows` random sequences of 6 tokens, targets included."""
+    import keras
+    import numpy as np
+
+    from keras_moe.models import EncoderDecoder
+
+    keras.utils.set_random_seed(seed)
+    model = EncoderDecoder(tiny_switch_config(vocab_size=16, track_router_metrics=True))
+    model.compile(**model.compile_defaults())
+    tokens = np.random.default_rng(seed).integers(2, 16, size=(rows, 6)).astype("int32")
+    return model, {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
+                   "decoder_target_tokens": tokens}

@@ -45,18 +45,9 @@ def test_the_training_console_explains_its_router_table_once(tmp_path_factory):
 
 
 def test_the_notebook_progress_bar_is_short_and_tables_the_router_statistics(capsys):
-    import keras
-    import numpy as np
+    from tests.models.helpers import compiled_tiny_switch_and_batch
 
-    from keras_moe.models import EncoderDecoder
-    from tests.models.helpers import tiny_switch_config
-
-    keras.utils.set_random_seed(0)
-    model = EncoderDecoder(tiny_switch_config(vocab_size=16, track_router_metrics=True))
-    model.compile(**model.compile_defaults())
-    tokens = np.random.default_rng(0).integers(2, 16, size=(8, 6)).astype("int32")
-    x = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
-         "decoder_target_tokens": tokens}
+    model, x = compiled_tiny_switch_and_batch(rows=8)
     history = model.fit(x, epochs=2, batch_size=4, verbose=2).history
     printed = capsys.readouterr().out
     assert any(k.endswith("/ffn/max_violation") for k in history)  # the logs keep them all
