@@ -146,7 +146,7 @@ class CompactFitMixin:
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) <= 5:  # `callbacks` is fit's sixth argument
             kwargs["callbacks"] = with_compact_progbar(kwargs.get("callbacks"))
-        if len(args) <= 7 and "shuffle" not in kwargs and _is_tf_dataset(
+        if len(args) <= 8 and "shuffle" not in kwargs and _is_tf_dataset(
                 args[0] if args else kwargs.get("x")):
             kwargs["shuffle"] = False
         with warnings.catch_warnings():

@@ -203,8 +203,10 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         if self.config.scales_decoder_outputs:
             x = x * (self.config.d_model ** -0.5)
         if self.lm_head is None:
-            out = ops.einsum("...d,vd->...v", x,
-                             ops.cast(self.token_embedding.embeddings, x.dtype))
+            # Explicit labels, not "...d,vd->...v": TensorFlow's einsum with an ellipsis
+            # took 70x as long forward and backward ([16, 64, 64] x [8100, 64]).
+            equation = "bd,vd->bv" if len(x.shape) == 2 else "bld,vd->blv"
+            out = ops.einsum(equation, x, ops.cast(self.token_embedding.embeddings, x.dtype))
         else:
             out = self.lm_head(x)
         return ops.cast(out, "float32")
