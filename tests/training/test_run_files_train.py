@@ -72,22 +72,11 @@ def test_every_run_file_is_trained_by_a_test():
         assert os.path.isfile(os.path.join(REPO, test_file)), (name, test_file)
 
 
-@pytest.fixture(scope="module")
-def trained_runs(tmp_path_factory):
-    """{name: model dir} of the standalone run files, each trained here."""
-    root = tmp_path_factory.mktemp("run_files")
-    dirs = {}
-    for name, (files, bindings) in STANDALONE.items():
-        model_dir = root / name
-        result = run_cli_here(_flags(files, bindings) + [f"--model_dir={model_dir}"])
-        dirs[name] = (model_dir, result)
-    return dirs
-
-
 @pytest.mark.parametrize("name", sorted(STANDALONE))
-def test_a_standalone_run_file_trains(trained_runs, name):
-    model_dir, result = trained_runs[name]
-    _trained(model_dir, result)
+def test_a_standalone_run_file_trains(tmp_path, name):
+    files, bindings = STANDALONE[name]
+    model_dir = tmp_path / name
+    _trained(model_dir, run_cli_here(_flags(files, bindings) + [f"--model_dir={model_dir}"]))
 
 
 @pytest.mark.xdist_group(GROUP)
