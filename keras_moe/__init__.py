@@ -42,11 +42,22 @@ from keras_moe.shared_experts import SharedExpertFeedForward
 
 __version__ = "0.1.0"
 
+_KERAS_HUB_NAMES = ("sparsify", "from_preset")
+
+
+def __getattr__(name: str):
+    # keras-hub is optional and slow to import: only when these are used.
+    if name in _KERAS_HUB_NAMES:
+        from keras_moe import keras_hub as keras_hub_wing
+
+        return getattr(keras_hub_wing, name)
+    raise AttributeError(f"module 'keras_moe' has no attribute {name!r}")
+
 __all__ = [
     "Dispatcher", "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts",
     "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RouterMetricsMixin",
     "RoutingInstructions", "SharedExpertFeedForward",
     "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKFeedForward",
     "TopKRouter", "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics",
-    "sharding",
+    "sharding", "sparsify", "from_preset",
 ]

@@ -221,8 +221,15 @@ def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
         def project(a, w):
             return grouped_matmul_lib.grouped_matmul(a, w, sizes, per_device=True)
 
+        sorted_expert = row_expert[by_expert]
+
+        def add_bias(y, b):  # each row its local expert's bias; rows past the sizes none
+            valid = (sorted_expert < local_experts)[:, None]
+            return y + jnp.where(valid, b[jnp.minimum(sorted_expert, local_experts - 1)], 0)
+
         computed = experts.feed_forward(received[by_expert], project, training,
-                                        kernel=lambda variable: weights[id(variable)])
+                                        kernel=lambda variable: weights[id(variable)],
+                                        add_bias=add_bias)
         returned = _from_peers(computed[jnp.argsort(by_expert)], route, assignments)
         peer, index, inside = _locate(route["offsets"], route["want"], assignments)
         taken = (inside & (index < route["send"][peer])).astype(kept.dtype)

@@ -95,6 +95,9 @@ class ExpertParallelExperts(FeedForwardExperts):
     def __init__(self, num_experts: int, d_ff: int, exchange: Exchange = "auto",
                  **kwargs: Any) -> None:
         super().__init__(num_experts, d_ff, **kwargs)
+        if self.use_bias:
+            raise ValueError("`use_bias=True` is not supported by ExpertParallelExperts "
+                             "(tf.distribute expert parallelism); use FeedForwardExperts.")
         if exchange not in EXCHANGES:
             raise ValueError(f"`exchange` must be one of {EXCHANGES}, got {exchange!r}.")
         self.exchange = exchange

@@ -12,7 +12,12 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_moe.feedforward_mixin import Activation, FeedForwardMixin
+from keras_moe.feedforward_mixin import (
+    SWIGLU_ALPHA,
+    SWIGLU_LIMIT,
+    Activation,
+    FeedForwardMixin,
+)
 from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int
@@ -69,12 +74,18 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
     Args:
         num_experts: number of experts, >= 1.
         d_ff: hidden size of each expert, >= 1.
-        activation: one of "relu", "gelu", "gated-gelu", "gated-relu", "gated-silu".
+        activation: one of "relu", "gelu", "gated-gelu", "gated-relu", "gated-silu",
+            or "clamped-swiglu" (gpt-oss: `(clip(u, -limit, limit) + 1) * g *
+            sigmoid(alpha * g)` with `g = min(wi_0 x, limit)`, `u = wi_1 x`).
         dropout_rate: dropout on the expert hidden activations ("expert
             dropout", Switch §3), in [0, 1).
         init_scale: variance scale of the truncated-normal fan-in init (1.0,
             T5's scale, by default; the Switch paper uses 0.1 model-wide).
         seed: dropout seed.
+        use_bias: give every projection a per-expert bias (`bi_0`, `bi_1` or
+            `bi` `[E, d_ff]`, `bo` `[E, d_model]`), as gpt-oss's experts have.
+        swiglu_alpha: alpha of "clamped-swiglu", > 0 (gpt-oss: 1.702).
+        swiglu_limit: limit of "clamped-swiglu", > 0 (gpt-oss: 7.0).
 
     Example:
     >>> import numpy as np
@@ -88,13 +99,15 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
 
     def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
                  dropout_rate: float = 0.0, init_scale: float = 1.0, seed: int | None = None,
-                 **kwargs: Any) -> None:
+                 use_bias: bool = False, swiglu_alpha: float = SWIGLU_ALPHA,
+                 swiglu_limit: float = SWIGLU_LIMIT, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_int("num_experts", num_experts)
         check_int("d_ff", d_ff)
         self.num_experts = num_experts
         self.d_ff = d_ff
-        self.init_feed_forward(activation, dropout_rate, init_scale, seed)
+        self.init_feed_forward(activation, dropout_rate, init_scale, seed, use_bias=use_bias,
+                               swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
 
     def build(self, input_shape: Shape) -> None:
         d_model = input_shape[-1]
@@ -109,19 +122,36 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         (rows past `sum(group_sizes)` give 0)."""
         if group_sizes is not None:
             return self.feed_forward(
-                inputs, lambda a, w: grouped_matmul(a, w, group_sizes), training)
+                inputs, lambda a, w: grouped_matmul(a, w, group_sizes), training,
+                add_bias=self._row_bias_adder(inputs, group_sizes) if self.use_bias else None)
         if keras.backend.backend() == "jax":
             # Einsums on the 4-D buffer: with the group axis sharded, a reshape
             # to [E, G*C, d] would force GSPMD to rematerialise the buffer.
             x = inputs
             project = functools.partial(ops.einsum, "egci,eio->egco")
+            add_bias = lambda y, b: y + ops.cast(b, y.dtype)[:, None, None, :]  # noqa: E731
         else:
             # TensorFlow: batched matmuls on [E, G*C, d] are faster than einsum,
             # whose gradient adds transposes (measured 1.3-1.4x on CPU).
             x = ops.reshape(inputs, (self.num_experts, -1, inputs.shape[-1]))
             project = ops.matmul
-        y = self.feed_forward(x, project, training)
+            add_bias = lambda y, b: y + ops.cast(b, y.dtype)[:, None, :]  # noqa: E731
+        y = self.feed_forward(x, project, training, add_bias=add_bias)
         return ops.reshape(y, ops.shape(inputs))
+
+    def _row_bias_adder(self, rows, group_sizes):
+        """`add_bias(y, b)` for rows sorted by expert: row r gets its expert's bias
+        (rows past `sum(group_sizes)` get none, so they stay 0)."""
+        ends = ops.cumsum(ops.cast(group_sizes, "int32"))
+        positions = ops.arange(ops.shape(rows)[0], dtype="int32")
+        row_expert = ops.searchsorted(ends, positions, side="right")
+        valid = ops.cast(row_expert < self.num_experts, "int32")
+        row_expert = ops.minimum(row_expert, self.num_experts - 1)
+
+        def add_bias(y, b):
+            bias = ops.take(ops.cast(b, y.dtype), row_expert, axis=0)
+            return y + bias * ops.cast(valid, y.dtype)[:, None]
+        return add_bias
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -133,5 +163,8 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
             dropout_rate=self.dropout_rate,
             init_scale=self.init_scale,
             seed=self.seed,
+            use_bias=self.use_bias,
+            swiglu_alpha=self.swiglu_alpha,
+            swiglu_limit=self.swiglu_limit,
         )
         return config

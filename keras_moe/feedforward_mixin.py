@@ -1,6 +1,8 @@
 """The feed-forward computation shared by the dense FFN, the experts and the
 expert-parallel experts: `wo(dropout(act(wi x)))`, or gated
-`wo(dropout(act(wi_0 x) * (wi_1 x)))` (T5.1.1), without biases.
+`wo(dropout(act(wi_0 x) * (wi_1 x)))` (T5.1.1), optionally with biases (`bi`/`bi_0`/`bi_1`,
+`bo`), and gpt-oss's "clamped-swiglu": `(clip(u, -L, L) + 1) * g * sigmoid(alpha * g)`,
+`g = min(wi_0 x, L)`, `u = wi_1 x` (alpha 1.702, L 7.0 by default).
 
 Example:
 >>> import keras
@@ -29,12 +31,17 @@ from keras import ops
 
 from keras_moe.tensor_types import Shape, Tensor
 
-ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu")
-Activation = Literal["relu", "gelu", "gated-gelu", "gated-relu", "gated-silu"]
+ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu")
+Activation = Literal["relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu"]
+# gpt-oss's expert activation constants (HF `GptOssExperts`: alpha, `swiglu_limit`).
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
 
 
 def activation_fn(name: Activation) -> Callable[[Tensor], Tensor]:
     """The elementwise function of an activation name of `ACTIVATIONS`."""
+    if name == "clamped-swiglu":
+        raise ValueError("\"clamped-swiglu\" is a gated pair function: use `gated_hidden`.")
     base = name.replace("gated-", "")
     if base == "gelu":
         # T5.1.1 uses the tanh approximation ("gelu_new").
@@ -52,7 +59,9 @@ class FeedForwardMixin:
     """
 
     def init_feed_forward(self, activation: Activation, dropout_rate: float, init_scale: float,
-                          seed: int | None) -> None:
+                          seed: int | None, use_bias: bool = False,
+                          swiglu_alpha: float = SWIGLU_ALPHA,
+                          swiglu_limit: float = SWIGLU_LIMIT) -> None:
         """Checks and stores the arguments; makes the activation and the dropout."""
         if activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
@@ -60,37 +69,75 @@ class FeedForwardMixin:
             raise ValueError(f"`dropout_rate` must be in [0, 1), got {dropout_rate!r}.")
         if not init_scale > 0:
             raise ValueError(f"`init_scale` must be > 0, got {init_scale!r}.")
+        for name, value in (("swiglu_alpha", swiglu_alpha), ("swiglu_limit", swiglu_limit)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
         self.activation = activation
+        self.use_bias = bool(use_bias)
+        self.swiglu_alpha = float(swiglu_alpha)
+        self.swiglu_limit = float(swiglu_limit)
         self.dropout_rate = float(dropout_rate)
         self.init_scale = float(init_scale)
         self.seed = seed
-        self.gated = activation.startswith("gated-")
-        self._act = activation_fn(activation)
+        self.gated = activation.startswith("gated-") or activation == "clamped-swiglu"
+        self._act = None if activation == "clamped-swiglu" else activation_fn(activation)
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
 
     def add_kernels(self, wi_shape: Shape, wo_shape: Shape,
                     initializer: Callable[[Shape], Any]) -> None:
-        """Adds `wi` (gated: `wi_0`, `wi_1`) and `wo`.
+        """Adds `wi` (gated: `wi_0`, `wi_1`) and `wo`, and with `use_bias` their
+        biases `bi` (`bi_0`, `bi_1`) and `bo`, shaped as the kernels without
+        their input axis.
 
         `initializer(shape)` must return a new initializer for every weight: a
         Keras initializer object without a seed repeats its values on every
         call, so a shared one would start `wi_0` and `wi_1` equal.
         """
-        for name in ("wi_0", "wi_1") if self.gated else ("wi",):
+        for name in self.input_kernel_names():
             setattr(self, name, self.add_weight(name=name, shape=wi_shape,
                                                 initializer=initializer(wi_shape)))
         self.wo = self.add_weight(name="wo", shape=wo_shape, initializer=initializer(wo_shape))
+        if self.use_bias:
+            for name, shape in ((n, wi_shape) for n in self.input_kernel_names()):
+                bias_shape = tuple(shape[:-2]) + (shape[-1],)
+                setattr(self, "b" + name[1:], self.add_weight(
+                    name="b" + name[1:], shape=bias_shape, initializer="zeros"))
+            self.bo = self.add_weight(name="bo", shape=tuple(wo_shape[:-2]) + (wo_shape[-1],),
+                                      initializer="zeros")
         self.built = True
+
+    def input_kernel_names(self) -> tuple[str, ...]:
+        """`("wi_0", "wi_1")` for gated activations, else `("wi",)`."""
+        return ("wi_0", "wi_1") if self.gated else ("wi",)
+
+    def gated_hidden(self, gate: Tensor, up: Tensor) -> Tensor:
+        """The hidden units of a gated FFN from its two projections."""
+        if self.activation == "clamped-swiglu":
+            gate = ops.minimum(gate, self.swiglu_limit)
+            up = ops.clip(up, -self.swiglu_limit, self.swiglu_limit)
+            return (up + 1.0) * gate * ops.sigmoid(self.swiglu_alpha * gate)
+        return self._act(gate) * up
 
     def feed_forward(self, x: Tensor, project: Callable[[Tensor, Any], Tensor],
                      training: bool | None,
-                     kernel: Callable[[Any], Any] = lambda variable: variable) -> Tensor:
+                     kernel: Callable[[Any], Any] = lambda variable: variable,
+                     add_bias: Callable[[Tensor, Any], Tensor] | None = None) -> Tensor:
         """The FFN of `x`; `project(a, w)` multiplies by a kernel, `kernel(variable)`
-        picks the part of a weight to use (all of it by default)."""
+        picks the part of a weight to use (all of it by default), and with
+        `use_bias`, `add_bias(y, b)` adds a bias to a projection (by default
+        broadcast over the leading axes)."""
+        if self.use_bias and add_bias is None:
+            add_bias = lambda y, b: y + ops.cast(b, y.dtype)  # noqa: E731
+
+        def linear(a, name):
+            y = project(a, kernel(getattr(self, name)))
+            if self.use_bias:
+                y = add_bias(y, kernel(getattr(self, "b" + name[1:])))
+            return y
+
         if self.gated:
-            hidden = (self._act(project(x, kernel(self.wi_0)))
-                      * project(x, kernel(self.wi_1)))
+            hidden = self.gated_hidden(linear(x, "wi_0"), linear(x, "wi_1"))
         else:
-            hidden = self._act(project(x, kernel(self.wi)))
+            hidden = self._act(linear(x, "wi"))
         hidden = self.dropout(hidden, training=training)
-        return project(hidden, kernel(self.wo))
+        return linear(hidden, "wo")

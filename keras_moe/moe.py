@@ -82,6 +82,9 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             (a `keras_moe.SharedExpertFeedForward`) whose output is added to
             the routed experts' for every real token.
         z_loss_factor: weight of the router z-loss, >= 0 (ST-MoE: 1e-3).
+        losses_in_inference: add the balance and z losses in inference calls
+            too (True, so `evaluate` reports the loss `fit` minimises); False:
+            only when training (as keras-hub's and HF's MoE blocks do).
         causal: True for layers in a causal decoder; refuses routers that look
             at future tokens (expert choice, batch-prioritised routing).
         track_metrics: keep Keras `Mean` trackers of the router statistics,
@@ -119,7 +122,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                  dropless_buffer_factor: float | None = None,
                  balance_loss: router_losses.BalanceLoss = "group",
                  shared_experts: keras.layers.Layer | dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 losses_in_inference: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(router, dict):
             router = keras.saving.deserialize_keras_object(router)
@@ -189,6 +192,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         self.dispatch = dispatch
         self.aux_loss_factor = float(aux_loss_factor)
         self.z_loss_factor = float(z_loss_factor)
+        self.losses_in_inference = bool(losses_in_inference)
         self.causal = bool(causal)
         self.track_metrics = bool(track_metrics)
         self.return_metrics = bool(return_metrics)
@@ -366,9 +370,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if self.balance_loss != "group":
             routing = routing._replace(aux_loss=self._balance_loss(
                 routing, group_mask, inputs, token_mask, grouping, pad))
-        if self.aux_loss_factor:
+        adds_losses = bool(training) or self.losses_in_inference
+        if self.aux_loss_factor and adds_losses:
             self.add_loss(self.aux_loss_factor * routing.aux_loss)
-        if self.z_loss_factor:
+        if self.z_loss_factor and adds_losses:
             self.add_loss(self.z_loss_factor * routing.z_loss)
 
         outputs, kept = self.dispatcher.apply_and_report(groups, routing, self.experts, training)
@@ -443,6 +448,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             aux_loss_factor=self.aux_loss_factor,
             balance_loss=self.balance_loss,
             z_loss_factor=self.z_loss_factor,
+            losses_in_inference=self.losses_in_inference,
             causal=self.causal,
             track_metrics=self.track_metrics,
             return_metrics=self.return_metrics,
