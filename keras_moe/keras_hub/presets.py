@@ -125,7 +125,7 @@ class _TransformersLoader(TransformersPresetLoader):
 
 
 def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
-                dispatch: str = "dropless", aux_loss_factor: float | None = None,
+                sparse: bool = True, dispatch: str = "dropless", aux_loss_factor: float | None = None,
                 bias_update_rate: float = 0.0, train_capacity_factor: float = 1.25,
                 eval_capacity_factor: float = 2.0, track_metrics: bool = True,
                 **kwargs: Any) -> Any:
@@ -138,6 +138,8 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
         cls: the keras-hub class to load as: `keras_hub.models.CausalLM`
             (default; the family's own CausalLM is picked) or a Backbone class.
         load_weights: load the checkpoint's weights (False: random ones).
+        sparse: False: return keras-hub's own (dense) model, read with the
+            fixes above, e.g. to compare it with the sparse one.
         dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
             eval_capacity_factor, track_metrics: as for `keras_moe.sparsify`
             (a preset saved sparse keeps its own).
@@ -178,7 +180,7 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
     else:
         raise ValueError("`cls` must be a keras-hub Backbone or CausalLM class, got "
                          f"{getattr(cls, '__name__', cls)!r}.")
-    if is_sparse(model):  # a preset saved sparse
+    if is_sparse(model) or not sparse:  # a preset saved sparse, or the dense model asked for
         return model
     return sparsify(model, dispatch=dispatch, aux_loss_factor=aux_loss_factor,
                     bias_update_rate=bias_update_rate,

@@ -1,0 +1,32 @@
+"""tests/keras_hub/checks.py on the JAX backend, in a fresh process.
+
+Run by tests/keras_hub/test_sparsify.py with the folder of the tiny HF checkpoints and
+a scratch folder; prints one "OK <family>" line per family.
+"""
+
+import os
+import sys
+
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import warnings  # noqa: E402
+
+import keras  # noqa: E402
+
+from tests.keras_hub import checks  # noqa: E402
+from tests.keras_hub.hf_checkpoints import FAMILIES  # noqa: E402
+
+assert keras.backend.backend() == "jax"
+# Dropless on JAX/CPU warns that it is slow there; these models are tiny.
+warnings.filterwarnings("ignore", message=".*dropless.*")
+
+root, scratch = sys.argv[1], sys.argv[2]
+for family in FAMILIES:
+    folder = os.path.join(root, family)
+    checks.check_logits(folder)
+    checks.check_greedy_generate(folder)
+    checks.check_training_losses_and_metrics(folder)
+    checks.check_save_and_load(folder, scratch)
+    print(f"OK {family}", flush=True)
