@@ -32,8 +32,8 @@ def with_both_spellings(config: dict[str, Any]) -> dict[str, Any]:
     """A Hugging Face `config.json` dict with each renamed field under both names.
 
     Example:
-    >>> config = with_both_spellings({"num_local_experts": 8,
-    ...                               "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
+    >>> rope = {"rope_theta": 1e6, "rope_type": "default"}
+    >>> config = with_both_spellings({"num_local_experts": 8, "rope_parameters": rope})
     >>> config["num_experts"], config["rope_theta"], config.get("rope_scaling")
     (8, 1000000.0, None)
     """
@@ -125,7 +125,8 @@ class _TransformersLoader(TransformersPresetLoader):
 
 
 def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
-                sparse: bool = True, dispatch: str = "dropless", aux_loss_factor: float | None = None,
+                sparse: bool = True, dispatch: str = "dropless",
+                aux_loss_factor: float | None = None,
                 bias_update_rate: float = 0.0, train_capacity_factor: float = 1.25,
                 eval_capacity_factor: float = 2.0, track_metrics: bool = True,
                 **kwargs: Any) -> Any:

@@ -117,8 +117,8 @@ def check_training_losses_and_metrics(folder):
                                rtol=1e-6)
     sparse(inputs)
     assert not sparse.losses  # inference adds none, as keras-hub's blocks
-    sparse.compile(optimizer=keras.optimizers.SGD(0.0), loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True), sampler="greedy")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    sparse.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss, sampler="greedy")
     x = {k: v[:, :-1] for k, v in inputs.items()}
     y = inputs["token_ids"][:, 1:]
     history = sparse.fit(x, y, sample_weight=inputs["padding_mask"][:, 1:], epochs=1, verbose=0)
