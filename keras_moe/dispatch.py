@@ -30,7 +30,6 @@ name (`get_dispatcher`) and re-exports them.
 
 from __future__ import annotations
 
-import warnings
 from typing import Literal
 
 import keras
@@ -50,27 +49,10 @@ DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
 DispatchMode = Literal["auto", "einsum", "gather", "dropless"]
 
 
-# Measured (benchmarks/README.md, "Dropless dispatch"): XLA:CPU computes
-# `jax.lax.ragged_dot` as one matmul over all rows per expert.
-SLOW_DROPLESS_ON_JAX_CPU = (
-    "dispatch='dropless' on the JAX backend on a CPU is slow: XLA:CPU computes its grouped "
-    "matmul (jax.lax.ragged_dot) as one matmul over all tokens per expert, about num_experts "
-    "times the work (measured: 5x dispatch='gather' at 8 experts, 20x at 32). Use "
-    "dispatch='gather' (with a capacity factor; what 'auto' picks here), or the TensorFlow "
-    "backend, whose dropless costs 1.1-1.6x a dense FFN of the same tokens.")
-_WARNED = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, stacklevel=3)
-
-
 def resolve_dispatch(mode: DispatchMode, platform: str) -> str:
     """The dispatch "auto" stands for on `platform` ("tpu", "gpu" or "cpu"): einsum on
-    TPU (static shapes), gather elsewhere. Never dropless: on JAX on a CPU it is tens
-    of times slower than gather. Other modes are returned as they are.
+    TPU (static shapes), gather elsewhere: a capacity dispatch, as Switch and GShard
+    route; dropless is chosen by name. Other modes are returned as they are.
 
     Example:
     >>> resolve_dispatch("auto", "tpu"), resolve_dispatch("auto", "cpu")
@@ -88,7 +70,7 @@ def get_dispatcher(mode: DispatchMode,
     "auto" picks einsum on TPU and gather everywhere else (`resolve_dispatch`);
     "dropless" is refused on TPU with the TensorFlow backend (its grouped
     matmul needs dynamic shapes there); on JAX it runs on TPU with the megablox
-    kernel, and on a CPU it warns once that gather is much faster there.
+    kernel and on a CPU with the tiled one (`keras_moe.grouped_matmul`).
 
     `dropless_buffer_factor`: the dropless dispatcher's receive buffer with
     experts split over a mesh (`keras_moe.dropless_exchange`); only with
@@ -105,8 +87,6 @@ def get_dispatcher(mode: DispatchMode,
                          f"buffer; it needs dispatch='dropless', got dispatch={mode!r}.")
     platform = sharding.accelerator_platform()
     mode = resolve_dispatch(mode, platform)
-    if mode == "dropless" and platform == "cpu" and keras.backend.backend() == "jax":
-        _warn_once(SLOW_DROPLESS_ON_JAX_CPU)
     if mode == "dropless":
         if platform == "tpu" and keras.backend.backend() != "jax":
             raise ValueError(

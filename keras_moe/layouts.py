@@ -69,6 +69,9 @@ _DEFAULT_VARIABLE_AXES = (
     # MoE experts: [E, d_model, d_ff] and [E, d_ff, d_model].
     (r".*experts/wi(_0|_1)?", {3: ("expert", "embed", "mlp")}),
     (r".*experts/wo", {3: ("expert", "mlp", "embed")}),
+    # Their biases (gpt-oss): [E, d_ff] and [E, d_model].
+    (r".*experts/bi(_0|_1)?", {2: ("expert", "mlp")}),
+    (r".*experts/bo", {2: ("expert", "embed")}),
     # Router kernel [d_model, E]: the expert dimension stays replicated (every
     # device routes its own tokens to all experts).
     (r".*router/kernel", {2: ("embed", None)}),

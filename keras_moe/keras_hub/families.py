@@ -55,13 +55,28 @@ class Family:
 
 
 def _value(variable):
+    """The variable's value as NumPy, or None for one made without an array (a model
+    of shapes only, to compile it: its values are None in a
+    `keras.StatelessScope(initialize_variables=False)`, JAX tracers in `jax.eval_shape`)."""
+    value = getattr(variable, "_value", None)
+    if value is None or type(value).__name__.endswith("Tracer"):
+        return None
     return ops.convert_to_numpy(variable)
 
 
 def _halves(gate_up):
     """`[..., 2f]` fused gate/up (gate first) -> (gate, up)."""
+    if gate_up is None:
+        return None, None
     f = gate_up.shape[-1] // 2
     return gate_up[..., :f], gate_up[..., f:]
+
+
+def _interleaved(gate_up):
+    """`[..., 2f]` gate and up interleaved (gpt-oss) -> (gate, up)."""
+    if gate_up is None:
+        return None, None
+    return gate_up[..., ::2], gate_up[..., 1::2]
 
 
 def _read_mixtral(block) -> BlockWeights:
@@ -105,8 +120,8 @@ def _read_qwen(block) -> BlockWeights:
 
 def _read_gpt_oss(block) -> BlockWeights:
     experts = block.experts
-    gate_up = _value(experts.gate_up_proj)  # [E, d, 2f], gate and up interleaved
-    gate_up_bias = _value(experts.gate_up_proj_bias)
+    gate, up = _interleaved(_value(experts.gate_up_proj))  # [E, d, 2f]
+    gate_bias, up_bias = _interleaved(_value(experts.gate_up_proj_bias))
     return BlockWeights(
         # Softmax over the k best logits = the k best softmax scores renormalised.
         router_args=dict(num_experts=block.num_experts, k=block.top_k, normalize_top_k=True,
@@ -116,8 +131,7 @@ def _read_gpt_oss(block) -> BlockWeights:
                           swiglu_alpha=float(experts.alpha), swiglu_limit=float(experts.limit)),
         router=dict(kernel=_value(block.router.router_dense.kernel),
                     bias=_value(block.router.router_dense.bias)),
-        experts=dict(wi_0=gate_up[..., ::2], wi_1=gate_up[..., 1::2],
-                     bi_0=gate_up_bias[..., ::2], bi_1=gate_up_bias[..., 1::2],
+        experts=dict(wi_0=gate, wi_1=up, bi_0=gate_bias, bi_1=up_bias,
                      wo=_value(experts.down_proj), bo=_value(experts.down_proj_bias)),
         # keras-hub's gpt-oss block has no load-balancing loss.
         aux_loss_factor=0.0)

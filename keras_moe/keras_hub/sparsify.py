@@ -153,7 +153,8 @@ def _new_moe_layer(weights: families_lib.BlockWeights, options: dict[str, Any],
 
 def _assign(layer: keras.layers.Layer, values: dict[str, Any]) -> None:
     for name, value in values.items():
-        getattr(layer, name).assign(value)
+        if value is not None:  # None: a model of shapes only, built to compile
+            getattr(layer, name).assign(value)
 
 
 def _replace_block(decoder: keras.layers.Layer, family: families_lib.Family,
@@ -164,7 +165,7 @@ def _replace_block(decoder: keras.layers.Layer, family: families_lib.Family,
     weights = family.read_block(old)
     moe = _new_moe_layer(weights, options, old.dtype_policy, metrics_prefix=decoder.name)
     block = REGISTRY.sparse_block[family.name](moe, name=old.name, dtype=old.dtype_policy)
-    block.build((None, None, weights.router["kernel"].shape[0]))
+    block.build((None, None, old.hidden_dim))
     _assign(moe.router, weights.router)
     _assign(moe.experts, weights.experts)
     if weights.shared is not None:

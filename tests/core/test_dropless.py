@@ -154,7 +154,7 @@ def test_t5_model_with_dropless_layers_equals_gather_with_room_for_all(rng):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_dropless_warns_only_where_it_is_slow_and_auto_never_picks_it():
-    from tests.core.helpers import check_slow_dropless_warning
+def test_auto_never_picks_dropless_and_dropless_does_not_warn():
+    from tests.core.helpers import check_dropless_choice
 
-    check_slow_dropless_warning()  # TensorFlow: no warning (JAX: tests/core/jax_backend_checks)
+    check_dropless_choice()  # JAX: tests/core/jax_backend_checks

@@ -55,6 +55,22 @@ def test_the_same_checks_on_jax(folders, tmp_path):
         assert f"OK {family}" in result.stdout, result.stdout
 
 
+@pytest.mark.jax
+@pytest.mark.slow
+def test_experts_split_over_a_jax_mesh_give_the_one_device_logits(folders):
+    """8 emulated devices, mesh {data: 2, expert: 4}: expert weights sharded over
+    "expert", tokens moved by all-to-all, no expert weight gathered."""
+    families = ("Qwen3Moe", "GptOss")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    script = os.path.join(ROOT, "tests", "keras_hub", "mesh_checks.py")
+    result = subprocess.run([sys.executable, script, os.path.dirname(folders["Mixtral"]),
+                             *families], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    for family in families:
+        assert f"OK {family}" in result.stdout, result.stdout
+
+
 def test_moe_weights_are_moved_not_held_twice(folders):
     dense = checks.load(folders["QwenMoe"], sparse=False)
     count = sum(int(np.prod(w.shape)) for w in dense.weights)
