@@ -16,8 +16,9 @@ drops nothing. They differ in how they move data:
   assignments are sorted by expert and each expert multiplies exactly its
   tokens (`grouped_matmul`), as MegaBlocks does on GPUs. Group sizes depend
   on the routing: TensorFlow runs it with dynamic shapes (CPU/GPU, not XLA or
-  TPU); JAX with static shapes and a grouped-matmul kernel (`ragged_dot` on
-  CPU/GPU, the Pallas megablox kernel on TPU; docs/dropless.md).
+  TPU); JAX with static shapes and a grouped-matmul kernel (tiles of rows as one
+  batched matmul on CPU, `ragged_dot` on GPU, the Pallas megablox kernel on
+  TPU; docs/dropless.md).
 
 Expert buffers are laid out `[E, G, C, d]` (experts first), so the experts'
 batched matmul needs no transpose and the expert axis can be sharded.

@@ -106,6 +106,26 @@ def test_what_cannot_be_sparsified_is_refused_naming_it(make, message):
         keras_moe.sparsify(make())
 
 
+@pytest.mark.parametrize("family", ["Gemma4", "Qwen3_5Moe"])
+def test_keras_hub_moe_families_that_do_not_map_are_refused_naming_the_family(family):
+    # Only the class matters to the refusal: an instance without building one.
+    cls = type(f"{family}Backbone", (keras_hub.models.Backbone,), {})
+    with pytest.raises(ValueError, match=f"keras-hub's {family} family"):
+        keras_moe.sparsify(cls.__new__(cls))
+
+
+def test_loss_free_balancing_moves_the_bias_in_training_only(folders):
+    model = checks.load(folders["Mixtral"], bias_update_rate=1e-3)
+    routers = [layer._sparse_moe_block.moe.router for layer in model.backbone.transformer_layers]
+    model(checks.batch())
+    assert all(not np.any(keras.ops.convert_to_numpy(r.expert_bias)) for r in routers)
+    model(checks.batch(), training=True)
+    for router in routers:  # each expert moved by one step, up or down
+        bias = keras.ops.convert_to_numpy(router.expert_bias)
+        np.testing.assert_allclose(np.abs(bias[bias != 0]), 1e-3, rtol=1e-6)
+        assert np.count_nonzero(bias) >= router.num_experts // 2, bias
+
+
 @pytest.mark.parametrize("option, value", [("dispatch", "fast"), ("aux_loss_factor", -1),
                                            ("bias_update_rate", "x"),
                                            ("train_capacity_factor", 0)])
