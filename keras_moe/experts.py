@@ -18,6 +18,7 @@ from keras_moe.feedforward_mixin import (
     Activation,
     FeedForwardMixin,
 )
+from keras_moe import grouped_matmul as grouped_matmul_lib
 from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int
@@ -121,6 +122,14 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         `group_sizes` (int `[E]`), rows `[N, d]` sorted by expert -> `[N, d]`
         (rows past `sum(group_sizes)` give 0)."""
         if group_sizes is not None:
+            if grouped_matmul_lib.runs_tiled():
+                # All three projections in the tile layout: the rows move in and out once.
+                tiles = grouped_matmul_lib.to_tiles(inputs, group_sizes, self.num_experts)
+                y = self.feed_forward(
+                    tiles.rows, lambda a, w: grouped_matmul_lib.tiles_matmul(a, w, tiles.group),
+                    training, add_bias=lambda y, b: y + ops.take(
+                        ops.cast(b, y.dtype), tiles.group, axis=0)[:, None, :])
+                return grouped_matmul_lib.from_tiles(y, tiles)
             return self.feed_forward(
                 inputs, lambda a, w: grouped_matmul(a, w, group_sizes), training,
                 add_bias=self._row_bias_adder(inputs, group_sizes) if self.use_bias else None)

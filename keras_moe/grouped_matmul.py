@@ -39,7 +39,7 @@ docs/dropless.md):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import keras
 from keras import ops
@@ -137,6 +137,12 @@ def _jax_grouped_matmul(x, w, group_sizes):
     return ops.where(inside[:, None], y, ops.zeros_like(y))
 
 
+def runs_tiled() -> bool:
+    """Whether `grouped_matmul(kernel="auto")` runs the tiled kernel here (JAX on a CPU)."""
+    return (keras.backend.backend() == "jax"
+            and AUTO_KERNELS[sharding.accelerator_platform()] == "tiled")
+
+
 def tile_rows(num_rows: int, num_groups: int) -> int:
     """Rows per tile of the "tiled" kernel: the largest power of 2 at most a quarter
     of a group's average rows, within [8, 512] (a tile wastes at most m - 1 rows
@@ -150,11 +156,35 @@ def tile_rows(num_rows: int, num_groups: int) -> int:
     return min(512, 1 << (quarter.bit_length() - 1))
 
 
-def _tiled_grouped_matmul(x, w, group_sizes):
+class Tiles(NamedTuple):
+    """Rows sorted by group, laid out as whole tiles per group (`to_tiles`).
+
+    rows: `[T, m, k]`, each tile's rows (zeros where a tile is not full).
+    group: int `[T]`, each tile's group (tiles past the last group: the last).
+    slot: int `[N]`, each row's place in `rows` flattened (out of range: past the groups).
+    inside: bool `[N]`, the rows within `sum(group_sizes)`.
+    """
+
+    rows: Any
+    group: Any
+    slot: Any
+    inside: Any
+
+
+def to_tiles(x: Tensor, group_sizes: Tensor, num_groups: int) -> Tiles:
+    """JAX: the rows of `x` `[N, k]` (sorted by group) in tiles of `tile_rows(N, E)` rows
+    that each hold one group's rows; `from_tiles` undoes it.
+
+    Example:
+    >>> import numpy as np
+    >>> tiles = to_tiles(np.ones((10, 2), "float32"), np.array([9, 0, 1]), 3)
+    >>> tuple(tiles.rows.shape), np.asarray(tiles.group).tolist()[:3]
+    ((5, 8, 2), [0, 0, 2])
+    """
     import jax.numpy as jnp
 
+    x = jnp.asarray(x)
     num_rows, k = x.shape
-    num_groups, _, n = w.shape
     m = tile_rows(num_rows, num_groups)
     num_tiles = -(-num_rows // m) + num_groups  # enough for any group sizes
     sizes = jnp.asarray(group_sizes).astype(jnp.int32)
@@ -165,14 +195,33 @@ def _tiled_grouped_matmul(x, w, group_sizes):
     inside = group < num_groups
     group = jnp.minimum(group, num_groups - 1)
     slot = padded_ends[group] - padded_sizes[group] + row - (ends[group] - sizes[group])
-    slot = jnp.where(inside, slot, num_tiles * m)  # out of range: dropped below
-    tiles = jnp.zeros((num_tiles * m, k), x.dtype).at[slot].set(x, mode="drop")
+    slot = jnp.where(inside, slot, num_tiles * m)  # out of range: dropped
+    rows = jnp.zeros((num_tiles * m, k), x.dtype).at[slot].set(x, mode="drop")
     tile_group = jnp.searchsorted(padded_ends, jnp.arange(num_tiles) * m, side="right")
-    # Tiles past the last group hold zeros; any matrix serves them.
-    tile_w = jnp.take(w, jnp.minimum(tile_group, num_groups - 1), axis=0)
-    y = jnp.einsum("tmk,tkn->tmn", tiles.reshape(num_tiles, m, k), tile_w)
-    y = y.reshape(num_tiles * m, n)[jnp.minimum(slot, num_tiles * m - 1)]
-    return jnp.where(inside[:, None], y, jnp.zeros_like(y))
+    return Tiles(rows.reshape(num_tiles, m, k), jnp.minimum(tile_group, num_groups - 1),
+                 slot, inside)
+
+
+def tiles_matmul(rows: Tensor, w: Tensor, tile_group: Tensor) -> Tensor:
+    """`[T, m, k]` tiles times their group's matrix of `w` `[E, k, n]` -> `[T, m, n]`."""
+    import jax.numpy as jnp
+
+    w = ops.cast(w, rows.dtype)  # a variable's (autocast) value, in the rows' dtype
+    return jnp.einsum("tmk,tkn->tmn", rows, jnp.take(w, tile_group, axis=0))
+
+
+def from_tiles(y: Tensor, tiles: Tiles) -> Tensor:
+    """`[T, m, n]` outputs of `tiles` -> `[N, n]` in the rows' order (0 past the groups)."""
+    import jax.numpy as jnp
+
+    flat = y.reshape(-1, y.shape[-1])
+    out = flat[jnp.minimum(tiles.slot, flat.shape[0] - 1)]
+    return jnp.where(tiles.inside[:, None], out, jnp.zeros_like(out))
+
+
+def _tiled_grouped_matmul(x, w, group_sizes):
+    tiles = to_tiles(x, group_sizes, w.shape[0])
+    return from_tiles(tiles_matmul(tiles.rows, w, tiles.group), tiles)
 
 
 def _round_up(value, multiple):
