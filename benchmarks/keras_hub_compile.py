@@ -47,12 +47,12 @@ layouts.register_variable_axes(r".*experts/expert_feedforward_output_dense",
                                {3: ("expert", "mlp", "embed")})
 
 
-def build(config, sparse):
+def build(config, sparse, buffer_factor):
     def build_model():
         backbone = keras_hub.models.Qwen3MoeBackbone(**config)
         model = keras_hub.models.Qwen3MoeCausalLM(backbone=backbone, preprocessor=None)
         if sparse:
-            keras_moe.sparsify(model)
+            keras_moe.sparsify(model, dropless_buffer_factor=buffer_factor)
         model.compile(optimizer=keras.optimizers.Adam(1e-4),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       weighted_metrics=None)
@@ -69,6 +69,9 @@ def main(argv=None):
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--dtype-policy", default="mixed_bfloat16")
     parser.add_argument("--also-keras-hub", action="store_true")
+    parser.add_argument("--buffer-factor", type=float, default=2.0,
+                        help="dropless_buffer_factor: each chip's receive buffer in multiples "
+                             "of its own token-expert assignments")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     config = dict(QWEN3_30B_A3B, num_layers=args.layers)
@@ -86,7 +89,7 @@ def main(argv=None):
     for name, sparse in (("sparse", True), ("keras_hub", False)):
         if name == "keras_hub" and not args.also_keras_hub:
             continue
-        report = compile_model_train_step(build(config, sparse), batch, topology=topology,
+        report = compile_model_train_step(build(config, sparse, args.buffer_factor), batch, topology=topology,
                                           mesh_shape=mesh, dtype_policy=args.dtype_policy)
         rows[name] = report
         print(name, json.dumps({k: report.get(k) for k in (
@@ -96,7 +99,8 @@ def main(argv=None):
     path = common.write_result(f"keras_hub_compile_{args.layers}l", {
         "environment": common.environment(), "topology": topology, "mesh": mesh,
         "config": config, "batch": [args.batch, args.length],
-        "dtype_policy": args.dtype_policy, "rows": rows})
+        "dtype_policy": args.dtype_policy, "dropless_buffer_factor": args.buffer_factor,
+        "rows": rows})
     print("wrote", path)
 
 

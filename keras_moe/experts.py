@@ -12,13 +12,13 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_moe import grouped_matmul as grouped_matmul_lib
 from keras_moe.feedforward_mixin import (
     SWIGLU_ALPHA,
     SWIGLU_LIMIT,
     Activation,
     FeedForwardMixin,
 )
-from keras_moe import grouped_matmul as grouped_matmul_lib
 from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import check_int

@@ -129,7 +129,7 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
                 aux_loss_factor: float | None = None,
                 bias_update_rate: float = 0.0, train_capacity_factor: float = 1.25,
                 eval_capacity_factor: float = 2.0, track_metrics: bool = True,
-                **kwargs: Any) -> Any:
+                dropless_buffer_factor: float | None = None, **kwargs: Any) -> Any:
     """Loads a keras-hub MoE model from a preset and returns it sparse (`keras_moe.sparsify`).
 
     Args:
@@ -142,7 +142,8 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
         sparse: False: return keras-hub's own (dense) model, read with the
             fixes above, e.g. to compare it with the sparse one.
         dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-            eval_capacity_factor, track_metrics: as for `keras_moe.sparsify`
+            eval_capacity_factor, track_metrics, dropless_buffer_factor: as for
+            `keras_moe.sparsify`
             (a preset saved sparse keeps its own).
         **kwargs: passed to keras-hub's loading (e.g. `dtype`, `preprocessor=None`).
 
@@ -163,7 +164,7 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
     'SparseMixtralBackbone'
     """
     check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-                  eval_capacity_factor)
+                  eval_capacity_factor, dropless_buffer_factor)
     cls = cls or keras_hub.models.CausalLM
     loader = preset_utils.get_preset_loader(preset)
     if isinstance(loader, TransformersPresetLoader):
@@ -186,4 +187,5 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
     return sparsify(model, dispatch=dispatch, aux_loss_factor=aux_loss_factor,
                     bias_update_rate=bias_update_rate,
                     train_capacity_factor=train_capacity_factor,
-                    eval_capacity_factor=eval_capacity_factor, track_metrics=track_metrics)
+                    eval_capacity_factor=eval_capacity_factor, track_metrics=track_metrics,
+                    dropless_buffer_factor=dropless_buffer_factor)

@@ -94,7 +94,7 @@ REGISTRY = _Registry()
 
 
 def check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-                   eval_capacity_factor):
+                  eval_capacity_factor, dropless_buffer_factor=None):
     if dispatch not in dispatch_lib.DISPATCH_MODES:
         raise ValueError(
             f"`dispatch` must be one of {dispatch_lib.DISPATCH_MODES}, got {dispatch!r}.")
@@ -107,6 +107,13 @@ def check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_fa
                         ("eval_capacity_factor", eval_capacity_factor)):
         if not is_number(value) or not value > 0:
             raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
+    if dropless_buffer_factor is not None and dispatch != "dropless":
+        raise ValueError("`dropless_buffer_factor` sizes dropless dispatch's receive buffers; "
+                         f"it needs dispatch='dropless', got dispatch={dispatch!r}.")
+    if dropless_buffer_factor is not None and (not is_number(dropless_buffer_factor)
+                                               or not dropless_buffer_factor > 0):
+        raise ValueError("`dropless_buffer_factor` must be None or a number > 0, got "
+                         f"{dropless_buffer_factor!r}.")
 
 
 def _describe(model: Any) -> str:
@@ -146,6 +153,7 @@ def _new_moe_layer(weights: families_lib.BlockWeights, options: dict[str, Any],
         train_capacity_factor=options["train_capacity_factor"],
         eval_capacity_factor=options["eval_capacity_factor"],
         aux_loss_factor=weights.aux_loss_factor if aux is None else aux,
+        dropless_buffer_factor=options["dropless_buffer_factor"],
         balance_loss="global", z_loss_factor=0.0, losses_in_inference=False, causal=True,
         track_metrics=options["track_metrics"], metrics_prefix=metrics_prefix,
         name="moe", dtype=dtype)
@@ -184,7 +192,7 @@ def _replace_block(decoder: keras.layers.Layer, family: families_lib.Family,
 def sparsify(model: Any, dispatch: dispatch_lib.DispatchMode = "dropless",
              aux_loss_factor: float | None = None, bias_update_rate: float = 0.0,
              train_capacity_factor: float = 1.25, eval_capacity_factor: float = 2.0,
-             track_metrics: bool = True) -> Any:
+             track_metrics: bool = True, dropless_buffer_factor: float | None = None) -> Any:
     """Replaces a keras-hub MoE model's MoE blocks by keras_moe layers, in place.
 
     Each MoE block of the backbone becomes a `SparseMoeBlock`: a `MoeLayer` with
@@ -214,6 +222,11 @@ def sparsify(model: Any, dispatch: dispatch_lib.DispatchMode = "dropless",
         train_capacity_factor, eval_capacity_factor: capacity per expert for
             the capacity dispatches, > 0.
         track_metrics: keep router metrics (`<decoder layer>/<statistic>`).
+        dropless_buffer_factor: with dropless dispatch and the experts split
+            over a JAX mesh: each device's receive buffer in multiples of its
+            own token-expert assignments (rows past it are dropped and
+            counted); None (default): the worst case, nothing dropped
+            (`keras_moe.MoeLayer`).
 
     Returns:
         `model`, now sparse: an instance of its class (a registered subclass
@@ -237,8 +250,9 @@ def sparsify(model: Any, dispatch: dispatch_lib.DispatchMode = "dropless",
     True
     """
     check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-                   eval_capacity_factor)
+                  eval_capacity_factor, dropless_buffer_factor)
     options = dict(dispatch=dispatch, aux_loss_factor=aux_loss_factor,
+                   dropless_buffer_factor=dropless_buffer_factor,
                    bias_update_rate=float(bias_update_rate),
                    train_capacity_factor=float(train_capacity_factor),
                    eval_capacity_factor=float(eval_capacity_factor),
