@@ -89,8 +89,9 @@ def main(argv=None):
     for name, sparse in (("sparse", True), ("keras_hub", False)):
         if name == "keras_hub" and not args.also_keras_hub:
             continue
-        report = compile_model_train_step(build(config, sparse, args.buffer_factor), batch, topology=topology,
-                                          mesh_shape=mesh, dtype_policy=args.dtype_policy)
+        report = compile_model_train_step(
+            build(config, sparse, args.buffer_factor), batch, topology=topology,
+            mesh_shape=mesh, dtype_policy=args.dtype_policy)
         rows[name] = report
         print(name, json.dumps({k: report.get(k) for k in (
             "parameters", "fits", "peak_bytes", "hbm_bytes", "flops_per_chip",
