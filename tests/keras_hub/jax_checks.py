@@ -28,5 +28,6 @@ for family in FAMILIES:
     checks.check_logits(folder)
     checks.check_greedy_generate(folder)
     checks.check_training_losses_and_metrics(folder)
-    checks.check_save_and_load(folder, scratch)
+    if family in ("Qwen3Moe", "GptOss"):  # as on TensorFlow: the saving path is shared
+        checks.check_save_and_load(folder, scratch)
     print(f"OK {family}", flush=True)

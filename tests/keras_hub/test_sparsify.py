@@ -60,7 +60,7 @@ def test_the_same_checks_on_jax(folders, tmp_path):
 def test_experts_split_over_a_jax_mesh_give_the_one_device_logits(folders):
     """8 emulated devices, mesh {data: 2, expert: 4}: expert weights sharded over
     "expert", tokens moved by all-to-all, no expert weight gathered."""
-    families = ("Qwen3Moe", "GptOss")
+    families = ("GptOss",)  # its expert biases are split too; the other families share the path
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     script = os.path.join(ROOT, "tests", "keras_hub", "mesh_checks.py")
     result = subprocess.run([sys.executable, script, os.path.dirname(folders["Mixtral"]),
