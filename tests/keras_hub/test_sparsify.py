@@ -12,7 +12,12 @@ import pytest
 
 import keras_moe
 from tests.keras_hub import checks
-from tests.keras_hub.hf_checkpoints import FAMILIES, write_checkpoints
+from tests.keras_hub.hf_checkpoints import (
+    FAMILIES,
+    write_checkpoint,
+    write_checkpoints,
+    write_mxfp4_gpt_oss,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -69,6 +74,17 @@ def test_experts_split_over_a_jax_mesh_give_the_one_device_logits(folders):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for family in families:
         assert f"OK {family}" in result.stdout, result.stdout
+
+
+def test_gpt_oss_loads_from_mxfp4_experts_as_from_the_plain_ones(tmp_path):
+    """Published gpt-oss checkpoints store experts as MXFP4 blocks and scales: loaded
+    through keras-hub's converter, they give the logits of the same experts dequantized
+    by an independent NumPy decoder and stored plain."""
+    plain = write_checkpoint("GptOss", str(tmp_path / "plain"), intermediate_size=32)
+    plain, mxfp4 = write_mxfp4_gpt_oss(plain, str(tmp_path / "mxfp4"))
+    inputs = checks.batch()
+    want = checks.logits(checks.load(plain), inputs)
+    checks.assert_close(checks.logits(checks.load(mxfp4), inputs), want, "MXFP4 vs plain")
 
 
 def test_moe_weights_are_moved_not_held_twice(folders):
