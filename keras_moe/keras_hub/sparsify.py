@@ -63,11 +63,13 @@ def _make_sparse_backbone_class(family: families_lib.Family, base: type) -> type
         {"get_config": get_config, "from_config": from_config, "__doc__": doc}))
 
 
-def _make_sparse_task_class(base: type) -> type:
+def _make_sparse_task_class(base: type, backbone_cls: type) -> type:
     doc = (f"keras-hub's `{base.__name__}` over a sparsified backbone, with router metrics "
            "in `fit` and `evaluate` on every backend.")
-    return keras.saving.register_keras_serializable(package="keras_moe")(
-        type(f"Sparse{base.__name__}", (RouterMetricsMixin, base), {"__doc__": doc}))
+    # `backbone_cls`: keras-hub's `from_preset` finds this class for a preset saved sparse.
+    return keras.saving.register_keras_serializable(package="keras_moe")(type(
+        f"Sparse{base.__name__}", (RouterMetricsMixin, base),
+        {"__doc__": doc, "backbone_cls": backbone_cls}))
 
 
 class _Registry:
@@ -87,7 +89,8 @@ class _Registry:
             self.sparse_block[family.name] = _make_sparse_block_class(family)
             task = _keras_hub_class(f"{family.name}CausalLM")
             if task is not None:
-                self.sparse_task[task] = _make_sparse_task_class(task)
+                self.sparse_task[task] = _make_sparse_task_class(
+                    task, self.sparse_backbone[backbone])
 
 
 REGISTRY = _Registry()

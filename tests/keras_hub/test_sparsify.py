@@ -47,6 +47,17 @@ def test_a_saved_sparse_model_loads_sparse(folders, family, tmp_path):
     checks.check_save_and_load(folders[family], str(tmp_path))
 
 
+def test_a_preset_saved_sparse_loads_sparse_through_keras_hub_and_keras_moe(folders, tmp_path):
+    model = checks.load(folders["Qwen3Moe"])
+    want = checks.logits(model, checks.batch())
+    model.save_to_preset(str(tmp_path))
+    for load in (keras_moe.from_preset, keras_hub.models.CausalLM.from_preset,
+                 keras_hub.models.Qwen3MoeCausalLM.from_preset):
+        loaded = load(str(tmp_path))
+        assert type(loaded) is type(model), (load, type(loaded))
+        np.testing.assert_array_equal(checks.logits(loaded, checks.batch()), want)
+
+
 @pytest.mark.jax
 @pytest.mark.slow
 def test_the_same_checks_on_jax(folders, tmp_path):
