@@ -146,10 +146,17 @@ def case_classes():
 
 
 def registered_layers():
-    """Names of the registered keras_moe classes that are layers but not models."""
+    """Names of the registered keras_moe classes that are layers but not models.
+
+    Not the keras-hub adapters (`keras_moe.keras_hub`: `SparseMoeBlock` and its
+    per-family subclasses, registered when that optional module is imported):
+    they return keras-hub's `(outputs, router_logits)` pair inside keras-hub's
+    decoders, and tests/keras_hub checks them there (logits, training, saving,
+    both backends)."""
     return sorted(name for name, obj in keras.saving.get_custom_objects().items()
                   if name.startswith("keras_moe>") and isinstance(obj, type)
-                  and issubclass(obj, keras.layers.Layer) and not issubclass(obj, keras.Model))
+                  and issubclass(obj, keras.layers.Layer) and not issubclass(obj, keras.Model)
+                  and not obj.__module__.startswith("keras_moe.keras_hub"))
 
 
 def _numpy(tree):
