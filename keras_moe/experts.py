@@ -151,15 +151,12 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
     def _row_bias_adder(self, rows, group_sizes):
         """`add_bias(y, b)` for rows sorted by expert: row r gets its expert's bias
         (rows past `sum(group_sizes)` get none, so they stay 0)."""
-        ends = ops.cumsum(ops.cast(group_sizes, "int32"))
-        positions = ops.arange(ops.shape(rows)[0], dtype="int32")
-        row_expert = ops.searchsorted(ends, positions, side="right")
-        valid = ops.cast(row_expert < self.num_experts, "int32")
-        row_expert = ops.minimum(row_expert, self.num_experts - 1)
+        row_expert, inside = grouped_matmul_lib.row_groups(
+            group_sizes, ops.shape(rows)[0], self.num_experts)
 
         def add_bias(y, b):
             bias = ops.take(ops.cast(b, y.dtype), row_expert, axis=0)
-            return y + bias * ops.cast(valid, y.dtype)[:, None]
+            return y + bias * ops.cast(inside, y.dtype)[:, None]
         return add_bias
 
     def get_config(self) -> dict[str, Any]:

@@ -98,10 +98,10 @@ class FeedForwardMixin:
                                                 initializer=initializer(wi_shape)))
         self.wo = self.add_weight(name="wo", shape=wo_shape, initializer=initializer(wo_shape))
         if self.use_bias:
-            for name, shape in ((n, wi_shape) for n in self.input_kernel_names()):
-                bias_shape = tuple(shape[:-2]) + (shape[-1],)
+            for name in self.input_kernel_names():
                 setattr(self, "b" + name[1:], self.add_weight(
-                    name="b" + name[1:], shape=bias_shape, initializer="zeros"))
+                    name="b" + name[1:], shape=tuple(wi_shape[:-2]) + (wi_shape[-1],),
+                    initializer="zeros"))
             self.bo = self.add_weight(name="bo", shape=tuple(wo_shape[:-2]) + (wo_shape[-1],),
                                       initializer="zeros")
         self.built = True

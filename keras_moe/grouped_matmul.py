@@ -143,6 +143,22 @@ def runs_tiled() -> bool:
             and AUTO_KERNELS[sharding.accelerator_platform()] == "tiled")
 
 
+def row_groups(group_sizes: Tensor, num_rows: int | Tensor,
+               num_groups: int) -> tuple[Tensor, Tensor]:
+    """`(group, inside)` of each of `num_rows` rows sorted by group: its group (the
+    last one for rows past `sum(group_sizes)`) and whether it is within the groups.
+
+    Example:
+    >>> import numpy as np
+    >>> group, inside = row_groups(np.array([2, 0, 1]), 4, 3)
+    >>> np.asarray(group).tolist(), np.asarray(inside).tolist()
+    ([0, 0, 2, 2], [True, True, True, False])
+    """
+    ends = ops.cumsum(ops.cast(group_sizes, "int32"))
+    group = ops.searchsorted(ends, ops.arange(num_rows, dtype="int32"), side="right")
+    return ops.minimum(group, num_groups - 1), group < num_groups
+
+
 def tile_rows(num_rows: int, num_groups: int) -> int:
     """Rows per tile of the "tiled" kernel: the largest power of 2 at most a quarter
     of a group's average rows, within [8, 512] (a tile wastes at most m - 1 rows
@@ -190,10 +206,8 @@ def to_tiles(x: Tensor, group_sizes: Tensor, num_groups: int) -> Tiles:
     sizes = jnp.asarray(group_sizes).astype(jnp.int32)
     padded_sizes = -(-sizes // m) * m
     ends, padded_ends = jnp.cumsum(sizes), jnp.cumsum(padded_sizes)
+    group, inside = (jnp.asarray(a) for a in row_groups(sizes, num_rows, num_groups))
     row = jnp.arange(num_rows, dtype=jnp.int32)
-    group = jnp.searchsorted(ends, row, side="right")  # num_groups: past the last group
-    inside = group < num_groups
-    group = jnp.minimum(group, num_groups - 1)
     slot = padded_ends[group] - padded_sizes[group] + row - (ends[group] - sizes[group])
     slot = jnp.where(inside, slot, num_tiles * m)  # out of range: dropped
     rows = jnp.zeros((num_tiles * m, k), x.dtype).at[slot].set(x, mode="drop")
