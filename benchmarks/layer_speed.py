@@ -39,7 +39,7 @@ class DenseFeedForward(keras.layers.Layer):
         self.wi = self.add_weight(shape=(d_model, self.d_ff), initializer="glorot_uniform")
         self.wo = self.add_weight(shape=(self.d_ff, d_model), initializer="glorot_uniform")
 
-    def call(self, x):
+    def call(self, x, training=None):
         return keras.ops.matmul(keras.ops.relu(keras.ops.matmul(x, self.wi)), self.wo)
 
 

@@ -213,3 +213,37 @@ def test_memory_plan_smoke():
         assert row["parameters"] > 0 and row["temp_bytes"] > 0
         # One group per sequence: tokens reach the experts on other devices by all-to-all.
         assert row["all_to_all"] > 0, row
+
+
+def test_layer_profile_runs_and_splits_its_stages_on_a_fake_clock(monkeypatch):
+    """At the --smoke size every stage is built and compiled; on timings we choose each
+    share is the difference of two stages, worked out by hand, and the dense base counts
+    k / divisor dense FFNs (1 for Switch, 4 / 4 for the fine-grained shape)."""
+    from benchmarks import common
+
+    stage_times = {"router": 0.5, "dispatch": 0.75, "experts": 2.0, "layer": 3.0,
+                   "layer+metrics": 3.25}
+    ran = []
+
+    def fake_medians(functions, repeats, warmup=2):
+        for fn in functions.values():
+            fn()  # every compiled stage runs once
+        ran.extend(functions)
+        times = {name: 2.0 if name == "dense" else stage_times[name.rsplit("/", 1)[1]]
+                 for name in functions}
+        return {name: {"median": t, "spread": 0.0, "samples": [t]} for name, t in times.items()}
+
+    monkeypatch.setattr(common, "interleaved_medians", fake_medians)
+    data = _run("layer_profile.py", "smoke_layer_profile")
+    assert len(ran) == 1 + 2 * 2 * 5  # dense, 2 shapes x 2 dispatchers x 5 stages
+    assert data["benchmark"] == "layer_profile"
+    assert [(r["shape"], r["dispatch"]) for r in data["rows"]] == [
+        ("switch_e8", "dropless"), ("switch_e8", "gather"),
+        ("fine_grained_e32_top4", "dropless"), ("fine_grained_e32_top4", "gather")]
+    for row in data["rows"]:
+        assert row["shares_s"] == pytest.approx({
+            "router": 0.5, "moving_tokens": 0.25, "expert_matmuls": 2.0, "fusion_rest": 0.25,
+            "metrics": 0.25})
+        assert row["layer_vs_dense_same_tokens"] == pytest.approx(1.5)
+        cf = 1.0 if row["dispatch"] == "dropless" else 1.25
+        assert row["experts_vs_cf_dense"] == pytest.approx(1.0 / cf)
