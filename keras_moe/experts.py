@@ -130,6 +130,8 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
                     training, add_bias=lambda y, b: y + ops.take(
                         ops.cast(b, y.dtype), tiles.group, axis=0)[:, None, :])
                 return grouped_matmul_lib.from_tiles(y, tiles)
+            if keras.backend.backend() == "tensorflow":
+                return self._each_expert_on_its_rows(inputs, group_sizes, training)
             return self.feed_forward(
                 inputs, lambda a, w: grouped_matmul(a, w, group_sizes), training,
                 add_bias=self._row_bias_adder(inputs, group_sizes) if self.use_bias else None)
@@ -147,6 +149,27 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
             add_bias = lambda y, b: y + ops.cast(b, y.dtype)[:, None, :]  # noqa: E731
         y = self.feed_forward(x, project, training, add_bias=add_bias)
         return ops.reshape(y, ops.shape(inputs))
+
+    def _each_expert_on_its_rows(self, rows, group_sizes, training):
+        """TensorFlow: the rows split once by expert, each expert's whole FFN on its
+        rows, joined once (per projection, the hidden rows would be joined and split
+        again). Each weight is unstacked in one op, so its gradient is one stack."""
+        import tensorflow as tf
+
+        parts, rest = grouped_matmul_lib.split_rows(rows, group_sizes, self.num_experts)
+        unstacked = {}
+
+        def expert_weight(variable, expert):
+            if id(variable) not in unstacked:
+                unstacked[id(variable)] = tf.unstack(ops.cast(variable, rows.dtype),
+                                                     num=self.num_experts)
+            return unstacked[id(variable)][expert]
+
+        outputs = [
+            self.feed_forward(part, ops.matmul, training,
+                              kernel=functools.partial(expert_weight, expert=expert))
+            for expert, part in enumerate(parts)]
+        return grouped_matmul_lib.join_rows(outputs, rest)
 
     def _row_bias_adder(self, rows, group_sizes):
         """`add_bias(y, b)` for rows sorted by expert: row r gets its expert's bias

@@ -109,22 +109,37 @@ def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "
 def _tensorflow_grouped_matmul(x, w, group_sizes):
     import tensorflow as tf
 
+    num_groups = w.shape[0]
+    parts, rest = split_rows(x, group_sizes, num_groups)
+    matrices = tf.unstack(w, num=num_groups)
+    return join_rows([tf.matmul(rows, m) for rows, m in zip(parts, matrices, strict=True)],
+                     rest)
+
+
+def split_rows(x: Tensor, group_sizes: Tensor, num_groups: int) -> tuple[list[Tensor], Tensor]:
+    """TensorFlow: `(parts, rest)`, the rows of each group of `x` (sorted by group) and
+    the number of rows past `sum(group_sizes)`; `join_rows` puts outputs back."""
+    import tensorflow as tf
+
     from keras_moe import compat
 
     if compat.tf_in_xla_context():
-
         raise ValueError(
             "dispatch='dropless' gives each expert as many tokens as were routed to it, "
             "which XLA cannot compile (it needs static shapes): compile without "
             "jit_compile=True, or use dispatch='gather' (or 'einsum') with a capacity factor.")
-    num_groups = w.shape[0]
     sizes = tf.cast(group_sizes, "int32")
     rest = tf.shape(x)[0] - tf.reduce_sum(sizes)
     parts = tf.split(x, tf.concat([sizes, rest[None]], axis=0), num=num_groups + 1)
-    matrices = tf.unstack(w, num=num_groups)
-    outputs = [tf.matmul(rows, m) for rows, m in zip(parts[:-1], matrices, strict=False)]
-    outputs.append(tf.zeros(tf.stack([rest, tf.shape(w)[-1]]), dtype=outputs[0].dtype))
-    return tf.concat(outputs, axis=0)
+    return parts[:-1], rest
+
+
+def join_rows(outputs: list[Tensor], rest: Tensor) -> Tensor:
+    """TensorFlow: the groups' `outputs` in order, then `rest` rows of 0."""
+    import tensorflow as tf
+
+    zeros = tf.zeros(tf.stack([rest, tf.shape(outputs[0])[-1]]), dtype=outputs[0].dtype)
+    return tf.concat([*outputs, zeros], axis=0)
 
 
 def _jax_grouped_matmul(x, w, group_sizes):
