@@ -122,7 +122,7 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         `group_sizes` (int `[E]`), rows `[N, d]` sorted by expert -> `[N, d]`
         (rows past `sum(group_sizes)` give 0)."""
         if group_sizes is not None:
-            if grouped_matmul_lib.runs_tiled():
+            if grouped_matmul_lib.runs_tiled(inputs.shape[0], self.wo.shape, inputs.dtype):
                 # All three projections in the tile layout: the rows move in and out once.
                 tiles = grouped_matmul_lib.to_tiles(inputs, group_sizes, self.num_experts)
                 y = self.feed_forward(

@@ -115,7 +115,7 @@ def _check_grouped_matmul_kernels():
         want_dw = np.zeros_like(w)
         np.add.at(want_dw, groups, np.einsum("rk,rn->rkn", x[:inside], c[:inside]))
         group_sizes, weights = np.array(sizes), c.astype("float32")
-        for kernel in ("tiled", "ragged_dot"):
+        for kernel in ("tiled", "looped", "ragged_dot"):
             def objective(x, w, kernel=kernel, group_sizes=group_sizes, weights=weights):
                 y = grouped_matmul(x, w, group_sizes, kernel=kernel)
                 return jax.numpy.sum(y * weights), y
