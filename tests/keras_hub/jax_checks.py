@@ -22,12 +22,18 @@ assert keras.backend.backend() == "jax"
 # Dropless on JAX/CPU warns that it is slow there; these models are tiny.
 warnings.filterwarnings("ignore", message=".*dropless.*")
 
+# Every family's sparse forward runs on JAX. Training (JAX's fit reads the metrics through
+# RouterMetricsMixin), decoding and saving go through paths the families share: TensorFlow
+# checks them for every family, JAX for those that differ most (a balance loss or none;
+# expert biases; a plain top-k block).
 root, scratch = sys.argv[1], sys.argv[2]
 for family in FAMILIES:
     folder = os.path.join(root, family)
     checks.check_logits(folder)
-    checks.check_greedy_generate(folder)
-    checks.check_training_losses_and_metrics(folder)
-    if family in ("Qwen3Moe", "GptOss"):  # as on TensorFlow: the saving path is shared
+    if family in ("Mixtral", "GptOss"):
+        checks.check_training_losses_and_metrics(folder)
+    if family == "Qwen3Moe":
+        checks.check_greedy_generate(folder)
+    if family == "GptOss":  # its experts' biases are saved too
         checks.check_save_and_load(folder, scratch)
     print(f"OK {family}", flush=True)
