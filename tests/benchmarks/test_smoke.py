@@ -247,3 +247,11 @@ def test_layer_profile_runs_and_splits_its_stages_on_a_fake_clock(monkeypatch):
         assert row["layer_vs_dense_same_tokens"] == pytest.approx(1.5)
         cf = 1.0 if row["dispatch"] == "dropless" else 1.25
         assert row["experts_vs_cf_dense"] == pytest.approx(1.0 / cf)
+
+
+def test_grouped_matmul_speed_smoke():
+    data = _run("grouped_matmul_speed.py", "smoke_grouped_matmul_speed")
+    assert data["benchmark"] == "grouped_matmul_speed"
+    assert sorted((r["kernel"], r["num_experts"]) for r in data["rows"]) == [
+        ("auto", 2), ("auto", 4)]  # the TensorFlow backend has one kernel
+    assert all(_positive_seconds(r["t_s"]) and r["t_dense_s"] > 0 for r in data["rows"])
