@@ -4,8 +4,8 @@ Each stage is timed as its own compiled forward + backward (gradients of the
 inputs and of every weight it uses), side by side in one process with
 interleaved repetitions:
 
-- `router`: router logits and routing (top-k, capacity or sort keys, balance
-  and z-losses);
+- `router`: router logits and routing (top-k, positions and capacity, balance
+  and z-losses: every output of `Router.route`);
 - `dispatch`: router + dispatch and combine with identity experts (the sort,
   the row permutations or gathers and scatters, the weighting);
 - `experts`: the expert matmuls alone, on rows already laid out for them (sorted
@@ -82,7 +82,13 @@ class Stage(keras.layers.Layer):
         routing = moe.router.route(moe.router(x, training=True), mask, capacity, training=True)
         if self.stage == "router":
             weight = ops.cast(routing.combine_weight, x.dtype)
-            return ops.sum(weight, axis=-1, keepdims=True) * x + routing.aux_loss + routing.z_loss
+            # Every routing output is used, so that a graph optimiser prunes none of it.
+            rest = [routing.expert_index, routing.position, routing.kept, routing.router_probs]
+            if routing.selected is not None:
+                rest.append(routing.selected)
+            unused = sum(ops.sum(ops.cast(t, x.dtype)) for t in rest)
+            return (ops.sum(weight, axis=-1, keepdims=True) * x + routing.aux_loss
+                    + routing.z_loss + 0.0 * unused)
         return moe.dispatcher.apply(x, routing, IdentityExperts(), True)
 
 
