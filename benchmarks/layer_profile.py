@@ -64,6 +64,15 @@ class Stage(keras.layers.Layer):
         super().__init__(**kwargs)
         self.moe, self.stage = moe, stage
 
+    def used_weights(self):
+        """The weights this stage reads: the ones it differentiates (JAX would otherwise
+        write zero gradients for the experts' weights in the router's stage)."""
+        if self.stage in ("router", "dispatch"):
+            return self.moe.router.trainable_weights
+        if self.stage == "experts":
+            return self.moe.experts.trainable_weights
+        return self.moe.trainable_weights
+
     def call(self, x, group_sizes=None, training=None):
         moe = self.moe
         if self.stage == "layer":
@@ -116,23 +125,29 @@ def experts_inputs(layer, shape, x, dispatch, rng):
 
 
 def step_fn(layer, x, group_sizes=None):
-    """A compiled forward + backward of `layer` on `x`: gradients of x and of every weight."""
+    """A compiled forward + backward of `layer` on `x`: gradients of x and of every weight
+    the layer uses (`used_weights()`, where it has one; else all)."""
     kwargs = {} if group_sizes is None else {"group_sizes": group_sizes}
     layer(x, **kwargs)  # build
+    used = layer.used_weights() if hasattr(layer, "used_weights") else layer.trainable_weights
     if keras.backend.backend() == "jax":
         import jax
 
-        trainable = [v.value for v in layer.trainable_variables]
+        trainable = layer.trainable_variables
+        chosen = [i for i, v in enumerate(trainable) if any(v is u for u in used)]
         other = [v.value for v in layer.non_trainable_variables]
 
-        def loss(trainable, x):
-            y, _, losses = layer.stateless_call(trainable, other, x, training=True,
+        def loss(chosen_values, x):
+            values = [v.value for v in trainable]
+            for i, value in zip(chosen, chosen_values, strict=True):
+                values[i] = value
+            y, _, losses = layer.stateless_call(values, other, x, training=True,
                                                 return_losses=True, **kwargs)
             return ops.mean(ops.square(y)) + sum(losses)
 
         grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        x = jax.numpy.asarray(x)
-        return lambda: jax.block_until_ready(grad(trainable, x))
+        x, chosen_values = jax.numpy.asarray(x), [trainable[i].value for i in chosen]
+        return lambda: jax.block_until_ready(grad(chosen_values, x))
     import tensorflow as tf
 
     x = tf.constant(x)
@@ -145,7 +160,7 @@ def step_fn(layer, x, group_sizes=None):
             loss = tf.reduce_mean(tf.square(y))
             if layer.losses:
                 loss += tf.add_n(layer.losses)
-        return tape.gradient(loss, [x, *layer.trainable_weights])
+        return tape.gradient(loss, [x, *used])
 
     return lambda: [g.numpy() for g in step()[:1]]
 
