@@ -62,8 +62,9 @@ MAX_ROW_TILE = 128
 # What kernel="auto" runs on JAX, by platform ("cpu": `cpu_kernel` picks by size).
 AUTO_KERNELS = {"tpu": "megablox", "cpu": "tiled", "gpu": "ragged_dot"}
 # The "tiled" kernel copies its group's matrix for every tile: above this many bytes of
-# copies, "auto" runs "looped" on a CPU instead (measured: at N 8192, k 512, n 2048 and
-# E 8 / 32 / 128 the copies are 0.16 / 0.5 / 2.7 GB and "looped" is 1.4 / 2.1 / 3.7x faster).
+# copies, "auto" runs "looped" on a CPU instead (benchmarks/grouped_matmul_speed.py: at N
+# 8192, k 512, n 2048 and E 8 / 32 / 128 the copies are 0.16 / 0.5 / 2.7 GB and "looped" is
+# 1.4 / 1.7 / 2.5x faster).
 TILED_COPY_BYTES = 32 * 2**20
 
 
