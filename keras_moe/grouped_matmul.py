@@ -301,20 +301,28 @@ def loop_rows(num_rows: int, num_groups: int) -> int:
     return min(256, max(64, 1 << (half.bit_length() - 1)))
 
 
-def _loop_steps(group_sizes, m, num_steps):
-    """Per step of the looped kernel: its group, its first row and its number of rows
-    (0 past the last group), and how many steps are used."""
+def _loop_steps(group_sizes, num_rows, m):
+    """Per step of the looped kernel (`ceil(num_rows / m) + E` of them, enough for any
+    group sizes): its group, its first row and its number of rows (0 past the last
+    group), and how many steps are used."""
     import jax.numpy as jnp
 
     sizes = jnp.asarray(group_sizes).astype(jnp.int32)
     steps_per_group = -(-sizes // m)
     last_step = jnp.cumsum(steps_per_group)
-    step = jnp.arange(num_steps, dtype=jnp.int32)
+    step = jnp.arange(-(-num_rows // m) + sizes.shape[0], dtype=jnp.int32)
     group = jnp.minimum(jnp.searchsorted(last_step, step, side="right"), sizes.shape[0] - 1)
     within = step - (last_step[group] - steps_per_group[group])
     first = jnp.cumsum(sizes)[group] - sizes[group] + within * m
     count = jnp.where(step < last_step[-1], jnp.clip(sizes[group] - within * m, 0, m), 0)
     return group, first, count, last_step[-1]
+
+
+def _with_spare_rows(a, m):
+    """`a` `[N, c]` and m rows of 0 after it, so that a step's m-row slice never runs off."""
+    import jax.numpy as jnp
+
+    return jnp.concatenate([a, jnp.zeros((m, a.shape[1]), a.dtype)])
 
 
 def _loop_project(x, w, group_sizes, m, transpose):
@@ -325,8 +333,8 @@ def _loop_project(x, w, group_sizes, m, transpose):
 
     num_rows, k = x.shape
     n = w.shape[1] if transpose else w.shape[2]
-    group, first, count, used = _loop_steps(group_sizes, m, -(-num_rows // m) + w.shape[0])
-    padded = jnp.concatenate([x, jnp.zeros((m, k), x.dtype)])
+    group, first, count, used = _loop_steps(group_sizes, num_rows, m)
+    padded = _with_spare_rows(x, m)
     keep_rows = jnp.arange(m)[:, None]
 
     def step(i, y):
@@ -347,9 +355,8 @@ def _loop_weight_gradient(x, dy, group_sizes, m, num_groups):
     import jax.numpy as jnp
 
     (num_rows, k), n = x.shape, dy.shape[1]
-    group, first, count, used = _loop_steps(group_sizes, m, -(-num_rows // m) + num_groups)
-    padded_x = jnp.concatenate([x, jnp.zeros((m, k), x.dtype)])
-    padded_dy = jnp.concatenate([dy, jnp.zeros((m, n), dy.dtype)])
+    group, first, count, used = _loop_steps(group_sizes, num_rows, m)
+    padded_x, padded_dy = _with_spare_rows(x, m), _with_spare_rows(dy, m)
     keep_rows = jnp.arange(m)[:, None]
 
     def step(i, dw):
@@ -365,11 +372,9 @@ def _loop_weight_gradient(x, dy, group_sizes, m, num_groups):
 
 
 def _looped_grouped_matmul(x, w, group_sizes, m):
-    import functools
-
     import jax
 
-    @functools.partial(jax.custom_vjp)
+    @jax.custom_vjp
     def looped(x, w, group_sizes):
         return _loop_project(x, w, group_sizes, m, transpose=False)
 
