@@ -11,6 +11,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# The compiled searches on JAX would cache their compilations in the user's home;
+# the test that checks that cache turns it on in a directory of its own.
+os.environ.setdefault("KERAS_MOE_JAX_CACHE", "off")
 
 import numpy as np
 import pytest

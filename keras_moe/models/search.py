@@ -306,7 +306,9 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     The function takes int `[B, L]` encoder tokens and returns `search`'s
     `(tokens, scores, steps)`. On TensorFlow it is traced once per input
     length, whatever the batch size (MoE layers size their capacity from the
-    static length); on JAX once per input shape. It reads the model's current
+    static length); on JAX once per input shape, with JAX's persistent
+    compilation cache on (`keras_moe.models.compilation_cache`), so a later
+    process reads the compiled search from disk. It reads the model's current
     weights at every call, so it stays valid while the model trains.
 
     Args:
@@ -377,14 +379,20 @@ def _compile(model, key):
             tokens = tf.convert_to_tensor(tokens, tf.int32)
             length = int(tokens.shape[1])
             if length not in by_length:  # any batch size; MoE layers need the length
+                # autograph=False: the search's control flow is keras.ops already,
+                # and converting it took a quarter of the trace.
                 by_length[length] = tf.function(
-                    run, jit_compile=jit_compile,
+                    run, jit_compile=jit_compile, autograph=False,
                     input_signature=[tf.TensorSpec([None, length], tf.int32)])
             return by_length[length](tokens)
 
         return call
     if backend == "jax":
         import jax
+
+        from keras_moe.models.compilation_cache import use_persistent_cache
+
+        use_persistent_cache()  # a later process reads this compilation from disk
 
         def stateless(values, tokens):
             return stateless_search(model, tokens, *options,
