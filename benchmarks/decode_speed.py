@@ -77,6 +77,13 @@ def parse_args(argv):
     return args
 
 
+def switch_tiny_config(vocab_size, experts, eval_capacity_factor):
+    """`gin/models/switch_tiny.gin` as written but for its vocabulary, experts and eval cf."""
+    return models.parse_gin("switch_tiny.gin", [
+        f"SwitchFeedForward.eval_capacity_factor = {eval_capacity_factor}",
+        f"T5Config.vocab_size = {vocab_size}", f"SwitchFeedForward.num_experts = {experts}"])
+
+
 def keras_functions(model, enc, new_tokens, beams, args, saved):
     """name -> callable returning int tokens [B, new_tokens] (greedy) or [B, <=new] (beam)."""
     import tensorflow as tf
@@ -128,10 +135,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.model == "switch_tiny":
         capacity = args.inputs  # HF's experts take a whole sequence: neither side drops
-        config = models.parse_gin("switch_tiny.gin", [
-            f"SwitchFeedForward.eval_capacity_factor = {args.eval_capacity_factor}",
-            f"T5Config.vocab_size = {args.vocab_size}",
-            f"SwitchFeedForward.num_experts = {args.experts}"])
+        config = switch_tiny_config(args.vocab_size, args.experts, args.eval_capacity_factor)
     else:
         capacity = int(np.ceil(1.25 * args.inputs / args.experts))
         config = tiny_switch_config(args.vocab_size, args.experts, capacity)

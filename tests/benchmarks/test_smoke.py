@@ -255,3 +255,25 @@ def test_grouped_matmul_speed_smoke():
     assert sorted((r["kernel"], r["num_experts"]) for r in data["rows"]) == [
         ("auto", 2), ("auto", 4)]  # the TensorFlow backend has one kernel
     assert all(_positive_seconds(r["t_s"]) and r["t_dense_s"] > 0 for r in data["rows"])
+
+
+def test_first_generate_times_a_real_worker_and_reports_over_hf():
+    """The keras worker's four calls on the smoke model, in this process; the report's
+    ratios for first calls we choose (HF's first 0.5 s: 2.0 s is 4x, 0.75 s is 1.5x)."""
+    from benchmarks import first_generate
+
+    args = first_generate.parse_args(["--smoke"])
+    times = first_generate.keras_worker(args)
+    assert sorted(times) == sorted(first_generate.TIMES)
+    assert all(_positive_seconds(value) for value in times.values())
+
+    def runs(*firsts):
+        return [dict.fromkeys(first_generate.TIMES, 0.1) | {"first_s": f} for f in firsts]
+
+    rows = first_generate.summarize({"hf": runs(0.4, 0.5, 0.9), "tensorflow": runs(2.0, 3.0, 1.0),
+                                     "jax_warm_cache": runs(0.75)})
+    assert rows["hf"]["first_s"]["median"] == 0.5 and rows["hf"]["first_s"]["spread"] == 0.25
+    assert rows["tensorflow"]["first_over_hf_first"] == pytest.approx(4.0)
+    assert rows["jax_warm_cache"]["first_over_hf_first"] == pytest.approx(1.5)
+    with pytest.raises(SystemExit):
+        first_generate.parse_args(["--new_length", "200"])  # not shorter than --inputs
