@@ -51,8 +51,11 @@ def read_batches(path):
         batches = []
         for i in range(count):
             prefix = f"{i}/x/"
-            x = {name[len(prefix):]: f[name].astype(np.int32)
-                 for name in f.files if name.startswith(prefix)}
+            x = {
+                name[len(prefix) :]: f[name].astype(np.int32)
+                for name in f.files
+                if name.startswith(prefix)
+            }
             batches.append((x, f[f"{i}/y"].astype(np.int32), f[f"{i}/w"].astype(np.float32)))
     return batches
 
@@ -70,8 +73,10 @@ def export(directory, train_datasets, held_out, meta):
 
     os.makedirs(directory, exist_ok=True)
     for seed, dataset in train_datasets.items():
-        write_batches(os.path.join(directory, f"train_seed{seed}.npz"),
-                      itertools.islice(iter(dataset), meta["steps"]))
+        write_batches(
+            os.path.join(directory, f"train_seed{seed}.npz"),
+            itertools.islice(iter(dataset), meta["steps"]),
+        )
     write_batches(os.path.join(directory, "held_out.npz"), held_out)
     with open(os.path.join(directory, META), "w") as f:
         json.dump({**meta, "seeds": sorted(train_datasets)}, f, indent=2, sort_keys=True)

@@ -34,13 +34,15 @@ def environment():
     if backend == "jax":  # may run where TensorFlow is not installed
         import jax
 
-        facts.update(jax=jax.__version__,
-                     gpus=[d.device_kind for d in jax.devices() if d.platform == "gpu"])
+        facts.update(
+            jax=jax.__version__, gpus=[d.device_kind for d in jax.devices() if d.platform == "gpu"]
+        )
     else:
         import tensorflow as tf
 
-        facts.update(tensorflow=tf.__version__,
-                     gpus=[d.name for d in tf.config.list_physical_devices("GPU")])
+        facts.update(
+            tensorflow=tf.__version__, gpus=[d.name for d in tf.config.list_physical_devices("GPU")]
+        )
     return facts
 
 

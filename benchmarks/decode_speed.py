@@ -55,11 +55,16 @@ def parse_args(argv):
     p.add_argument("--eager", action="store_true", help="also time the eager reference loop")
     p.add_argument("--no_xla", action="store_true")
     p.add_argument("--no_saved_model", action="store_true")
-    p.add_argument("--model", choices=("benchmark", "switch_tiny"), default="benchmark",
-                   help="benchmark: model_speed.py's tiny_switch_config, routed as HF routes; "
-                        "switch_tiny: gin/models/switch_tiny.gin with its default routing")
-    p.add_argument("--eval_capacity_factor", type=float, default=8.0,
-                   help="with --model switch_tiny")
+    p.add_argument(
+        "--model",
+        choices=("benchmark", "switch_tiny"),
+        default="benchmark",
+        help="benchmark: model_speed.py's tiny_switch_config, routed as HF routes; "
+        "switch_tiny: gin/models/switch_tiny.gin with its default routing",
+    )
+    p.add_argument(
+        "--eval_capacity_factor", type=float, default=8.0, help="with --model switch_tiny"
+    )
     p.add_argument("--output", default="decode_speed")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = p.parse_args(argv)
@@ -79,9 +84,14 @@ def parse_args(argv):
 
 def switch_tiny_config(vocab_size, experts, eval_capacity_factor):
     """`gin/models/switch_tiny.gin` as written but for its vocabulary, experts and eval cf."""
-    return models.parse_gin("switch_tiny.gin", [
-        f"SwitchFeedForward.eval_capacity_factor = {eval_capacity_factor}",
-        f"T5Config.vocab_size = {vocab_size}", f"SwitchFeedForward.num_experts = {experts}"])
+    return models.parse_gin(
+        "switch_tiny.gin",
+        [
+            f"SwitchFeedForward.eval_capacity_factor = {eval_capacity_factor}",
+            f"T5Config.vocab_size = {vocab_size}",
+            f"SwitchFeedForward.num_experts = {experts}",
+        ],
+    )
 
 
 def keras_functions(model, enc, new_tokens, beams, args, saved):
@@ -89,8 +99,9 @@ def keras_functions(model, enc, new_tokens, beams, args, saved):
     import tensorflow as tf
 
     def gen(method, **kwargs):
-        return lambda: model.generate(enc, max_length=new_tokens, method=method,
-                                      num_beams=beams, eos_id=NO_EOS, **kwargs)
+        return lambda: model.generate(
+            enc, max_length=new_tokens, method=method, num_beams=beams, eos_id=NO_EOS, **kwargs
+        )
 
     out = {"keras_moe_greedy": gen("greedy"), "keras_moe_beam": gen("beam")}
     if not args.no_xla:
@@ -102,8 +113,9 @@ def keras_functions(model, enc, new_tokens, beams, args, saved):
     for method, served in saved.items():
         signature = served.signatures["generate_ids"]
         tokens = tf.constant(enc)
-        out[f"saved_model_{method}"] = (
-            lambda s=signature, t=tokens: s(encoder_input_tokens=t)["output_tokens"].numpy())
+        out[f"saved_model_{method}"] = lambda s=signature, t=tokens: s(encoder_input_tokens=t)[
+            "output_tokens"
+        ].numpy()
     return out
 
 
@@ -118,10 +130,17 @@ def hf_functions(hf, enc, new_tokens, beams):
 
         def run():
             with torch.no_grad():
-                return hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                   num_beams=num_beams, max_new_tokens=new_tokens,
-                                   min_new_tokens=0, decoder_start_token_id=0,
-                                   **extra).numpy()[:, 1:]
+                return hf.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=False,
+                    num_beams=num_beams,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=0,
+                    decoder_start_token_id=0,
+                    **extra,
+                ).numpy()[:, 1:]
+
         return run
 
     return {"hf_greedy": gen(1), "hf_beam": gen(beams)}
@@ -146,7 +165,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         convert.to_hf(model, os.path.join(tmp, "hf"), expert_capacity=capacity)
         hf = SwitchTransformersForConditionalGeneration.from_pretrained(
-            os.path.join(tmp, "hf")).eval()
+            os.path.join(tmp, "hf")
+        ).eval()
         hf.generation_config.eos_token_id = None  # decode every requested token
         hf.generation_config.pad_token_id = 0
         for new_tokens in args.new_tokens:
@@ -157,14 +177,20 @@ def main(argv=None):
                 for method in ("greedy", "beam"):
                     path = model.export_for_serving(
                         os.path.join(tmp, f"served_{method}_{new_tokens}"),
-                        max_input_length=args.inputs, max_length=new_tokens, method=method,
-                        num_beams=args.beams, eos_id=NO_EOS)
+                        max_input_length=args.inputs,
+                        max_length=new_tokens,
+                        method=method,
+                        num_beams=args.beams,
+                        eos_id=NO_EOS,
+                    )
                     saved[method] = tf.saved_model.load(path)
             for batch in args.batch_sizes:
                 enc = rng.integers(2, args.vocab_size, size=(batch, args.inputs)).astype("int32")
                 enc[:, -1] = config.eos_id
-                functions = {**hf_functions(hf, enc, new_tokens, args.beams),
-                             **keras_functions(model, enc, new_tokens, args.beams, args, saved)}
+                functions = {
+                    **hf_functions(hf, enc, new_tokens, args.beams),
+                    **keras_functions(model, enc, new_tokens, args.beams, args, saved),
+                }
                 first_call = {}
                 for name in ("keras_moe_greedy", "keras_moe_beam"):
                     start = time.perf_counter()
@@ -173,21 +199,34 @@ def main(argv=None):
                     if name == "keras_moe_greedy":
                         greedy = outputs
                 same = np.array_equal(greedy, functions["hf_greedy"]())
-                same_saved = (np.array_equal(functions["saved_model_greedy"](), greedy)
-                              if saved else None)
+                same_saved = (
+                    np.array_equal(functions["saved_model_greedy"](), greedy) if saved else None
+                )
                 timings = common.interleaved_medians(functions, args.repeats, warmup=1)
                 tokens = batch * new_tokens
-                result = {name: {"median_s": t["median"], "spread_s": t["spread"],
-                                 "tokens_per_s": tokens / t["median"],
-                                 **({"first_call_s": first_call[name]}
-                                    if name in first_call else {})}
-                          for name, t in timings.items()}
-                ratios = {name: r["tokens_per_s"] / result[
-                              "hf_beam" if name.endswith("beam") else "hf_greedy"]["tokens_per_s"]
-                          for name, r in result.items() if not name.startswith("hf_")}
-                case = {"batch_size": batch, "new_tokens": new_tokens, "results": result,
-                        "ratio_over_hf": ratios, "greedy_tokens_equal_hf": bool(same),
-                        "saved_model_greedy_tokens_equal": same_saved}
+                result = {
+                    name: {
+                        "median_s": t["median"],
+                        "spread_s": t["spread"],
+                        "tokens_per_s": tokens / t["median"],
+                        **({"first_call_s": first_call[name]} if name in first_call else {}),
+                    }
+                    for name, t in timings.items()
+                }
+                ratios = {
+                    name: r["tokens_per_s"]
+                    / result["hf_beam" if name.endswith("beam") else "hf_greedy"]["tokens_per_s"]
+                    for name, r in result.items()
+                    if not name.startswith("hf_")
+                }
+                case = {
+                    "batch_size": batch,
+                    "new_tokens": new_tokens,
+                    "results": result,
+                    "ratio_over_hf": ratios,
+                    "greedy_tokens_equal_hf": bool(same),
+                    "saved_model_greedy_tokens_equal": same_saved,
+                }
                 cases.append(case)
                 print(f"batch {batch}, {new_tokens} new tokens (greedy tokens equal HF: {same})")
                 for name, r in result.items():
@@ -198,20 +237,34 @@ def main(argv=None):
         key = f"batch{case['batch_size']}_new{case['new_tokens']}"
         r = case["ratio_over_hf"]
         if case["batch_size"] >= 32:
-            targets[key] = {"greedy_2x": r["keras_moe_greedy"] >= 2.0,
-                            "beam_1.5x": r["keras_moe_beam"] >= 1.5}
+            targets[key] = {
+                "greedy_2x": r["keras_moe_greedy"] >= 2.0,
+                "beam_1.5x": r["keras_moe_beam"] >= 1.5,
+            }
         elif case["batch_size"] == 1:
-            targets[key] = {"greedy_not_slower": r["keras_moe_greedy"] >= 1.0,
-                            "beam_not_slower": r["keras_moe_beam"] >= 1.0}
-    path = common.write_result(args.output, {
-        "benchmark": "decode_speed", "args": vars(args), "environment": common.environment(),
-        "params": models.count_params(config), "model": (
-            "gin/models/switch_tiny.gin (d_model 64, 2+2 layers, MoE in layer 1 of each "
-            f"stack), eval capacity factor {args.eval_capacity_factor}, default routing"
-            if args.model == "switch_tiny" else "benchmarks/model_speed.py "
-            "tiny_switch_config (d_model 128, 2+2 layers, MoE in layer 1 of each stack)"),
-        "cases": cases, "targets_met": targets,
-        "command": "python benchmarks/decode_speed.py " + " ".join(argv or sys.argv[1:])})
+            targets[key] = {
+                "greedy_not_slower": r["keras_moe_greedy"] >= 1.0,
+                "beam_not_slower": r["keras_moe_beam"] >= 1.0,
+            }
+    path = common.write_result(
+        args.output,
+        {
+            "benchmark": "decode_speed",
+            "args": vars(args),
+            "environment": common.environment(),
+            "params": models.count_params(config),
+            "model": (
+                "gin/models/switch_tiny.gin (d_model 64, 2+2 layers, MoE in layer 1 of each "
+                f"stack), eval capacity factor {args.eval_capacity_factor}, default routing"
+                if args.model == "switch_tiny"
+                else "benchmarks/model_speed.py "
+                "tiny_switch_config (d_model 128, 2+2 layers, MoE in layer 1 of each stack)"
+            ),
+            "cases": cases,
+            "targets_met": targets,
+            "command": "python benchmarks/decode_speed.py " + " ".join(argv or sys.argv[1:]),
+        },
+    )
     print(f"wrote {path}")
     return path
 

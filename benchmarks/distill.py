@@ -40,17 +40,23 @@ MODELS = ("dense_baseline", "dense_baseline_more_steps", "switch_teacher", "dist
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="docs_prefix_lm",
-                   help=f"seqio task; {quality.FALLBACK_TASK} if its data is missing")
+    p.add_argument(
+        "--task",
+        default="docs_prefix_lm",
+        help=f"seqio task; {quality.FALLBACK_TASK} if its data is missing",
+    )
     p.add_argument("--inputs", type=int, default=64, help="encoder length")
-    p.add_argument("--targets", type=int, default=None,
-                   help="decoder length (default: --inputs for prefix LM)")
+    p.add_argument(
+        "--targets", type=int, default=None, help="decoder length (default: --inputs for prefix LM)"
+    )
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--steps", type=int, default=800, help="training steps of baseline and teacher")
-    p.add_argument("--student_steps", type=int, default=None,
-                   help="distillation steps (default: --steps)")
-    p.add_argument("--eval_batches", type=int, default=0,
-                   help="validation batches (0: the whole split)")
+    p.add_argument(
+        "--student_steps", type=int, default=None, help="distillation steps (default: --steps)"
+    )
+    p.add_argument(
+        "--eval_batches", type=int, default=0, help="validation batches (0: the whole split)"
+    )
     p.add_argument("--d_model", type=int, default=64)
     p.add_argument("--d_ff", type=int, default=128)
     p.add_argument("--num_heads", type=int, default=4)
@@ -70,8 +76,19 @@ def parse_args(argv=None):
         from benchmarks.common import use_smoke_results
 
         use_smoke_results()  # results/smoke/, not the committed files
-        p.set_defaults(inputs=32, batch_size=2, steps=4, eval_batches=1, d_model=16, d_ff=32,
-                       num_heads=2, layers=2, experts=2, seeds=2, task=quality.FALLBACK_TASK)
+        p.set_defaults(
+            inputs=32,
+            batch_size=2,
+            steps=4,
+            eval_batches=1,
+            d_model=16,
+            d_ff=32,
+            num_heads=2,
+            layers=2,
+            experts=2,
+            seeds=2,
+            task=quality.FALLBACK_TASK,
+        )
         args = p.parse_args(argv)
     if args.student_steps is None:
         args.student_steps = args.steps
@@ -79,8 +96,9 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.eval_batches < 0:
-        p.error(f"--eval_batches must be >= 0 (0: the whole validation split), "
-                f"got {args.eval_batches}")
+        p.error(
+            f"--eval_batches must be >= 0 (0: the whole validation split), got {args.eval_batches}"
+        )
     if not 0.0 <= args.alpha <= 1.0:
         p.error(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.temperature <= 0:
@@ -104,21 +122,31 @@ def fraction_kept(student, dense, teacher):
 
 def summarise(finals):
     """{name: per-seed finals} -> {name: {mean, std, per_seed}} with the fractions kept."""
-    out = {name: {"mean": statistics.fmean(v), "per_seed": v,
-                  "std": statistics.stdev(v) if len(v) > 1 else None}
-           for name, v in finals.items()}
+    out = {
+        name: {
+            "mean": statistics.fmean(v),
+            "per_seed": v,
+            "std": statistics.stdev(v) if len(v) > 1 else None,
+        }
+        for name, v in finals.items()
+    }
     mean = {name: s["mean"] for name, s in out.items()}
     n = len(finals["dense_baseline"])
     for control in ("dense_baseline", "dense_baseline_more_steps"):
         gains = [t - d for t, d in zip(finals["switch_teacher"], finals[control], strict=False)]
-        kept = [fraction_kept(s, d, t) for s, d, t in zip(
-            finals["distilled_student"], finals[control], finals["switch_teacher"], strict=False)]
+        kept = [
+            fraction_kept(s, d, t)
+            for s, d, t in zip(
+                finals["distilled_student"], finals[control], finals["switch_teacher"], strict=False
+            )
+        ]
         out[f"vs_{control}"] = {
             "teacher_gain": statistics.fmean(gains),
-            "teacher_gain_std_of_mean": statistics.stdev(gains) / n ** 0.5 if n > 1 else None,
+            "teacher_gain_std_of_mean": statistics.stdev(gains) / n**0.5 if n > 1 else None,
             "student_gain": mean["distilled_student"] - mean[control],
-            "fraction_kept": fraction_kept(mean["distilled_student"], mean[control],
-                                           mean["switch_teacher"]),
+            "fraction_kept": fraction_kept(
+                mean["distilled_student"], mean[control], mean["switch_teacher"]
+            ),
             "fraction_kept_per_seed": kept,
         }
     return out
@@ -144,8 +172,9 @@ def main(argv=None):
 
     def fit(model, seed, steps, name):
         # Every model of a seed sees the same batches in the same order from its first step.
-        out = quality.train_with_curve(model, source.train(seed), held_out, steps, steps,
-                                       f"{name} (seed {seed})")
+        out = quality.train_with_curve(
+            model, source.train(seed), held_out, steps, steps, f"{name} (seed {seed})"
+        )
         return out["final_neg_log_perplexity"], out["train_seconds"]
 
     finals = {name: [] for name in MODELS}
@@ -158,34 +187,48 @@ def main(argv=None):
         keras.utils.set_random_seed(seed)
         teacher = build_model(teacher_config)
         teacher.compile(**teacher.compile_defaults(optimizer=optimizer()))
-        jobs = [("dense_baseline", dense, args.steps),
-                ("dense_baseline_more_steps", dense, args.student_steps),
-                ("switch_teacher", teacher, args.steps)]
+        jobs = [
+            ("dense_baseline", dense, args.steps),
+            ("dense_baseline_more_steps", dense, args.student_steps),
+            ("switch_teacher", teacher, args.steps),
+        ]
         for name, model, steps in jobs:
             value, s = fit(model, seed, steps, name)
             finals[name].append(value)
             seconds[name] += s
         keras.utils.set_random_seed(seed)
-        distiller = build_distiller(teacher=teacher, alpha=args.alpha,
-                                    temperature=args.temperature, expert_init=args.expert_init)
+        distiller = build_distiller(
+            teacher=teacher,
+            alpha=args.alpha,
+            temperature=args.temperature,
+            expert_init=args.expert_init,
+        )
         distiller.compile(**distiller.compile_defaults(optimizer=optimizer()))
         value, s = fit(distiller, seed, args.student_steps, "distilled_student")
         finals["distilled_student"].append(value)
         seconds["distilled_student"] += s
-        params = {"dense_baseline": count_params(dense_config),
-                  "switch_teacher": count_params(teacher_config),
-                  "distilled_student": count_params(distiller.student.config)}
+        params = {
+            "dense_baseline": count_params(dense_config),
+            "switch_teacher": count_params(teacher_config),
+            "distilled_student": count_params(distiller.student.config),
+        }
         summary = summarise(finals)
         payload = {
-            "benchmark": "distill", "command": command, "task": source.task,
-            "task_fallback_reason": source.fallback_reason, "feature_lengths": source.lengths,
-            "args": vars(args), "held_out_target_tokens": held_out_tokens,
-            "seeds_done": len(finals["dense_baseline"]), "results": summary,
-            "train_seconds": seconds, "params": params,
+            "benchmark": "distill",
+            "command": command,
+            "task": source.task,
+            "task_fallback_reason": source.fallback_reason,
+            "feature_lengths": source.lengths,
+            "args": vars(args),
+            "held_out_target_tokens": held_out_tokens,
+            "seeds_done": len(finals["dense_baseline"]),
+            "results": summary,
+            "train_seconds": seconds,
+            "params": params,
             "compression": 1.0 - params["distilled_student"] / params["switch_teacher"],
             "note": f"dense_baseline_more_steps: the baseline trained {args.student_steps} "
-                    "steps more, as many batches in all as the student (which starts from "
-                    "the teacher's non-expert weights)",
+            "steps more, as many batches in all as the student (which starts from "
+            "the teacher's non-expert weights)",
             "paper": "Switch Transformer Table 6: 29-37% of the gain kept at 82-99% compression",
             "environment": common.environment(),
         }
@@ -196,10 +239,16 @@ def main(argv=None):
         print(f"{name:>26s}: {s['mean']:.4f}{std}", flush=True)
     for control in ("dense_baseline", "dense_baseline_more_steps"):
         c = summary[f"vs_{control}"]
-        kept = ("n/a (the teacher does not beat it)" if c["fraction_kept"] is None
-                else f"{100 * c['fraction_kept']:.0f}%")
-        print(f"against {control}: teacher gain {c['teacher_gain']:+.4f}, student gain "
-              f"{c['student_gain']:+.4f}, kept {kept}", flush=True)
+        kept = (
+            "n/a (the teacher does not beat it)"
+            if c["fraction_kept"] is None
+            else f"{100 * c['fraction_kept']:.0f}%"
+        )
+        print(
+            f"against {control}: teacher gain {c['teacher_gain']:+.4f}, student gain "
+            f"{c['student_gain']:+.4f}, kept {kept}",
+            flush=True,
+        )
     print(f"wrote {path}\ncommand: {command}", flush=True)
     return payload
 

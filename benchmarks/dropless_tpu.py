@@ -38,12 +38,18 @@ def _setup():
     """What compile_only.setup_environment() sets, before keras is imported (its
     package imports keras): the JAX backend on the CPU, libtpu as a compiler only."""
     if "keras" in sys.modules and os.environ.get("KERAS_BACKEND") != "jax":
-        raise RuntimeError("run as python -m benchmarks.dropless_tpu: keras is already "
-                           "imported with another backend than jax.")
-    for key, value in {"KERAS_BACKEND": "jax", "TPU_SKIP_MDS_QUERY": "1",
-                       "TPU_WORKER_HOSTNAMES": "localhost", "TF_CPP_MIN_LOG_LEVEL": "3",
-                       # Other processes may hold libtpu's lockfile; compiling needs no TPU.
-                       "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}.items():
+        raise RuntimeError(
+            "run as python -m benchmarks.dropless_tpu: keras is already "
+            "imported with another backend than jax."
+        )
+    for key, value in {
+        "KERAS_BACKEND": "jax",
+        "TPU_SKIP_MDS_QUERY": "1",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        # Other processes may hold libtpu's lockfile; compiling needs no TPU.
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }.items():
         os.environ.setdefault(key, value)
     os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -67,8 +73,18 @@ def tile_overhead_bound(tokens, chips, num_experts, k, n):
     return (tiles + num_experts - 1) / tiles
 
 
-def compile_layer(kind, topology, mesh_shape, batch, length, d_model, d_ff, num_experts,
-                  capacity_factor=None, dtype="bfloat16"):
+def compile_layer(
+    kind,
+    topology,
+    mesh_shape,
+    batch,
+    length,
+    d_model,
+    d_ff,
+    num_experts,
+    capacity_factor=None,
+    dtype="bfloat16",
+):
     """Compiles forward + backward of one layer; returns flops/peak per chip and HLO facts."""
     import jax
     import keras
@@ -90,9 +106,15 @@ def compile_layer(kind, topology, mesh_shape, batch, length, d_model, d_ff, num_
             else:
                 factor = capacity_factor or 1.0
                 layer = keras_moe.SwitchFeedForward(
-                    num_experts=num_experts, d_ff=d_ff, dispatch=kind,
-                    train_capacity_factor=factor, eval_capacity_factor=factor,
-                    min_expert_capacity=1, group_size="sequence", dtype=policy)
+                    num_experts=num_experts,
+                    d_ff=d_ff,
+                    dispatch=kind,
+                    train_capacity_factor=factor,
+                    eval_capacity_factor=factor,
+                    min_expert_capacity=1,
+                    group_size="sequence",
+                    dtype=policy,
+                )
             layer.build((batch, length, d_model))
         for v in layer.variables:
             v._layout = distribution.get_variable_layout(v)
@@ -157,8 +179,10 @@ def ragged_dot_gradient(topology, tokens=4096, k=768, n=3072, num_experts=128):
         "ragged_dot": lambda x, w, s: jax.lax.ragged_dot(x, w, s),
         "megablox": lambda x, w, s: gmm(x, w, s, jnp.bfloat16, tiling),
     }
-    out = {"shape": {"x": [tokens, k], "w": [num_experts, k, n], "dtype": "bfloat16"},
-           "dense_2nkn": 2.0 * tokens * k * n}
+    out = {
+        "shape": {"x": [tokens, k], "w": [num_experts, k, n], "dtype": "bfloat16"},
+        "dense_2nkn": 2.0 * tokens * k * n,
+    }
     for name, f in kernels.items():
         # Squared: a plain sum's gradient would not need the forward pass.
         loss = lambda x, w, s, f=f: jnp.sum(f(x, w, s).astype(jnp.float32) ** 2)  # noqa: E731
@@ -167,10 +191,13 @@ def ragged_dot_gradient(topology, tokens=4096, k=768, n=3072, num_experts=128):
         grad = grad.cost_analysis()
         fwd = fwd[0] if isinstance(fwd, (list, tuple)) else fwd
         grad = grad[0] if isinstance(grad, (list, tuple)) else grad
-        out[name] = {"forward_flops": float(fwd["flops"]),
-                     "forward_and_gradient_flops": float(grad["flops"])}
+        out[name] = {
+            "forward_flops": float(fwd["flops"]),
+            "forward_and_gradient_flops": float(grad["flops"]),
+        }
         out[name]["gradient_over_3x_dense"] = round(
-            out[name]["forward_and_gradient_flops"] / (3 * out["dense_2nkn"]), 2)
+            out[name]["forward_and_gradient_flops"] / (3 * out["dense_2nkn"]), 2
+        )
     return out
 
 
@@ -190,9 +217,15 @@ def main(argv=None):
     chips = compile_only.parse_topology(args.topology)[1]
     tokens = args.batch * args.length
     shape = dict(batch=args.batch, length=args.length, d_model=args.d_model, d_ff=args.d_ff)
-    results = {"topology": args.topology, "chips": chips, "tokens": tokens, **shape,
-               "dtype": "bfloat16", "pass": "forward + gradients (input and weights)",
-               "runs": []}
+    results = {
+        "topology": args.topology,
+        "chips": chips,
+        "tokens": tokens,
+        **shape,
+        "dtype": "bfloat16",
+        "pass": "forward + gradients (input and weights)",
+        "runs": [],
+    }
     data_mesh = {"data": chips, "expert": 1, "model": 1}
     dense = compile_layer("dense", args.topology, data_mesh, num_experts=None, **shape)
     dense.update(name="dense FFN (top-1 FFN FLOPs)", mesh=data_mesh)
@@ -205,29 +238,39 @@ def main(argv=None):
         for mesh in meshes:
             cases = [("dropless", None), ("einsum", 1.0), ("einsum", 1.25), ("einsum", 2.0)]
             for kind, factor in cases:
-                run = compile_layer(kind, args.topology, mesh, num_experts=experts,
-                                    capacity_factor=factor, **shape)
+                run = compile_layer(
+                    kind, args.topology, mesh, num_experts=experts, capacity_factor=factor, **shape
+                )
                 name = f"{kind}" + (f" cf {factor}" if factor else " (megablox)")
-                run.update(name=name, experts=experts, mesh=mesh, capacity_factor=factor,
-                           flops_over_dense=round(run["flops_per_chip"]
-                                                  / dense["flops_per_chip"], 3))
+                run.update(
+                    name=name,
+                    experts=experts,
+                    mesh=mesh,
+                    capacity_factor=factor,
+                    flops_over_dense=round(run["flops_per_chip"] / dense["flops_per_chip"], 3),
+                )
                 if kind == "dropless":
                     bound = tile_overhead_bound(tokens, chips, experts, args.d_model, args.d_ff)
                     run["tile_overhead_bound"] = round(bound, 4)
                     # Worst case with the straddling tiles counted: only the expert
                     # matmuls (all but the router's few FLOPs) grow with them.
                     run["flops_over_dense_worst_case_tiles"] = round(
-                        run["flops_over_dense"] * bound, 3)
+                        run["flops_over_dense"] * bound, 3
+                    )
                 results["runs"].append(run)
-                print(f"E={experts} {mesh} {name}: {run['flops_per_chip']:.4g} FLOPs/chip "
-                      f"({run['flops_over_dense']}x dense), peak "
-                      f"{run['peak_bytes_per_chip'] / 2 ** 20:.1f} MiB", file=sys.stderr)
+                print(
+                    f"E={experts} {mesh} {name}: {run['flops_per_chip']:.4g} FLOPs/chip "
+                    f"({run['flops_over_dense']}x dense), peak "
+                    f"{run['peak_bytes_per_chip'] / 2**20:.1f} MiB",
+                    file=sys.stderr,
+                )
     results["ragged_dot_vs_megablox_one_chip"] = ragged_dot_gradient(args.topology)
     dropless = [r for r in results["runs"] if r["name"].startswith("dropless")]
     results["target"] = "dropless FLOPs <= 1.1x the dense (top-1) FFN's"
     results["target_met_compiler_flops"] = all(r["flops_over_dense"] <= 1.1 for r in dropless)
     results["target_met_worst_case_tiles"] = all(
-        r["flops_over_dense_worst_case_tiles"] <= 1.1 for r in dropless)
+        r["flops_over_dense_worst_case_tiles"] <= 1.1 for r in dropless
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -84,11 +84,14 @@ def _timed(call):
 def measure(generate, args):
     """`TIMES` for `generate(tokens)` called in the documented order."""
     first = _inputs(args.batch_size, args.inputs, args.vocab_size)
-    return {"first_s": _timed(lambda: generate(first)),
-            "warm_s": _timed(lambda: generate(first)),
-            "new_length_s": _timed(lambda: generate(first[:, -args.new_length:])),
-            "new_batch_s": _timed(lambda: generate(
-                _inputs(args.new_batch_size, args.inputs, args.vocab_size)))}
+    return {
+        "first_s": _timed(lambda: generate(first)),
+        "warm_s": _timed(lambda: generate(first)),
+        "new_length_s": _timed(lambda: generate(first[:, -args.new_length :])),
+        "new_batch_s": _timed(
+            lambda: generate(_inputs(args.new_batch_size, args.inputs, args.vocab_size))
+        ),
+    }
 
 
 def keras_worker(args):
@@ -99,8 +102,9 @@ def keras_worker(args):
 
     keras.utils.set_random_seed(0)
     model = models.build_model(switch_tiny_config(args.vocab_size, args.experts, 8.0))
-    return measure(lambda tokens: model.generate(tokens, max_length=args.new_tokens,
-                                                 eos_id=NO_EOS), args)
+    return measure(
+        lambda tokens: model.generate(tokens, max_length=args.new_tokens, eos_id=NO_EOS), args
+    )
 
 
 def hf_worker(args):
@@ -115,9 +119,14 @@ def hf_worker(args):
     def generate(tokens):
         ids = torch.from_numpy(tokens).long()
         with torch.no_grad():
-            return hf.generate(input_ids=ids, attention_mask=(ids > 0).long(), do_sample=False,
-                               max_new_tokens=args.new_tokens, min_new_tokens=0,
-                               decoder_start_token_id=0)
+            return hf.generate(
+                input_ids=ids,
+                attention_mask=(ids > 0).long(),
+                do_sample=False,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=0,
+                decoder_start_token_id=0,
+            )
 
     return measure(generate, args)
 
@@ -140,8 +149,12 @@ def run_process(row, argv, hf_dir, cache_dir):
     worker = "hf" if row == "hf" else "keras"
     env["KERAS_BACKEND"] = "jax" if row.startswith("jax") else "tensorflow"
     done = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), *argv, "--worker", worker,
-         "--hf_dir", hf_dir], env=env, capture_output=True, text=True, timeout=900)
+        [sys.executable, os.path.abspath(__file__), *argv, "--worker", worker, "--hf_dir", hf_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode:
         raise RuntimeError(f"{row} process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -149,10 +162,17 @@ def run_process(row, argv, hf_dir, cache_dir):
 
 def summarize(samples):
     """{row: [TIMES dicts]} -> medians, spreads and each first call over HF's."""
-    rows = {row: {name: {"median": statistics.median(s[name] for s in runs),
-                         "spread": (max(s[name] for s in runs) - min(s[name] for s in runs)) / 2,
-                         "samples": [s[name] for s in runs]} for name in TIMES}
-            for row, runs in samples.items()}
+    rows = {
+        row: {
+            name: {
+                "median": statistics.median(s[name] for s in runs),
+                "spread": (max(s[name] for s in runs) - min(s[name] for s in runs)) / 2,
+                "samples": [s[name] for s in runs],
+            }
+            for name in TIMES
+        }
+        for row, runs in samples.items()
+    }
     hf_first = rows["hf"]["first_s"]["median"]
     for times in rows.values():
         times["first_over_hf_first"] = times["first_s"]["median"] / hf_first
@@ -178,19 +198,31 @@ def main(argv=None):
             cache_dir = os.path.join(tmp, f"jax_cache_{repeat}")  # empty for each repeat
             for row in ROWS:
                 samples[row].append(run_process(row, argv, hf_dir, cache_dir))
-                print(f"repeat {repeat} {row:16s} " + "  ".join(
-                    f"{name} {samples[row][-1][name]:.3f}" for name in TIMES), flush=True)
+                print(
+                    f"repeat {repeat} {row:16s} "
+                    + "  ".join(f"{name} {samples[row][-1][name]:.3f}" for name in TIMES),
+                    flush=True,
+                )
     rows = summarize(samples)
     for row, times in rows.items():
-        print(f"{row:16s} first {times['first_s']['median']:.2f} s "
-              f"({times['first_over_hf_first']:.2f}x HF's first), warm "
-              f"{times['warm_s']['median']:.3f} s, new length {times['new_length_s']['median']:.2f}"
-              f" s, new batch {times['new_batch_s']['median']:.2f} s")
-    path = common.write_result(args.output, {
-        "benchmark": "first_generate", "args": vars(args), "environment": common.environment(),
-        "rows": rows, "target": "first call <= 2x HF's first call at batch 8",
-        "targets_met": {row: rows[row]["first_over_hf_first"] <= 2.0 for row in ROWS[1:]},
-        "command": "python benchmarks/first_generate.py " + " ".join(argv)})
+        print(
+            f"{row:16s} first {times['first_s']['median']:.2f} s "
+            f"({times['first_over_hf_first']:.2f}x HF's first), warm "
+            f"{times['warm_s']['median']:.3f} s, new length {times['new_length_s']['median']:.2f}"
+            f" s, new batch {times['new_batch_s']['median']:.2f} s"
+        )
+    path = common.write_result(
+        args.output,
+        {
+            "benchmark": "first_generate",
+            "args": vars(args),
+            "environment": common.environment(),
+            "rows": rows,
+            "target": "first call <= 2x HF's first call at batch 8",
+            "targets_met": {row: rows[row]["first_over_hf_first"] <= 2.0 for row in ROWS[1:]},
+            "command": "python benchmarks/first_generate.py " + " ".join(argv),
+        },
+    )
     print(f"wrote {path}")
     return path
 

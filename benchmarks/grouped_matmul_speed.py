@@ -52,20 +52,24 @@ def run(args):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.rows, args.k)).astype("float32")
     c = rng.normal(size=(args.rows, args.n)).astype("float32")
-    functions = {"dense": gradient_fn(lambda x, w: x @ w, x,
-                                      rng.normal(size=(args.k, args.n)).astype("float32"), c)}
+    functions = {
+        "dense": gradient_fn(
+            lambda x, w: x @ w, x, rng.normal(size=(args.k, args.n)).astype("float32"), c
+        )
+    }
     jax = keras.backend.backend() == "jax"
     for num_experts in args.experts:
         w = (rng.normal(size=(num_experts, args.k, args.n)) * 0.05).astype("float32")
-        sizes = np.bincount(rng.integers(0, num_experts, args.rows),
-                            minlength=num_experts).astype("int32")
+        sizes = np.bincount(rng.integers(0, num_experts, args.rows), minlength=num_experts).astype(
+            "int32"
+        )
         kernels = ["tiled", "looped"] if jax else ["auto"]
         if jax and num_experts <= args.ragged_dot_max_experts:
             kernels.append("ragged_dot")
         for kernel in kernels:
             functions[f"{kernel}/E{num_experts}"] = gradient_fn(
-                lambda x, w, s=sizes, kernel=kernel: grouped_matmul(
-                    x, w, s, kernel=kernel), x, w, c)
+                lambda x, w, s=sizes, kernel=kernel: grouped_matmul(x, w, s, kernel=kernel), x, w, c
+            )
     timings = common.interleaved_medians(functions, args.repeats)
     dense = timings["dense"]["median"]
     rows = []
@@ -73,11 +77,21 @@ def run(args):
         if name == "dense":
             continue
         kernel, experts = name.split("/")
-        rows.append({"kernel": kernel, "num_experts": int(experts[1:]),
-                     "t_s": timing["median"], "spread_s": timing["spread"], "t_dense_s": dense,
-                     "ratio_vs_dense": timing["median"] / dense})
-        print(f"{name:16s} {timing['median'] * 1e3:8.1f} ms = {rows[-1]['ratio_vs_dense']:.2f}x "
-              f"dense ({dense * 1e3:.1f} ms)", flush=True)
+        rows.append(
+            {
+                "kernel": kernel,
+                "num_experts": int(experts[1:]),
+                "t_s": timing["median"],
+                "spread_s": timing["spread"],
+                "t_dense_s": dense,
+                "ratio_vs_dense": timing["median"] / dense,
+            }
+        )
+        print(
+            f"{name:16s} {timing['median'] * 1e3:8.1f} ms = {rows[-1]['ratio_vs_dense']:.2f}x "
+            f"dense ({dense * 1e3:.1f} ms)",
+            flush=True,
+        )
     return rows
 
 
@@ -89,17 +103,24 @@ def main(argv=None):
     parser.add_argument("--experts", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--ragged_dot_max_experts", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", default=None,
-                        help="result name (default: grouped_matmul_speed_<backend>)")
+    parser.add_argument(
+        "--output", default=None, help="result name (default: grouped_matmul_speed_<backend>)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = parser.parse_args(argv)
     if args.smoke:
         common.use_smoke_results()
         args.rows, args.k, args.n, args.experts, args.repeats = 64, 8, 16, [2, 4], 1
     rows = run(args)
-    path = common.write_result(args.output or f"grouped_matmul_speed_{keras.backend.backend()}", {
-        "benchmark": "grouped_matmul_speed", "args": vars(args),
-        "environment": common.environment(), "rows": rows})
+    path = common.write_result(
+        args.output or f"grouped_matmul_speed_{keras.backend.backend()}",
+        {
+            "benchmark": "grouped_matmul_speed",
+            "args": vars(args),
+            "environment": common.environment(),
+            "rows": rows,
+        },
+    )
     print(f"wrote {path}")
 
 

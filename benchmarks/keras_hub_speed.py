@@ -39,14 +39,40 @@ warnings.filterwarnings("ignore", message=".*dropless.*")  # JAX/CPU's slow-path
 
 CONFIGS = {
     "qwen3_moe_64e_top8": dict(
-        family="Qwen3Moe", num_experts=64, top_k=8, expert_dim=64,
-        args=dict(vocabulary_size=512, num_layers=2, num_query_heads=4, num_key_value_heads=2,
-                  hidden_dim=128, intermediate_dim=256, moe_intermediate_dim=64, head_dim=32,
-                  num_experts=64, top_k=8, norm_top_k_prob=True)),
+        family="Qwen3Moe",
+        num_experts=64,
+        top_k=8,
+        expert_dim=64,
+        args=dict(
+            vocabulary_size=512,
+            num_layers=2,
+            num_query_heads=4,
+            num_key_value_heads=2,
+            hidden_dim=128,
+            intermediate_dim=256,
+            moe_intermediate_dim=64,
+            head_dim=32,
+            num_experts=64,
+            top_k=8,
+            norm_top_k_prob=True,
+        ),
+    ),
     "mixtral_8e_top2": dict(
-        family="Mixtral", num_experts=8, top_k=2, expert_dim=448,
-        args=dict(vocabulary_size=512, num_layers=2, num_query_heads=4, num_key_value_heads=2,
-                  hidden_dim=128, intermediate_dim=448, num_experts=8, top_k=2)),
+        family="Mixtral",
+        num_experts=8,
+        top_k=2,
+        expert_dim=448,
+        args=dict(
+            vocabulary_size=512,
+            num_layers=2,
+            num_query_heads=4,
+            num_key_value_heads=2,
+            hidden_dim=128,
+            intermediate_dim=448,
+            num_experts=8,
+            top_k=2,
+        ),
+    ),
 }
 BLOCK_ATTRIBUTE = {"Qwen3Moe": "mlp", "Mixtral": "_sparse_moe_block"}
 
@@ -63,8 +89,10 @@ def backbone_pair(config, seed=0):
 
 def inputs_for(batch, length, vocab, seed=0):
     rng = np.random.default_rng(seed)
-    return {"token_ids": rng.integers(1, vocab, (batch, length)).astype("int32"),
-            "padding_mask": np.ones((batch, length), "int32")}
+    return {
+        "token_ids": rng.integers(1, vocab, (batch, length)).astype("int32"),
+        "padding_mask": np.ones((batch, length), "int32"),
+    }
 
 
 def forward_fn(layer, inputs):
@@ -118,8 +146,11 @@ def _first(value):
 def measure(name, config, batch, length, repeats):
     dense, sparse = backbone_pair(config)
     inputs = inputs_for(batch, length, config["args"]["vocabulary_size"])
-    hidden = np.random.default_rng(1).normal(
-        size=(batch, length, config["args"]["hidden_dim"])).astype("float32")
+    hidden = (
+        np.random.default_rng(1)
+        .normal(size=(batch, length, config["args"]["hidden_dim"]))
+        .astype("float32")
+    )
     attribute = BLOCK_ATTRIBUTE[config["family"]]
     dense_block = getattr(dense.transformer_layers[0], attribute)
     sparse_block = getattr(sparse.transformer_layers[0], attribute)
@@ -134,23 +165,45 @@ def measure(name, config, batch, length, repeats):
     times = common.interleaved_medians(functions, repeats)
     ms = {key: round(value["median"] * 1e3, 2) for key, value in times.items()}
     spread = {key: round(value["spread"] * 1e3, 2) for key, value in times.items()}
-    speedup = {part: round(ms[f"{part}_keras_hub"] / ms[f"{part}_sparse"], 2)
-               for part in ("block", "forward", "train")}
+    speedup = {
+        part: round(ms[f"{part}_keras_hub"] / ms[f"{part}_sparse"], 2)
+        for part in ("block", "forward", "train")
+    }
     e_over_k = config["num_experts"] / config["top_k"]
-    targets = {"block": round(0.6 * e_over_k, 2),
-               "forward": 3.0 if config["num_experts"] >= 64 else 1.5}
-    return {"config": name, "tokens": [batch, length], "ms": ms, "spread_ms": spread,
-            "speedup": speedup, "targets": targets,
-            "met": {part: speedup[part] >= target for part, target in targets.items()}}
+    targets = {
+        "block": round(0.6 * e_over_k, 2),
+        "forward": 3.0 if config["num_experts"] >= 64 else 1.5,
+    }
+    return {
+        "config": name,
+        "tokens": [batch, length],
+        "ms": ms,
+        "spread_ms": spread,
+        "speedup": speedup,
+        "targets": targets,
+        "met": {part: speedup[part] >= target for part, target in targets.items()},
+    }
 
 
 def peak_memory_mb(name, model, batch, length):
     """Memory a training step of `model` ("keras_hub" or "sparse") adds: the peak
     resident set of three steps over the resident set before them, in a fresh process."""
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--memory-one", name, model,
-         str(batch), str(length), "3"],
-        capture_output=True, text=True, check=True, env=dict(os.environ))
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--memory-one",
+            name,
+            model,
+            str(batch),
+            str(length),
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["step_peak_mb"]
 
 
@@ -175,7 +228,7 @@ def _jax_step_temp_mb(backbone, inputs):
         return jax.numpy.mean(jax.numpy.square(y.astype("float32")))
 
     compiled = jax.jit(jax.grad(loss)).lower(trainable, other, inputs).compile()
-    return round(compiled.memory_analysis().temp_size_in_bytes / 2 ** 20, 1)
+    return round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 1)
 
 
 def memory_one(name, model, batch, length, steps):
@@ -218,12 +271,15 @@ def main(argv=None):
         if not args.no_memory:
             row["train_peak_mb"] = {
                 model: peak_memory_mb(name, model, args.batch, args.length)
-                for model in ("keras_hub", "sparse")}
+                for model in ("keras_hub", "sparse")
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
     backend = keras.backend.backend()
-    path = common.write_result(f"keras_hub_speed_{backend}", {
-        "environment": common.environment(), "repeats": args.repeats, "rows": rows})
+    path = common.write_result(
+        f"keras_hub_speed_{backend}",
+        {"environment": common.environment(), "repeats": args.repeats, "rows": rows},
+    )
     print("wrote", path)
 
 

@@ -96,15 +96,24 @@ class Stage(keras.layers.Layer):
             if routing.selected is not None:
                 rest.append(routing.selected)
             unused = sum(ops.sum(ops.cast(t, x.dtype)) for t in rest)
-            return (ops.sum(weight, axis=-1, keepdims=True) * x + routing.aux_loss
-                    + routing.z_loss + 0.0 * unused)
+            return (
+                ops.sum(weight, axis=-1, keepdims=True) * x
+                + routing.aux_loss
+                + routing.z_loss
+                + 0.0 * unused
+            )
         return moe.dispatcher.apply(x, routing, IdentityExperts(), True)
 
 
 def make_layer(shape, dispatch, d_ff, capacity_factor):
     kind, num_experts, divisor, k = SHAPES[shape]
-    common_args = dict(train_capacity_factor=capacity_factor, dispatch=dispatch,
-                       group_size="sequence", min_expert_capacity=0, track_metrics=False)
+    common_args = dict(
+        train_capacity_factor=capacity_factor,
+        dispatch=dispatch,
+        group_size="sequence",
+        min_expert_capacity=0,
+        track_metrics=False,
+    )
     if kind == "switch":
         return keras_moe.SwitchFeedForward(num_experts, d_ff // divisor, **common_args)
     return keras_moe.TopKFeedForward(num_experts, d_ff // divisor, k=k, **common_args)
@@ -141,8 +150,9 @@ def step_fn(layer, x, group_sizes=None):
             values = [v.value for v in trainable]
             for i, value in zip(chosen, chosen_values, strict=True):
                 values[i] = value
-            y, _, losses = layer.stateless_call(values, other, x, training=True,
-                                                return_losses=True, **kwargs)
+            y, _, losses = layer.stateless_call(
+                values, other, x, training=True, return_losses=True, **kwargs
+            )
             return ops.mean(ops.square(y)) + sum(losses)
 
         grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
@@ -167,8 +177,7 @@ def step_fn(layer, x, group_sizes=None):
 
 def run(args):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.tokens // args.seq_len, args.seq_len, args.d_model)).astype(
-        "float32")
+    x = rng.normal(size=(args.tokens // args.seq_len, args.seq_len, args.d_model)).astype("float32")
     functions = {"dense": step_fn(DenseFeedForward(args.d_ff), x)}
     for shape in args.shapes:
         for dispatch in args.dispatch:
@@ -196,16 +205,24 @@ def run(args):
                 "metrics": t["layer+metrics"] - t["layer"],
             }
             cf = 1.0 if dispatch == "dropless" else args.capacity_factor
-            rows.append({
-                "shape": shape, "dispatch": dispatch, "stage_s": t, "shares_s": shares,
-                "spread_s": {s: timings[f"{shape}/{dispatch}/{s}"]["spread"] for s in STAGES},
-                "t_dense_s": dense, "layer_vs_dense_same_tokens": t["layer"] / (k * dense),
-                "experts_vs_cf_dense": t["experts"] / (cf * k * dense),
-            })
-            print(f"{shape:22s} {dispatch:8s} layer {t['layer'] * 1e3:7.1f} ms "
-                  f"= {t['layer'] / (k * dense):.2f}x dense; "
-                  + ", ".join(f"{key} {value * 1e3:.0f}" for key, value in shares.items()),
-                  flush=True)
+            rows.append(
+                {
+                    "shape": shape,
+                    "dispatch": dispatch,
+                    "stage_s": t,
+                    "shares_s": shares,
+                    "spread_s": {s: timings[f"{shape}/{dispatch}/{s}"]["spread"] for s in STAGES},
+                    "t_dense_s": dense,
+                    "layer_vs_dense_same_tokens": t["layer"] / (k * dense),
+                    "experts_vs_cf_dense": t["experts"] / (cf * k * dense),
+                }
+            )
+            print(
+                f"{shape:22s} {dispatch:8s} layer {t['layer'] * 1e3:7.1f} ms "
+                f"= {t['layer'] / (k * dense):.2f}x dense; "
+                + ", ".join(f"{key} {value * 1e3:.0f}" for key, value in shares.items()),
+                flush=True,
+            )
     print(f"dense FFN {dense * 1e3:.1f} ms")
     return rows
 
@@ -213,16 +230,21 @@ def run(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--dispatch", nargs="+", default=["dropless", "gather"],
-                        choices=["dropless", "gather", "einsum"])
+    parser.add_argument(
+        "--dispatch",
+        nargs="+",
+        default=["dropless", "gather"],
+        choices=["dropless", "gather", "einsum"],
+    )
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--seq_len", type=int, default=512)
     parser.add_argument("--d_model", type=int, default=512)
     parser.add_argument("--d_ff", type=int, default=2048)
     parser.add_argument("--capacity_factor", type=float, default=1.25)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", default=None,
-                        help="result name (default: layer_profile_<backend>)")
+    parser.add_argument(
+        "--output", default=None, help="result name (default: layer_profile_<backend>)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -231,10 +253,15 @@ def main(argv=None):
         args.shapes = ["switch_e8", "fine_grained_e32_top4"]
     output = args.output or f"layer_profile_{keras.backend.backend()}"
     rows = run(args)
-    path = common.write_result(output, {
-        "benchmark": "layer_profile", "args": vars(args), "environment": common.environment(),
-        "rows": rows,
-    })
+    path = common.write_result(
+        output,
+        {
+            "benchmark": "layer_profile",
+            "args": vars(args),
+            "environment": common.environment(),
+            "rows": rows,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -60,8 +60,9 @@ def step_fn(layer, x):
     return lambda: [g.numpy() for g in step()[1][:1]]
 
 
-def run(tokens_list, experts_list, d_model, d_ff, capacity_factor, layers, dispatches,
-        repeats, seq_len):
+def run(
+    tokens_list, experts_list, d_model, d_ff, capacity_factor, layers, dispatches, repeats, seq_len
+):
     rows = []
     for tokens in tokens_list:
         rng = np.random.default_rng(0)
@@ -72,12 +73,22 @@ def run(tokens_list, experts_list, d_model, d_ff, capacity_factor, layers, dispa
                 for dispatch in dispatches:
                     if layer_name == "switch":
                         layer = keras_moe.SwitchFeedForward(
-                            num_experts, d_ff, train_capacity_factor=capacity_factor,
-                            dispatch=dispatch, group_size=seq_len, min_expert_capacity=0)
+                            num_experts,
+                            d_ff,
+                            train_capacity_factor=capacity_factor,
+                            dispatch=dispatch,
+                            group_size=seq_len,
+                            min_expert_capacity=0,
+                        )
                     else:
                         layer = keras_moe.GShardFeedForward(
-                            num_experts, d_ff, train_capacity_factor=capacity_factor,
-                            dispatch=dispatch, group_size=seq_len, min_expert_capacity=0)
+                            num_experts,
+                            d_ff,
+                            train_capacity_factor=capacity_factor,
+                            dispatch=dispatch,
+                            group_size=seq_len,
+                            min_expert_capacity=0,
+                        )
                     functions[f"{layer_name}/{dispatch}/E{num_experts}"] = step_fn(layer, x)
         timings = common.interleaved_medians(functions, repeats)
         dense = timings["dense"]["median"]
@@ -88,18 +99,27 @@ def run(tokens_list, experts_list, d_model, d_ff, capacity_factor, layers, dispa
             k = 1 if layer_name == "switch" else 2
             base = timings.get(f"{layer_name}/{dispatch}/E{experts_list[0]}")
             cf = 1.0 if dispatch == "dropless" else capacity_factor
-            rows.append({
-                "tokens": tokens, "layer": layer_name, "dispatch": dispatch,
-                "num_experts": int(e[1:]), "t_moe_s": timing["median"],
-                "t_moe_spread_s": timing["spread"], "t_dense_s": dense,
-                "ratio_vs_cf_dense": timing["median"] / (cf * k * dense),
-                "ratio_vs_dense_same_tokens": timing["median"] / (k * dense),
-                "ratio_vs_first_E": timing["median"] / base["median"],
-            })
-            print(f"T={tokens:6d} {name:22s} {timing['median'] * 1e3:8.1f} ms "
-                  f"(dense {dense * 1e3:7.1f} ms)  "
-                  f"t/(k*cf*dense)={rows[-1]['ratio_vs_cf_dense']:.3f}"
-                  f"  t/t(E={experts_list[0]})={rows[-1]['ratio_vs_first_E']:.3f}", flush=True)
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "layer": layer_name,
+                    "dispatch": dispatch,
+                    "num_experts": int(e[1:]),
+                    "t_moe_s": timing["median"],
+                    "t_moe_spread_s": timing["spread"],
+                    "t_dense_s": dense,
+                    "ratio_vs_cf_dense": timing["median"] / (cf * k * dense),
+                    "ratio_vs_dense_same_tokens": timing["median"] / (k * dense),
+                    "ratio_vs_first_E": timing["median"] / base["median"],
+                }
+            )
+            print(
+                f"T={tokens:6d} {name:22s} {timing['median'] * 1e3:8.1f} ms "
+                f"(dense {dense * 1e3:7.1f} ms)  "
+                f"t/(k*cf*dense)={rows[-1]['ratio_vs_cf_dense']:.3f}"
+                f"  t/t(E={experts_list[0]})={rows[-1]['ratio_vs_first_E']:.3f}",
+                flush=True,
+            )
     return rows
 
 
@@ -107,14 +127,23 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192, 32768])
     parser.add_argument("--experts", type=int, nargs="+", default=[8, 16, 32, 64, 128])
-    parser.add_argument("--layers", nargs="+", default=["switch", "gshard"],
-                        choices=["switch", "gshard"])
-    parser.add_argument("--dispatch", nargs="+", default=["gather", "einsum", "dropless"],
-                        choices=["gather", "einsum", "dropless"])
+    parser.add_argument(
+        "--layers", nargs="+", default=["switch", "gshard"], choices=["switch", "gshard"]
+    )
+    parser.add_argument(
+        "--dispatch",
+        nargs="+",
+        default=["gather", "einsum", "dropless"],
+        choices=["gather", "einsum", "dropless"],
+    )
     parser.add_argument("--d_model", type=int, default=512)
     parser.add_argument("--d_ff", type=int, default=2048)
-    parser.add_argument("--seq_len", type=int, default=512,
-                        help="tokens per sequence; each sequence is one routing group")
+    parser.add_argument(
+        "--seq_len",
+        type=int,
+        default=512,
+        help="tokens per sequence; each sequence is one routing group",
+    )
     parser.add_argument("--capacity_factor", type=float, default=1.25)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--output", default="layer_speed")
@@ -126,12 +155,26 @@ def main(argv=None):
         use_smoke_results()  # results/smoke/, not the committed files
         args.tokens, args.experts, args.d_model, args.d_ff = [256], [2, 4], 16, 32
         args.seq_len, args.repeats = 64, 2
-    rows = run(args.tokens, args.experts, args.d_model, args.d_ff, args.capacity_factor,
-               args.layers, args.dispatch, args.repeats, args.seq_len)
-    path = common.write_result(args.output, {
-        "benchmark": "layer_speed", "args": vars(args), "environment": common.environment(),
-        "rows": rows,
-    })
+    rows = run(
+        args.tokens,
+        args.experts,
+        args.d_model,
+        args.d_ff,
+        args.capacity_factor,
+        args.layers,
+        args.dispatch,
+        args.repeats,
+        args.seq_len,
+    )
+    path = common.write_result(
+        args.output,
+        {
+            "benchmark": "layer_speed",
+            "args": vars(args),
+            "environment": common.environment(),
+            "rows": rows,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -44,8 +44,16 @@ def mesh_for(devices, num_experts):
     return {"data": devices // expert, "expert": expert, "model": 1}
 
 
-def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
-             targets_length=None, bindings=(), topology=None, dtype_policy=None):
+def plan_one(
+    gin_files,
+    devices=None,
+    batch_size=None,
+    inputs_length=None,
+    targets_length=None,
+    bindings=(),
+    topology=None,
+    dtype_policy=None,
+):
     """The per-device sizes (bytes) of one compile: `devices` emulated CPU devices
     (set before jax starts) or the chips of a TPU `topology`; all of them on the
     "expert" axis up to the expert count (`mesh_for`); the program a TPU would run
@@ -57,30 +65,45 @@ def plan_one(gin_files, devices=None, batch_size=None, inputs_length=None,
     if inputs_length or targets_length:
         feature_lengths = {"inputs": inputs_length, "targets": targets_length}
     report = compile_only.compile_train_step(
-        gin_files, bindings, topology=topology,
+        gin_files,
+        bindings,
+        topology=topology,
         num_cpu_devices=None if topology else devices,
         mesh_shape=lambda n, config: mesh_for(n, config.num_experts),
-        batch_size=batch_size, feature_lengths=feature_lengths,
+        batch_size=batch_size,
+        feature_lengths=feature_lengths,
         target_platform="tpu",  # dispatch "auto" as on TPU (einsum), on CPU devices too
-        dtype_policy=dtype_policy)
+        dtype_policy=dtype_policy,
+    )
     batch = report["batch"]
     collectives = report["collectives"] or {}
     return {
-        "gin_files": report["gin_files"], "devices": report["chips"],
-        "topology": topology, "device_kind": report["device_kind"], "mesh": report["mesh"],
+        "gin_files": report["gin_files"],
+        "devices": report["chips"],
+        "topology": topology,
+        "device_kind": report["device_kind"],
+        "mesh": report["mesh"],
         "parameters": report["parameters"],
         "batch": [batch["batch_size"], batch["inputs"], batch["targets"]],
-        "vocab_size": report["vocab_size"], "group_size": report["group_size"],
-        "dispatch": report["dispatch"], "param_dtype": report["param_dtype"],
-        "dtype_policy": report["dtype_policy"], "compute_dtype": report["compute_dtype"],
+        "vocab_size": report["vocab_size"],
+        "group_size": report["group_size"],
+        "dispatch": report["dispatch"],
+        "param_dtype": report["param_dtype"],
+        "dtype_policy": report["dtype_policy"],
+        "compute_dtype": report["compute_dtype"],
         "matmul_dtypes": report["matmul_dtypes"],
         "param_bytes": report["param_bytes"] + report["non_trainable_bytes"],
         "optimizer_bytes": report["optimizer_bytes"],
-        "temp_bytes": report["temp_bytes"], "argument_bytes": report["argument_bytes"],
-        "output_bytes": report["output_bytes"], "alias_bytes": report["alias_bytes"],
-        "peak_bytes": report["peak_bytes"], "peak_source": report["peak_source"],
-        "hbm_bytes": report["hbm_bytes"], "compiler_fits": report["fits"],
-        "error": report["error"], "flops_per_chip": report["flops_per_chip"],
+        "temp_bytes": report["temp_bytes"],
+        "argument_bytes": report["argument_bytes"],
+        "output_bytes": report["output_bytes"],
+        "alias_bytes": report["alias_bytes"],
+        "peak_bytes": report["peak_bytes"],
+        "peak_source": report["peak_source"],
+        "hbm_bytes": report["hbm_bytes"],
+        "compiler_fits": report["fits"],
+        "error": report["error"],
+        "flops_per_chip": report["flops_per_chip"],
         "all_to_all": collectives.get("all_to_all"),
         "all_reduce": collectives.get("all_reduce"),
         "all_gather": collectives.get("all_gather"),
@@ -101,15 +124,19 @@ def per_device_total(row):
 def fits(row):
     """{chip: fits in its HBM with 10 % left for the runtime} (CPU-device rows)."""
     total = per_device_total(row)
-    return {chip: total <= 0.9 * gib * 2 ** 30 for chip, gib in CHIPS.items()}
+    return {chip: total <= 0.9 * gib * 2**30 for chip, gib in CHIPS.items()}
 
 
 def markdown_table(rows):
     """The plan as the table in docs/sharding.md (CPU-device rows)."""
-    gib = 2 ** 30
-    lines = ["| model | devices | mesh (data × expert) | parameters | optimizer | temporaries | "
-             "total | all-to-all | fits " + " / ".join(f"{c} ({g} GiB)" for c, g in CHIPS.items())
-             + " |", "|---|---|---|---|---|---|---|---|---|"]
+    gib = 2**30
+    lines = [
+        "| model | devices | mesh (data × expert) | parameters | optimizer | temporaries | "
+        "total | all-to-all | fits "
+        + " / ".join(f"{c} ({g} GiB)" for c, g in CHIPS.items())
+        + " |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         fit = " / ".join("yes" if ok else "no" for ok in fits(row).values())
         mesh = row["mesh"]
@@ -117,20 +144,23 @@ def markdown_table(rows):
             f"| {row['model']} ({row['parameters'] / 1e9:.1f}B) | {row['devices']} | "
             f"{mesh['data']} × {mesh['expert']} | {row['param_bytes'] / gib:.2f} GiB | "
             f"{row['optimizer_bytes'] / gib:.2f} GiB | {row['temp_bytes'] / gib:.2f} GiB | "
-            f"{per_device_total(row) / gib:.2f} GiB | {row['all_to_all']} | {fit} |")
+            f"{per_device_total(row) / gib:.2f} GiB | {row['all_to_all']} | {fit} |"
+        )
     return "\n".join(lines)
 
 
 def tpu_markdown_table(rows):
     """The TPU-compiler plan (--topology rows): the compiler's own sizes and verdict."""
-    gib = 2 ** 30
+    gib = 2**30
 
     def size(value):
         return "—" if value is None else f"{value / gib:.2f} GiB"
 
-    lines = ["| model | topology (chips) | mesh (data × expert) | parameters | optimizer | "
-             "temporaries | peak | HBM | fits | all-to-all | TFLOP per chip per step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | topology (chips) | mesh (data × expert) | parameters | optimizer | "
+        "temporaries | peak | HBM | fits | all-to-all | TFLOP per chip per step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         mesh = row["mesh"]
         fit = "yes" if row["compiler_fits"] else "no"
@@ -144,15 +174,18 @@ def tpu_markdown_table(rows):
             f"{size(row['param_bytes'])} | {size(row['optimizer_bytes'])} | "
             f"{size(row['temp_bytes'])} | {size(row['peak_bytes'])} | "
             f"{size(row['hbm_bytes'])} | {fit} | "
-            f"{'—' if row['all_to_all'] is None else row['all_to_all']} | {flops} |")
+            f"{'—' if row['all_to_all'] is None else row['all_to_all']} | {flops} |"
+        )
     return "\n".join(lines)
 
 
 def roofline_markdown_table(rows):
     """Each TPU row's roofline bound (keras_moe.tpu_compile.roofline) and the MFU it allows."""
-    lines = ["| model | topology | TFLOP per chip (compiled / model) | HBM GB per chip | "
-             "ICI MB sent per chip | compute / HBM / ICI ms | bound ms | MFU at bound |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | topology | TFLOP per chip (compiled / model) | HBM GB per chip | "
+        "ICI MB sent per chip | compute / HBM / ICI ms | bound ms | MFU at bound |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         roof = row.get("roofline")
         if not roof:
@@ -164,52 +197,84 @@ def roofline_markdown_table(rows):
             f"{(row['bytes_accessed_per_chip'] or 0) / 1e9:.1f} | {sent / 1e6:.1f} | "
             f"{roof['compute_seconds'] * 1e3:.1f} / {roof['memory_seconds'] * 1e3:.1f} / "
             f"{roof['ici_seconds'] * 1e3:.1f} | {roof['bound_seconds'] * 1e3:.1f} "
-            f"({roof['bound_by']}) | {roof['mfu_at_bound']:.0%} |")
+            f"({roof['bound_by']}) | {roof['mfu_at_bound']:.0%} |"
+        )
     return "\n".join(lines)
 
 
 def _child(args):
-    row = plan_one(args.gin_file, args.devices[0] if args.devices else None, args.batch_size,
-                   args.inputs_length, args.targets_length, args.bindings or (),
-                   topology=args.topology[0] if args.topology else None,
-                   dtype_policy=args.dtype_policy)
+    row = plan_one(
+        args.gin_file,
+        args.devices[0] if args.devices else None,
+        args.batch_size,
+        args.inputs_length,
+        args.targets_length,
+        args.bindings or (),
+        topology=args.topology[0] if args.topology else None,
+        dtype_policy=args.dtype_policy,
+    )
     print("PLAN " + json.dumps(row), flush=True)
 
 
 def _parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["switch_base_128", "switch_large_128"])
-    parser.add_argument("--devices", nargs="+", type=int, default=None,
-                        help="emulated CPU device counts (default 8 32 64)")
-    parser.add_argument("--topology", nargs="+", default=None,
-                        help="TPU slices to compile for with the TPU compiler instead of CPU "
-                             "devices, e.g. v4:2x2x2 v5e:4x4 v5p:2x2x2 (needs libtpu: "
-                             'pip install "keras-moe[tpu]")')
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        type=int,
+        default=None,
+        help="emulated CPU device counts (default 8 32 64)",
+    )
+    parser.add_argument(
+        "--topology",
+        nargs="+",
+        default=None,
+        help="TPU slices to compile for with the TPU compiler instead of CPU "
+        "devices, e.g. v4:2x2x2 v5e:4x4 v5p:2x2x2 (needs libtpu: "
+        'pip install "keras-moe[tpu]")',
+    )
     # Default: the job's batch (pretrain_c4.gin: 256 packed sequences of 512 + 114 tokens).
     parser.add_argument("--batch_size", type=int, default=None)
     parser.add_argument("--inputs_length", type=int, default=None)
     parser.add_argument("--targets_length", type=int, default=None)
-    parser.add_argument("--dtype_policy", default=None,
-                        help="float32, mixed_bfloat16 or bfloat16 (default: the job's "
-                             "train.dtype_policy, float32)")
-    parser.add_argument("--run_file", default=RUN_FILE,
-                        help='gin run file before each model file ("" for none)')
+    parser.add_argument(
+        "--dtype_policy",
+        default=None,
+        help="float32, mixed_bfloat16 or bfloat16 (default: the job's train.dtype_policy, float32)",
+    )
+    parser.add_argument(
+        "--run_file", default=RUN_FILE, help='gin run file before each model file ("" for none)'
+    )
     parser.add_argument("--bindings", action="append", help="gin bindings after the files")
-    parser.add_argument("--timeout", type=int, default=3600,
-                        help="seconds per compile; one that runs longer is recorded as "
-                             "not finished")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the tiny Switch model on 2 and 4 devices (seconds)")
-    parser.add_argument("--output", default=None,
-                        help="results/<output>.json (default memory_plan, memory_plan_tpu "
-                             "with --topology)")
-    parser.add_argument("--append", action="store_true",
-                        help="keep the output file's rows of other settings (model, chips, "
-                             "topology, batch, dtype policy) and replace those of the same")
-    parser.add_argument("--compare", nargs=2, metavar=("TPU_RESULT", "PLAN_RESULT"),
-                        help="print each TPU row's peak against the plan row (same model, "
-                             "chip count, batch and dtype policy) of two results/<name>.json "
-                             "files, then exit")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=3600,
+        help="seconds per compile; one that runs longer is recorded as not finished",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the tiny Switch model on 2 and 4 devices (seconds)"
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="results/<output>.json (default memory_plan, memory_plan_tpu with --topology)",
+    )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the output file's rows of other settings (model, chips, "
+        "topology, batch, dtype policy) and replace those of the same",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("TPU_RESULT", "PLAN_RESULT"),
+        help="print each TPU row's peak against the plan row (same model, "
+        "chip count, batch and dtype policy) of two results/<name>.json "
+        "files, then exit",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gin_file", action="append", help=argparse.SUPPRESS)
     return parser
@@ -217,40 +282,65 @@ def _parser():
 
 def _run_child(args, name, kind, target):
     """One compile in a child process: its row, or a row saying it did not finish."""
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="3", TPU_SKIP_MDS_QUERY="1",
-               TPU_WORKER_HOSTNAMES="localhost",
-               # Compile-only: another process (a test, a second benchmark) may hold libtpu.
-               ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        TPU_SKIP_MDS_QUERY="1",
+        TPU_WORKER_HOSTNAMES="localhost",
+        # Compile-only: another process (a test, a second benchmark) may hold libtpu.
+        ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+    )
     if kind == "devices":  # before jax starts its CPU backend in the child
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={target}"
     gin_files = [f for f in (args.run_file, f"models/{name}.gin") if f]
-    command = [sys.executable, os.path.abspath(__file__), "--child", f"--{kind}={target}",
-               *[f"--gin_file={f}" for f in gin_files],
-               *[f"--{k}={getattr(args, k)}" for k in
-                 ("batch_size", "inputs_length", "targets_length", "dtype_policy")
-                 if getattr(args, k) is not None],
-               *[f"--bindings={b}" for b in args.bindings or ()]]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        f"--{kind}={target}",
+        *[f"--gin_file={f}" for f in gin_files],
+        *[
+            f"--{k}={getattr(args, k)}"
+            for k in ("batch_size", "inputs_length", "targets_length", "dtype_policy")
+            if getattr(args, k) is not None
+        ],
+        *[f"--bindings={b}" for b in args.bindings or ()],
+    ]
     where = f"{target} devices" if kind == "devices" else f"TPU {target}"
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              timeout=args.timeout, cwd=ROOT)
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT
+        )
     except subprocess.TimeoutExpired:
         print(f"{name:18s} {where}: the compile did not finish in {args.timeout} s", flush=True)
-        return {"model": name, "topology": target if kind == "topology" else None,
-                "devices": target if kind == "devices" else None, "batch": [args.batch_size],
-                "dtype_policy": args.dtype_policy, "unfinished_after_seconds": args.timeout,
-                "command": " ".join(sys.argv)}
+        return {
+            "model": name,
+            "topology": target if kind == "topology" else None,
+            "devices": target if kind == "devices" else None,
+            "batch": [args.batch_size],
+            "dtype_policy": args.dtype_policy,
+            "unfinished_after_seconds": args.timeout,
+            "command": " ".join(sys.argv),
+        }
     lines = [line for line in done.stdout.splitlines() if line.startswith("PLAN ")]
     if done.returncode or not lines:  # recorded, so the other rows are still written
         print(f"{name:18s} {where}: FAILED\n{done.stderr[-3000:]}", flush=True)
-        return {"model": name, "topology": target if kind == "topology" else None,
-                "devices": target if kind == "devices" else None, "batch": [args.batch_size],
-                "dtype_policy": args.dtype_policy, "failed": done.stderr[-2000:],
-                "command": " ".join(sys.argv)}
-    row = json.loads(lines[-1][len("PLAN "):])
-    row["model"], row["command"] = name, " ".join(["python benchmarks/memory_plan.py",
-                                                   *sys.argv[1:]])
+        return {
+            "model": name,
+            "topology": target if kind == "topology" else None,
+            "devices": target if kind == "devices" else None,
+            "batch": [args.batch_size],
+            "dtype_policy": args.dtype_policy,
+            "failed": done.stderr[-2000:],
+            "command": " ".join(sys.argv),
+        }
+    row = json.loads(lines[-1][len("PLAN ") :])
+    row["model"], row["command"] = (
+        name,
+        " ".join(["python benchmarks/memory_plan.py", *sys.argv[1:]]),
+    )
     if kind == "devices":
         row["fits"] = fits(row)
     _print_row(row, where)
@@ -258,24 +348,35 @@ def _run_child(args, name, kind, target):
 
 
 def _print_row(row, where):
-    gib = 2 ** 30
-    head = (f"{row['model']:18s} {where} {row['mesh']} {row['dtype_policy']} batch "
-            f"{row['batch'][0]}: params {row['param_bytes'] / gib:.2f} GiB, optimizer "
-            f"{row['optimizer_bytes'] / gib:.2f}")
+    gib = 2**30
+    head = (
+        f"{row['model']:18s} {where} {row['mesh']} {row['dtype_policy']} batch "
+        f"{row['batch'][0]}: params {row['param_bytes'] / gib:.2f} GiB, optimizer "
+        f"{row['optimizer_bytes'] / gib:.2f}"
+    )
     if row["error"]:
-        print(f"{head}; does NOT fit: {row['error']}; compiled in {row['compile_seconds']} s",
-              flush=True)
+        print(
+            f"{head}; does NOT fit: {row['error']}; compiled in {row['compile_seconds']} s",
+            flush=True,
+        )
         return
-    print(f"{head}, temporaries {row['temp_bytes'] / gib:.2f}, peak "
-          f"{row['peak_bytes'] / gib:.2f} GiB/device"
-          + (f" of {row['hbm_bytes'] / gib:.0f}" if row["hbm_bytes"] else "")
-          + f"; {row['all_to_all']} all-to-all; compiled in {row['compile_seconds']} s",
-          flush=True)
+    print(
+        f"{head}, temporaries {row['temp_bytes'] / gib:.2f}, peak "
+        f"{row['peak_bytes'] / gib:.2f} GiB/device"
+        + (f" of {row['hbm_bytes'] / gib:.0f}" if row["hbm_bytes"] else "")
+        + f"; {row['all_to_all']} all-to-all; compiled in {row['compile_seconds']} s",
+        flush=True,
+    )
 
 
 def _setting(row):
-    return (row["model"], row.get("topology"), row["devices"], row["batch"][0],
-            row.get("dtype_policy") or "float32")
+    return (
+        row["model"],
+        row.get("topology"),
+        row["devices"],
+        row["batch"][0],
+        row.get("dtype_policy") or "float32",
+    )
 
 
 def compare_table(tpu_rows, plan_rows, tolerance=0.15):
@@ -291,27 +392,41 @@ def compare_table(tpu_rows, plan_rows, tolerance=0.15):
     >>> print(compare_table(tpu, plan).splitlines()[-1])
     | m | v4:2x2x2 (8) | 16 | mixed_bfloat16 | 11.00 GiB | 10.00 GiB | +10.0 % | yes |
     """
-    gib = 2 ** 30
-    plans = {(r["model"], r["devices"], r["batch"][0], r.get("dtype_policy") or "float32"): r
-             for r in plan_rows}
-    lines = ["| model | topology (chips) | batch | dtype policy | TPU peak | plan total "
-             "(XLA:CPU) | TPU vs plan | within 15 % |", "|---|---|---|---|---|---|---|---|"]
+    gib = 2**30
+    plans = {
+        (r["model"], r["devices"], r["batch"][0], r.get("dtype_policy") or "float32"): r
+        for r in plan_rows
+    }
+    lines = [
+        "| model | topology (chips) | batch | dtype policy | TPU peak | plan total "
+        "(XLA:CPU) | TPU vs plan | within 15 % |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in tpu_rows:
         model, topology, chips, batch, policy = _setting(row)
         plan = plans.get((model, chips, batch, policy))
         planned = per_device_total(plan) if plan else None
         peak = row.get("peak_bytes")
         if peak is None or planned is None:
-            why = ("no plan row" if planned is None else
-                   "did not fit" if row.get("error") else "compile did not finish")
-            lines.append(f"| {model} | {topology} ({chips}) | {batch} | {policy} | — | "
-                         + ("—" if planned is None else f"{planned / gib:.2f} GiB")
-                         + f" | — | no ({why}) |")
+            why = (
+                "no plan row"
+                if planned is None
+                else "did not fit"
+                if row.get("error")
+                else "compile did not finish"
+            )
+            lines.append(
+                f"| {model} | {topology} ({chips}) | {batch} | {policy} | — | "
+                + ("—" if planned is None else f"{planned / gib:.2f} GiB")
+                + f" | — | no ({why}) |"
+            )
             continue
         ratio = peak / planned - 1
-        lines.append(f"| {model} | {topology} ({chips}) | {batch} | {policy} | "
-                     f"{peak / gib:.2f} GiB | {planned / gib:.2f} GiB | {100 * ratio:+.1f} % | "
-                     f"{'yes' if abs(ratio) <= tolerance else 'no'} |")
+        lines.append(
+            f"| {model} | {topology} ({chips}) | {batch} | {policy} | "
+            f"{peak / gib:.2f} GiB | {planned / gib:.2f} GiB | {100 * ratio:+.1f} % | "
+            f"{'yes' if abs(ratio) <= tolerance else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -348,8 +463,11 @@ def main(argv=None):
         args.bindings = ['SwitchFeedForward.group_size = "sequence"']
     if args.output is None:
         args.output = "memory_plan_tpu" if args.topology else "memory_plan"
-    targets = ([("topology", t) for t in args.topology] if args.topology
-               else [("devices", d) for d in args.devices or [8, 32, 64]])
+    targets = (
+        [("topology", t) for t in args.topology]
+        if args.topology
+        else [("devices", d) for d in args.devices or [8, 32, 64]]
+    )
     if args.topology:
         from keras_moe.tpu_compile import compile_only
 
@@ -358,8 +476,9 @@ def main(argv=None):
         missing = compile_only.libtpu_missing_message()
         if missing:
             parser.error(missing)
-    rows = [_run_child(args, name, kind, target)
-            for name in args.models for kind, target in targets]
+    rows = [
+        _run_child(args, name, kind, target) for name in args.models for kind, target in targets
+    ]
     if args.append:
         rows = _merge(args.output, rows)
     payload = {"rows": rows, "environment": common.environment()}

@@ -37,16 +37,30 @@ def tiny_switch_config(vocab_size, num_experts, capacity):
     """gin/models/switch_tiny.gin's architecture, routed as HF routes: per-sequence
     groups with a fixed capacity (the "batch" groups of the default would give a whole
     batch the capacity HF gives one sequence)."""
-    return models.T5Config(vocab_size=vocab_size, d_model=128, num_heads=4, d_kv=32, d_ff=256,
-                           num_encoder_layers=2, num_decoder_layers=2, activation="relu",
-                           encoder_sparse_layers=[1], decoder_sparse_layers=[1],
-                           tie_word_embeddings=True,
-                           sparse_ffn=functools.partial(SwitchFeedForward, num_experts=num_experts,
-                                                        d_ff=256, activation="relu",
-                                                        train_capacity_factor=1e-6,
-                                                        eval_capacity_factor=1e-6,
-                                                        min_expert_capacity=capacity,
-                                                        z_loss_factor=0.0, group_size="sequence"))
+    return models.T5Config(
+        vocab_size=vocab_size,
+        d_model=128,
+        num_heads=4,
+        d_kv=32,
+        d_ff=256,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        activation="relu",
+        encoder_sparse_layers=[1],
+        decoder_sparse_layers=[1],
+        tie_word_embeddings=True,
+        sparse_ffn=functools.partial(
+            SwitchFeedForward,
+            num_experts=num_experts,
+            d_ff=256,
+            activation="relu",
+            train_capacity_factor=1e-6,
+            eval_capacity_factor=1e-6,
+            min_expert_capacity=capacity,
+            z_loss_factor=0.0,
+            group_size="sequence",
+        ),
+    )
 
 
 def make_batch(rng, batch_size, inputs, targets, vocab_size):
@@ -60,8 +74,9 @@ def make_batch(rng, batch_size, inputs, targets, vocab_size):
 def keras_step(model, batch, jit_compile=False):
     enc, dec_in, tgt, weights = batch
     x = {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in}
-    model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(1e-3),
-                                           jit_compile=jit_compile))
+    model.compile(
+        **model.compile_defaults(optimizer=keras.optimizers.Adam(1e-3), jit_compile=jit_compile)
+    )
     model.train_on_batch(x, tgt, sample_weight=weights)  # trace
     return lambda: model.train_on_batch(x, tgt, sample_weight=weights)
 
@@ -77,8 +92,12 @@ def hf_step(path, batch, threads, aux_loss_factor):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        out = model(input_ids=enc.long(), decoder_input_ids=dec_in.long(), labels=tgt.long(),
-                    output_router_logits=aux_loss_factor > 0)
+        out = model(
+            input_ids=enc.long(),
+            decoder_input_ids=dec_in.long(),
+            labels=tgt.long(),
+            output_router_logits=aux_loss_factor > 0,
+        )
         out.loss.backward()
         optimizer.step()
         return float(out.loss.detach())
@@ -98,8 +117,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--output", default="model_speed")
-    parser.add_argument("--no_xla", action="store_true",
-                        help="skip the keras_moe run with jit_compile=True")
+    parser.add_argument(
+        "--no_xla", action="store_true", help="skip the keras_moe run with jit_compile=True"
+    )
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -112,13 +132,17 @@ def main(argv=None):
     config = tiny_switch_config(args.vocab_size, args.experts, capacity)
     keras.utils.set_random_seed(0)
     model = models.build_model(config)
-    batch = make_batch(np.random.default_rng(0), args.batch_size, args.inputs, args.targets,
-                       args.vocab_size)
+    batch = make_batch(
+        np.random.default_rng(0), args.batch_size, args.inputs, args.targets, args.vocab_size
+    )
     model({"encoder_input_tokens": batch[0], "decoder_input_tokens": batch[1]})
     with tempfile.TemporaryDirectory() as path:
         convert.to_hf(model, path, expert_capacity=capacity)
-        steps = {"hf_switch_torch": hf_step(path, batch, args.threads,
-                                            config.sparse_option("aux_loss_factor"))}
+        steps = {
+            "hf_switch_torch": hf_step(
+                path, batch, args.threads, config.sparse_option("aux_loss_factor")
+            )
+        }
     steps["keras_moe"] = keras_step(model, batch)
     if not args.no_xla:
         xla_model = models.build_model(config)
@@ -127,8 +151,14 @@ def main(argv=None):
         steps["keras_moe_xla"] = keras_step(xla_model, batch, jit_compile=True)
     timings = common.interleaved_medians(steps, args.repeats, warmup=1)
     tokens = args.batch_size * (args.inputs + args.targets)
-    result = {name: {"median_s": t["median"], "spread_s": t["spread"],
-                     "tokens_per_s": tokens / t["median"]} for name, t in timings.items()}
+    result = {
+        name: {
+            "median_s": t["median"],
+            "spread_s": t["spread"],
+            "tokens_per_s": tokens / t["median"],
+        }
+        for name, t in timings.items()
+    }
     hf = result["hf_switch_torch"]["tokens_per_s"]
     ratio = result["keras_moe"]["tokens_per_s"] / hf
     ratio_xla = result["keras_moe_xla"]["tokens_per_s"] / hf if "keras_moe_xla" in result else None
@@ -137,11 +167,20 @@ def main(argv=None):
     print(f"keras_moe / HF tokens/s: {ratio:.2f}x")
     if ratio_xla is not None:
         print(f"keras_moe (jit_compile=True) / HF tokens/s: {ratio_xla:.2f}x")
-    path = common.write_result(args.output, {
-        "benchmark": "model_speed", "args": vars(args), "environment": common.environment(),
-        "tokens_per_step": tokens, "params": models.count_params(config), "results": result,
-        "ratio_keras_moe_over_hf": ratio, "ratio_keras_moe_xla_over_hf": ratio_xla,
-        "command": "python benchmarks/model_speed.py " + " ".join(argv or sys.argv[1:])})
+    path = common.write_result(
+        args.output,
+        {
+            "benchmark": "model_speed",
+            "args": vars(args),
+            "environment": common.environment(),
+            "tokens_per_step": tokens,
+            "params": models.count_params(config),
+            "results": result,
+            "ratio_keras_moe_over_hf": ratio,
+            "ratio_keras_moe_xla_over_hf": ratio_xla,
+            "command": "python benchmarks/model_speed.py " + " ".join(argv or sys.argv[1:]),
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -65,8 +65,14 @@ def hf_switch_step(num_experts, d_model, d_ff, capacity, x_np, threads, precisio
 
     torch.set_num_threads(threads)
     config = SwitchTransformersConfig(
-        d_model=d_model, d_ff=d_ff, num_experts=num_experts, expert_capacity=capacity,
-        router_jitter_noise=0.0, dropout_rate=0.0, dense_act_fn="relu")
+        d_model=d_model,
+        d_ff=d_ff,
+        num_experts=num_experts,
+        expert_capacity=capacity,
+        router_jitter_noise=0.0,
+        dropout_rate=0.0,
+        dense_act_fn="relu",
+    )
     mlp = hf.SwitchTransformersSparseMLP(config).train()
     x = torch.from_numpy(x_np)
 
@@ -86,8 +92,11 @@ def torch_dense_step(d_model, d_ff, x_np, threads, precision="float32"):
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    ffn = torch.nn.Sequential(torch.nn.Linear(d_model, d_ff, bias=False), torch.nn.ReLU(),
-                              torch.nn.Linear(d_ff, d_model, bias=False))
+    ffn = torch.nn.Sequential(
+        torch.nn.Linear(d_model, d_ff, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(d_ff, d_model, bias=False),
+    )
     x = torch.from_numpy(x_np.reshape(-1, d_model))  # 2-D: torch's fastest Linear backward
 
     def step():
@@ -105,9 +114,13 @@ class TfmPeer:
 
     def __init__(self, python, config):
         self.proc = subprocess.Popen(
-            [python, os.path.join(ROOT, "benchmarks", "tfm_server.py")], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+            [python, os.path.join(ROOT, "benchmarks", "tfm_server.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        )
         self.proc.stdin.write(json.dumps(config) + "\n")
         self.proc.stdin.flush()
         self.info = json.loads(self.proc.stdout.readline())
@@ -127,39 +140,62 @@ def run(args):
     for num_experts in args.experts:
         rng = np.random.default_rng(0)
         x_np = rng.normal(size=(args.tokens // args.seq_len, args.seq_len, args.d_model)).astype(
-            "float32")
+            "float32"
+        )
         x = tf.constant(x_np)
         capacity = math.ceil(args.capacity_factor * args.seq_len / num_experts)
         # Dense FFNs of the same tokens and sizes: what one top-1 layer that
         # computes each token once cannot beat (same FLOPs, same GEMM library).
         dtype = args.precision
-        timers = {"dense_tf": step_fn(DenseFeedForward(args.d_ff, dtype=dtype), x),
-                  "dense_torch": torch_dense_step(args.d_model, args.d_ff, x_np, args.threads,
-                                                  args.precision)}
+        timers = {
+            "dense_tf": step_fn(DenseFeedForward(args.d_ff, dtype=dtype), x),
+            "dense_torch": torch_dense_step(
+                args.d_model, args.d_ff, x_np, args.threads, args.precision
+            ),
+        }
         ours = {}
         for dispatch in ("gather", "einsum", "dropless"):
             # Each sequence is a routing group with HF's capacity (HF routes per sequence).
             layer = keras_moe.SwitchFeedForward(
-                num_experts, args.d_ff, dispatch=dispatch, train_capacity_factor=1e-6,
-                min_expert_capacity=capacity, group_size=args.seq_len, track_metrics=False,
-                dtype=dtype)
+                num_experts,
+                args.d_ff,
+                dispatch=dispatch,
+                train_capacity_factor=1e-6,
+                min_expert_capacity=capacity,
+                group_size=args.seq_len,
+                track_metrics=False,
+                dtype=dtype,
+            )
             ours[dispatch] = layer
             timers[f"keras_moe_switch_{dispatch}"] = step_fn(layer, x)
-        mlp, hf_step = hf_switch_step(num_experts, args.d_model, args.d_ff, capacity, x_np,
-                                      args.threads, args.precision)
+        mlp, hf_step = hf_switch_step(
+            num_experts, args.d_model, args.d_ff, capacity, x_np, args.threads, args.precision
+        )
         timers["hf_switch_torch"] = hf_step
         ec = keras_moe.MoeLayer(
             keras_moe.ExpertChoiceRouter(num_experts),
-            keras_moe.FeedForwardExperts(num_experts, args.d_ff, dtype=dtype), dispatch="gather",
-            train_capacity_factor=args.capacity_factor, min_expert_capacity=0,
-            group_size=args.seq_len, track_metrics=False, dtype=dtype)
+            keras_moe.FeedForwardExperts(num_experts, args.d_ff, dtype=dtype),
+            dispatch="gather",
+            train_capacity_factor=args.capacity_factor,
+            min_expert_capacity=0,
+            group_size=args.seq_len,
+            track_metrics=False,
+            dtype=dtype,
+        )
         timers["keras_moe_expert_choice_gather"] = step_fn(ec, x)
         peer = None
         if args.tfm_python and args.precision == "float32":
-            peer = TfmPeer(args.tfm_python, {
-                "tokens": args.tokens, "seq_len": args.seq_len, "d_model": args.d_model,
-                "d_ff": args.d_ff, "num_experts": num_experts,
-                "capacity_factor": args.capacity_factor})
+            peer = TfmPeer(
+                args.tfm_python,
+                {
+                    "tokens": args.tokens,
+                    "seq_len": args.seq_len,
+                    "d_model": args.d_model,
+                    "d_ff": args.d_ff,
+                    "num_experts": num_experts,
+                    "capacity_factor": args.capacity_factor,
+                },
+            )
             timers["tfm_expert_choice"] = None  # timed by the server
         samples = {name: [] for name in timers}
         for fn in timers.values():
@@ -176,27 +212,43 @@ def run(args):
         if peer is not None:
             peer.close()
         med = {name: float(np.median(v)) for name, v in samples.items()}
-        row = {"num_experts": num_experts, "tokens": args.tokens, "capacity": capacity,
-               "median_s": med, "spread_s": {n: (max(v) - min(v)) / 2 for n, v in samples.items()},
-               "speedup_switch_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_gather"],
-               "speedup_bound_vs_hf": med["hf_switch_torch"] / min(med["dense_tf"],
-                                                                   med["dense_torch"]),
-               "keras_moe_over_tf_dense": med["keras_moe_switch_gather"] / med["dense_tf"],
-               "speedup_dropless_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_dropless"],
-               "dropless_over_tf_dense": med["keras_moe_switch_dropless"] / med["dense_tf"]}
+        row = {
+            "num_experts": num_experts,
+            "tokens": args.tokens,
+            "capacity": capacity,
+            "median_s": med,
+            "spread_s": {n: (max(v) - min(v)) / 2 for n, v in samples.items()},
+            "speedup_switch_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_gather"],
+            "speedup_bound_vs_hf": med["hf_switch_torch"]
+            / min(med["dense_tf"], med["dense_torch"]),
+            "keras_moe_over_tf_dense": med["keras_moe_switch_gather"] / med["dense_tf"],
+            "speedup_dropless_vs_hf": med["hf_switch_torch"] / med["keras_moe_switch_dropless"],
+            "dropless_over_tf_dense": med["keras_moe_switch_dropless"] / med["dense_tf"],
+        }
         if peer is not None:
             row["speedup_expert_choice_vs_tfm"] = (
-                med["tfm_expert_choice"] / med["keras_moe_expert_choice_gather"])
+                med["tfm_expert_choice"] / med["keras_moe_expert_choice_gather"]
+            )
             row["tfm_tensorflow"] = peer.info["tensorflow"]
         rows.append(row)
         print(f"E={num_experts:4d} " + "  ".join(f"{n}={t * 1e3:.0f}ms" for n, t in med.items()))
-        print(f"       HF / fastest dense FFN (speed-up bound): {row['speedup_bound_vs_hf']:.2f}"
-              f"   keras_moe / TF dense FFN: {row['keras_moe_over_tf_dense']:.2f}")
-        print(f"       dropless vs HF: {row['speedup_dropless_vs_hf']:.2f}x   dropless / TF dense "
-              f"FFN: {row['dropless_over_tf_dense']:.2f}")
-        print(f"       keras_moe vs HF (switch): {row['speedup_switch_vs_hf']:.2f}x"
-              + (f"   vs TF Model Garden (expert choice): "
-                 f"{row['speedup_expert_choice_vs_tfm']:.2f}x" if peer else ""), flush=True)
+        print(
+            f"       HF / fastest dense FFN (speed-up bound): {row['speedup_bound_vs_hf']:.2f}"
+            f"   keras_moe / TF dense FFN: {row['keras_moe_over_tf_dense']:.2f}"
+        )
+        print(
+            f"       dropless vs HF: {row['speedup_dropless_vs_hf']:.2f}x   dropless / TF dense "
+            f"FFN: {row['dropless_over_tf_dense']:.2f}"
+        )
+        print(
+            f"       keras_moe vs HF (switch): {row['speedup_switch_vs_hf']:.2f}x"
+            + (
+                f"   vs TF Model Garden (expert choice): {row['speedup_expert_choice_vs_tfm']:.2f}x"
+                if peer
+                else ""
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -210,12 +262,17 @@ def main(argv=None):
     parser.add_argument("--capacity_factor", type=float, default=1.25)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--tfm_python", default=None,
-                        help="python of a virtual environment with tf-models-official")
-    parser.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"],
-                        help="mixed_bfloat16: keras_moe layers with the mixed_bfloat16 policy "
-                             "(router in float32), torch under CPU bfloat16 autocast; the TF "
-                             "Model Garden peer runs in float32 only and is skipped")
+    parser.add_argument(
+        "--tfm_python", default=None, help="python of a virtual environment with tf-models-official"
+    )
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        choices=["float32", "mixed_bfloat16"],
+        help="mixed_bfloat16: keras_moe layers with the mixed_bfloat16 policy "
+        "(router in float32), torch under CPU bfloat16 autocast; the TF "
+        "Model Garden peer runs in float32 only and is skipped",
+    )
     parser.add_argument("--output", default="peers")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
@@ -226,9 +283,15 @@ def main(argv=None):
         args.tokens, args.seq_len, args.experts, args.d_model, args.d_ff = 256, 64, [4], 16, 32
         args.repeats = 2
     rows = run(args)
-    path = common.write_result(args.output, {
-        "benchmark": "peers", "args": vars(args), "environment": common.environment(),
-        "rows": rows})
+    path = common.write_result(
+        args.output,
+        {
+            "benchmark": "peers",
+            "args": vars(args),
+            "environment": common.environment(),
+            "rows": rows,
+        },
+    )
     print(f"wrote {path}")
 
 

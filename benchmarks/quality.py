@@ -60,76 +60,150 @@ DOCS_HINT = "apt-get update && apt-get install -y python3.11-doc perl-doc"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="docs_prefix_lm",
-                   help=f"T5 pre-training task; falls back to {FALLBACK_TASK} if its data "
-                        "is missing")
+    p.add_argument(
+        "--task",
+        default="docs_prefix_lm",
+        help=f"T5 pre-training task; falls back to {FALLBACK_TASK} if its data is missing",
+    )
     p.add_argument("--inputs", type=int, default=64, help="encoder length")
-    p.add_argument("--targets", type=int, default=None,
-                   help="decoder length (default: --inputs for a prefix-LM task, "
-                        "tasks.span_corruption_targets_length(inputs) for span corruption)")
+    p.add_argument(
+        "--targets",
+        type=int,
+        default=None,
+        help="decoder length (default: --inputs for a prefix-LM task, "
+        "tasks.span_corruption_targets_length(inputs) for span corruption)",
+    )
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--steps", type=int, default=1000, help="training steps of every model")
     p.add_argument("--eval_every", type=int, default=100, help="steps between evaluations")
-    p.add_argument("--eval_batches", type=int, default=0,
-                   help="held-out batches per evaluation (0: the whole validation split; "
-                        "docs_prefix_lm at 64/64 has 202 batches of 16, 105k target tokens)")
+    p.add_argument(
+        "--eval_batches",
+        type=int,
+        default=0,
+        help="held-out batches per evaluation (0: the whole validation split; "
+        "docs_prefix_lm at 64/64 has 202 batches of 16, 105k target tokens)",
+    )
     p.add_argument("--d_model", type=int, default=64)
     p.add_argument("--d_ff", type=int, default=128, help="dense FFN and each expert's hidden size")
     p.add_argument("--num_heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4,
-                   help="encoder and decoder layers each (MoE FFN in every other one)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=4,
+        help="encoder and decoder layers each (MoE FFN in every other one)",
+    )
     p.add_argument("--activation", default="gated-gelu", help="FFN activation (T5.1.1: gated-gelu)")
-    p.add_argument("--experts", type=int, nargs="+", default=[8, 16],
-                   help="expert counts of the Switch models of the main comparison")
-    p.add_argument("--capacity_factor", type=float, default=1.25,
-                   help="training capacity factor of the main comparison")
-    p.add_argument("--eval_capacity_factor", type=float, default=2.0,
-                   help="evaluation capacity factor of the main comparison")
+    p.add_argument(
+        "--experts",
+        type=int,
+        nargs="+",
+        default=[8, 16],
+        help="expert counts of the Switch models of the main comparison",
+    )
+    p.add_argument(
+        "--capacity_factor",
+        type=float,
+        default=1.25,
+        help="training capacity factor of the main comparison",
+    )
+    p.add_argument(
+        "--eval_capacity_factor",
+        type=float,
+        default=2.0,
+        help="evaluation capacity factor of the main comparison",
+    )
     p.add_argument("--min_expert_capacity", type=int, default=4)
     p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam peak learning rate")
-    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
-                   help="constant: the peak rate throughout (it trains every model of this "
-                        "size furthest in 800 steps); cosine: linear warmup over "
-                        "--warmup_steps, then cosine decay to 10%% of the peak at the last step")
-    p.add_argument("--warmup_steps", type=int, default=None,
-                   help="warmup steps of the cosine schedule (default: 10%% of --steps)")
+    p.add_argument(
+        "--schedule",
+        choices=("constant", "cosine"),
+        default="constant",
+        help="constant: the peak rate throughout (it trains every model of this "
+        "size furthest in 800 steps); cosine: linear warmup over "
+        "--warmup_steps, then cosine decay to 10%% of the peak at the last step",
+    )
+    p.add_argument(
+        "--warmup_steps",
+        type=int,
+        default=None,
+        help="warmup steps of the cosine schedule (default: 10%% of --steps)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seeds", type=int, default=3,
-                   help="train every model with this many seeds (--seed, --seed+1, ...: "
-                        "initialisation and data order) and report the mean curve and the "
-                        "spread; differences smaller than the spread are noise")
-    p.add_argument("--dropless_experts", type=int, nargs="*", default=[],
-                   help="also train Switch-E with dispatch='dropless' (no capacity, nothing "
-                        "dropped) for these E, compared with the capacity-factor Switch-E")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="train every model with this many seeds (--seed, --seed+1, ...: "
+        "initialisation and data order) and report the mean curve and the "
+        "spread; differences smaller than the spread are noise",
+    )
+    p.add_argument(
+        "--dropless_experts",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also train Switch-E with dispatch='dropless' (no capacity, nothing "
+        "dropped) for these E, compared with the capacity-factor Switch-E",
+    )
     p.add_argument("--no_main", action="store_true", help="skip the dense vs Switch-E comparison")
-    p.add_argument("--table1", action="store_true",
-                   help="also run top-1 vs top-2 at the capacity factors of --table1_cf")
+    p.add_argument(
+        "--table1",
+        action="store_true",
+        help="also run top-1 vs top-2 at the capacity factors of --table1_cf",
+    )
     p.add_argument("--table1_experts", type=int, default=8)
-    p.add_argument("--table1_cf", type=float, nargs="+", default=[1.0, 1.25, 2.0],
-                   help="capacity factors of the Table 1 runs (training and evaluation)")
-    p.add_argument("--timing_repeats", type=int, default=20,
-                   help="training steps per model timed interleaved (one batch, every model "
-                        "in turn) for the wall-time comparison; 0: use the runs' own clocks")
-    p.add_argument("--retime", action="store_true",
-                   help="train nothing: time the models of the existing result --output "
-                        "interleaved (with the same size arguments it was run with) and "
-                        "recompute its wall-time comparison; for a result whose runs met "
-                        "different machine load")
-    p.add_argument("--reuse", action="store_true",
-                   help="keep the runs of the existing result --output (its models trained "
-                        "with the same training arguments) and train only the models it "
-                        "lacks, e.g. add --experts 8 16 to a dense + Switch-8 result")
+    p.add_argument(
+        "--table1_cf",
+        type=float,
+        nargs="+",
+        default=[1.0, 1.25, 2.0],
+        help="capacity factors of the Table 1 runs (training and evaluation)",
+    )
+    p.add_argument(
+        "--timing_repeats",
+        type=int,
+        default=20,
+        help="training steps per model timed interleaved (one batch, every model "
+        "in turn) for the wall-time comparison; 0: use the runs' own clocks",
+    )
+    p.add_argument(
+        "--retime",
+        action="store_true",
+        help="train nothing: time the models of the existing result --output "
+        "interleaved (with the same size arguments it was run with) and "
+        "recompute its wall-time comparison; for a result whose runs met "
+        "different machine load",
+    )
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the runs of the existing result --output (its models trained "
+        "with the same training arguments) and train only the models it "
+        "lacks, e.g. add --experts 8 16 to a dense + Switch-8 result",
+    )
     p.add_argument("--output", default="quality", help="result name under benchmarks/results/")
     p.add_argument("--no_plot", action="store_true")
-    p.add_argument("--export_batches", metavar="DIR", default=None,
-                   help="write the training batches of every seed and the held-out batches "
-                        "as NumPy files under DIR, then stop (see --batches)")
-    p.add_argument("--batches", metavar="DIR", default=None,
-                   help="train on the batches --export_batches wrote instead of seqio: needs "
-                        "neither seqio nor TensorFlow (e.g. KERAS_BACKEND=jax on a GPU host)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="train the (model, seed) runs in this many processes at once; their "
-                        "step times then share the machine")
+    p.add_argument(
+        "--export_batches",
+        metavar="DIR",
+        default=None,
+        help="write the training batches of every seed and the held-out batches "
+        "as NumPy files under DIR, then stop (see --batches)",
+    )
+    p.add_argument(
+        "--batches",
+        metavar="DIR",
+        default=None,
+        help="train on the batches --export_batches wrote instead of seqio: needs "
+        "neither seqio nor TensorFlow (e.g. KERAS_BACKEND=jax on a GPU host)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="train the (model, seed) runs in this many processes at once; their "
+        "step times then share the machine",
+    )
     p.add_argument("--job", default=None, help=argparse.SUPPRESS)  # NAME:SEED, in a worker
     p.add_argument("--job_output", default=None, help=argparse.SUPPRESS)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
@@ -138,16 +212,29 @@ def parse_args(argv=None):
         from benchmarks.common import use_smoke_results
 
         use_smoke_results()  # results/smoke/, not the committed files
-        p.set_defaults(inputs=32, batch_size=2, steps=4, eval_every=2, eval_batches=1,
-                       d_model=16, d_ff=32, num_heads=2, layers=2, experts=[2],
-                       table1_experts=2, table1_cf=[1.0, 2.0], timing_repeats=2,
-                       task=FALLBACK_TASK)  # no dependency on the Debian docs in tests
+        p.set_defaults(
+            inputs=32,
+            batch_size=2,
+            steps=4,
+            eval_every=2,
+            eval_batches=1,
+            d_model=16,
+            d_ff=32,
+            num_heads=2,
+            layers=2,
+            experts=[2],
+            table1_experts=2,
+            table1_cf=[1.0, 2.0],
+            timing_repeats=2,
+            task=FALLBACK_TASK,
+        )  # no dependency on the Debian docs in tests
         args = p.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or args.seeds < 1:
         p.error("--steps, --eval_every and --seeds must be >= 1")
     if args.eval_batches < 0:
-        p.error(f"--eval_batches must be >= 0 (0: the whole validation split), "
-                f"got {args.eval_batches}")
+        p.error(
+            f"--eval_batches must be >= 0 (0: the whole validation split), got {args.eval_batches}"
+        )
     if args.warmup_steps is None:
         args.warmup_steps = args.steps // 10
     if not 0 <= args.warmup_steps < args.steps:
@@ -161,8 +248,10 @@ def parse_args(argv=None):
     if args.no_main and args.dropless_experts:
         p.error("--dropless_experts compares with the main Switch models: drop --no_main")
     if not set(args.dropless_experts) <= set(args.experts):
-        p.error(f"--dropless_experts {args.dropless_experts} must be among --experts "
-                f"{args.experts} (each is compared with the capacity-factor model)")
+        p.error(
+            f"--dropless_experts {args.dropless_experts} must be among --experts "
+            f"{args.experts} (each is compared with the capacity-factor model)"
+        )
     if args.no_main and not args.table1:
         p.error("--no_main without --table1 leaves nothing to run")
     if args.workers < 1:
@@ -193,6 +282,7 @@ def quiet_logs():
 # Pieces shared with benchmarks/translation.py
 # ---------------------------------------------------------------------------
 
+
 def pick_task(name, fallback, lengths):
     """`name` if its validation split yields a batch, else `fallback` (with the reason)."""
     from keras_moe import tasks
@@ -200,8 +290,9 @@ def pick_task(name, fallback, lengths):
     from keras_moe.training.run import input_pipeline as data_lib
 
     try:
-        data_lib.check_not_empty(data_lib.make_dataset(name, lengths, "validation", 1,
-                                                       repeat=False), name, "validation")
+        data_lib.check_not_empty(
+            data_lib.make_dataset(name, lengths, "validation", 1, repeat=False), name, "validation"
+        )
         return name, None
     except (TrainingConfigError, tasks.SourceMissingError) as e:
         hint = f" (install with: {DOCS_HINT})" if name.startswith("docs_") else ""
@@ -253,8 +344,7 @@ def make_step_timer():
     return StepTimer()
 
 
-def train_with_curve(model, train_ds, held_out, steps, eval_every, name="",
-                     eval_batch_size=None):
+def train_with_curve(model, train_ds, held_out, steps, eval_every, name="", eval_batch_size=None):
     """`model.fit` for `steps` steps (epochs of `eval_every` steps on one
     iterator of the infinite `train_ds`), evaluating on `held_out` at step 0
     and at the end of each epoch (Keras `validation_data`). `held_out` is a
@@ -273,35 +363,57 @@ def train_with_curve(model, train_ds, held_out, steps, eval_every, name="",
         warnings.simplefilter("ignore")
         if isinstance(held_out, tuple):
             x, y, w = held_out
-            first = model.evaluate(x, y, sample_weight=w, batch_size=eval_batch_size, verbose=0,
-                                   return_dict=True)
+            first = model.evaluate(
+                x, y, sample_weight=w, batch_size=eval_batch_size, verbose=0, return_dict=True
+            )
         else:
             first = model.evaluate(held_out, verbose=0, return_dict=True)
         timer = make_step_timer()
         start = time.time()
-        history = model.fit(train_ds, steps_per_epoch=eval_every, epochs=steps // eval_every,
-                            validation_data=held_out, validation_batch_size=eval_batch_size,
-                            callbacks=[timer], verbose=0)
+        history = model.fit(
+            train_ds,
+            steps_per_epoch=eval_every,
+            epochs=steps // eval_every,
+            validation_data=held_out,
+            validation_batch_size=eval_batch_size,
+            callbacks=[timer],
+            verbose=0,
+        )
         seconds = time.time() - start
     h = history.history
-    curve = [{"step": 0, "seconds": 0.0,
-              "neg_log_perplexity": float(first["neg_log_perplexity"]),
-              "accuracy": float(first["accuracy"]), "loss": float(first["loss"])}]
+    curve = [
+        {
+            "step": 0,
+            "seconds": 0.0,
+            "neg_log_perplexity": float(first["neg_log_perplexity"]),
+            "accuracy": float(first["accuracy"]),
+            "loss": float(first["loss"]),
+        }
+    ]
     for i in range(len(h["val_loss"])):
-        curve.append({"step": (i + 1) * eval_every,
-                      "seconds": float(sum(timer.times[:(i + 1) * eval_every])),
-                      "neg_log_perplexity": float(h["val_neg_log_perplexity"][i]),
-                      "accuracy": float(h["val_accuracy"][i]),
-                      "loss": float(h["val_loss"][i])})
-    out = {"curve": curve, "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
-           "final_accuracy": curve[-1]["accuracy"],
-           "train_loss": [float(v) for v in h["loss"]],
-           "step_time_s": timer.median(skip=min(5, max(len(timer.times) - 1, 0))),
-           "train_seconds": seconds,
-           "router": {key: float(values[-1]) for key, values in h.items() if "/" in key}}
+        curve.append(
+            {
+                "step": (i + 1) * eval_every,
+                "seconds": float(sum(timer.times[: (i + 1) * eval_every])),
+                "neg_log_perplexity": float(h["val_neg_log_perplexity"][i]),
+                "accuracy": float(h["val_accuracy"][i]),
+                "loss": float(h["val_loss"][i]),
+            }
+        )
+    out = {
+        "curve": curve,
+        "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
+        "final_accuracy": curve[-1]["accuracy"],
+        "train_loss": [float(v) for v in h["loss"]],
+        "step_time_s": timer.median(skip=min(5, max(len(timer.times) - 1, 0))),
+        "train_seconds": seconds,
+        "router": {key: float(values[-1]) for key, values in h.items() if "/" in key},
+    }
     points = " ".join(f"{p['step']}:{p['neg_log_perplexity']:.3f}" for p in curve)
-    print(f"{name:>22s}: nlp {points} | step {1e3 * out['step_time_s']:.1f} ms, "
-          f"{seconds:.0f} s", flush=True)
+    print(
+        f"{name:>22s}: nlp {points} | step {1e3 * out['step_time_s']:.1f} ms, {seconds:.0f} s",
+        flush=True,
+    )
     return out
 
 
@@ -311,13 +423,21 @@ def mean_over_seeds(outs, seeds):
     deviation, and the median step time; per-seed curves under `per_seed`."""
     curve = []
     for points in zip(*(o["curve"] for o in outs), strict=False):
-        curve.append({"step": points[0]["step"], **{
-            key: statistics.fmean(p[key] for p in points)
-            for key in ("seconds", "neg_log_perplexity", "accuracy", "loss")}})
+        curve.append(
+            {
+                "step": points[0]["step"],
+                **{
+                    key: statistics.fmean(p[key] for p in points)
+                    for key in ("seconds", "neg_log_perplexity", "accuracy", "loss")
+                },
+            }
+        )
     finals = [o["final_neg_log_perplexity"] for o in outs]
     return {
-        "curve": curve, "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
-        "final_accuracy": curve[-1]["accuracy"], "seeds": list(seeds),
+        "curve": curve,
+        "final_neg_log_perplexity": curve[-1]["neg_log_perplexity"],
+        "final_accuracy": curve[-1]["accuracy"],
+        "seeds": list(seeds),
         "final_per_seed": finals,
         "final_std": statistics.stdev(finals) if len(finals) > 1 else None,
         "step_time_s": statistics.median(o["step_time_s"] for o in outs),
@@ -336,9 +456,9 @@ def gain_in_seed_std(moe_run, dense_run):
 
 TARGETS = {
     "gain": "each Switch model's final held-out neg log perplexity exceeds dense by >= 0.05 "
-            "nats and by >= 5 dense seed std",
+    "nats and by >= 5 dense seed std",
     "half_steps": "each Switch model reaches the dense model's final value in <= 1/2 of the "
-                  "dense model's steps",
+    "dense model's steps",
     "half_wall_clock": "... and in <= 1/2 of the dense model's training wall time",
     "ordering": "more experts is better: Switch-16 >= Switch-8 >= dense",
 }
@@ -377,10 +497,12 @@ def compare(moe_run, dense_run, step_time_ratio=None):
     dense_final = dense_run["final_neg_log_perplexity"]
     dense_steps = dense_run["curve"][-1]["step"]
     dense_seconds = dense_run["curve"][-1]["seconds"]
-    reach = steps_to_reach([(p["step"], p["neg_log_perplexity"]) for p in moe_run["curve"]],
-                           dense_final)
-    reach_s = steps_to_reach([(p["seconds"], p["neg_log_perplexity"])
-                              for p in moe_run["curve"]], dense_final)
+    reach = steps_to_reach(
+        [(p["step"], p["neg_log_perplexity"]) for p in moe_run["curve"]], dense_final
+    )
+    reach_s = steps_to_reach(
+        [(p["seconds"], p["neg_log_perplexity"]) for p in moe_run["curve"]], dense_final
+    )
     gain = moe_run["final_neg_log_perplexity"] - dense_final
     in_std = gain_in_seed_std(moe_run, dense_run)
     time_fraction = None if reach_s is None else reach_s / dense_seconds
@@ -410,9 +532,16 @@ def base_dense_config(args, vocab_size):
     from keras_moe.models import T5Config
 
     return T5Config(
-        vocab_size=vocab_size, d_model=args.d_model, num_heads=args.num_heads,
-        d_kv=args.d_model // args.num_heads, d_ff=args.d_ff, num_encoder_layers=args.layers,
-        num_decoder_layers=args.layers, activation=args.activation, dropout_rate=0.0)
+        vocab_size=vocab_size,
+        d_model=args.d_model,
+        num_heads=args.num_heads,
+        d_kv=args.d_model // args.num_heads,
+        d_ff=args.d_ff,
+        num_encoder_layers=args.layers,
+        num_decoder_layers=args.layers,
+        activation=args.activation,
+        dropout_rate=0.0,
+    )
 
 
 def sparse_config(dense_config, moe_type, num_experts, **layer_args):
@@ -425,18 +554,27 @@ def sparse_config(dense_config, moe_type, num_experts, **layer_args):
 
     layer = {"switch": keras_moe.SwitchFeedForward, "gshard": keras_moe.GShardFeedForward}[moe_type]
     return dense_config.replace(
-        encoder_sparse_step=2, decoder_sparse_step=2,
-        sparse_ffn=functools.partial(layer, num_experts=num_experts, d_ff=dense_config.d_ff,
-                                     activation=dense_config.activation,
-                                     init_scale=dense_config.init_scale, **layer_args))
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        sparse_ffn=functools.partial(
+            layer,
+            num_experts=num_experts,
+            d_ff=dense_config.d_ff,
+            activation=dense_config.activation,
+            init_scale=dense_config.init_scale,
+            **layer_args,
+        ),
+    )
 
 
 def command_line(script, argv):
     return f"python benchmarks/{script} " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
 
 
 # ---------------------------------------------------------------------------
+
 
 class SeqioBatches:
     """The benchmark's batches from the seqio task (needs seqio and TensorFlow)."""
@@ -447,8 +585,11 @@ class SeqioBatches:
 
         quiet_logs()
         self._data, self._args = data_lib, args
-        targets = args.targets or (args.inputs if "prefix_lm" in args.task
-                                   else tasks.span_corruption_targets_length(args.inputs))
+        targets = args.targets or (
+            args.inputs
+            if "prefix_lm" in args.task
+            else tasks.span_corruption_targets_length(args.inputs)
+        )
         self.lengths = {"inputs": args.inputs, "targets": targets}
         self.task, self.fallback_reason = pick_task(args.task, FALLBACK_TASK, self.lengths)
         self.vocab_size = tasks.vocabulary_size()
@@ -459,8 +600,15 @@ class SeqioBatches:
         import tensorflow as tf
 
         tf.random.set_seed(seed)  # seqio's seeded random ops also read TF's global seed
-        return self._data.make_dataset(self.task, self.lengths, "train", self._args.batch_size,
-                                       shuffle=True, seed=seed, repeat=True)
+        return self._data.make_dataset(
+            self.task,
+            self.lengths,
+            "train",
+            self._args.batch_size,
+            shuffle=True,
+            seed=seed,
+            repeat=True,
+        )
 
     def held_out(self):
         """(finite dataset of the validation batches, its number of target tokens)."""
@@ -471,11 +619,18 @@ class SeqioBatches:
             # The same held-out set whatever ran before: seqio's seeded ops read TF's
             # global seed too, and timing the models first sets it.
             tf.random.set_seed(None)
-            ds = self._data.make_dataset(self.task, self.lengths, "validation",
-                                         self._args.batch_size, shuffle=False,
-                                         seed=self._args.seed, repeat=False)
-            ds = self._data.finite(ds.take(self._args.eval_batches) if self._args.eval_batches
-                                   else ds)
+            ds = self._data.make_dataset(
+                self.task,
+                self.lengths,
+                "validation",
+                self._args.batch_size,
+                shuffle=False,
+                seed=self._args.seed,
+                repeat=False,
+            )
+            ds = self._data.finite(
+                ds.take(self._args.eval_batches) if self._args.eval_batches else ds
+            )
             self._held_out = ds, int(sum(float(keras.ops.sum(w)) for _, _, w in ds))
         return self._held_out
 
@@ -488,16 +643,24 @@ class FileBatches:
 
         self._files, self._dir = batch_files, args.batches
         meta = batch_files.read_meta(args.batches)
-        wanted = {"task": args.task, "batch_size": args.batch_size,
-                  "eval_batches": args.eval_batches, "inputs": args.inputs}
+        wanted = {
+            "task": args.task,
+            "batch_size": args.batch_size,
+            "eval_batches": args.eval_batches,
+            "inputs": args.inputs,
+        }
         seeds = seed_list(args)
-        if (any(meta[k] != v for k, v in wanted.items()) or args.steps > meta["steps"]
-                or not set(seeds) <= set(meta["seeds"])):
+        if (
+            any(meta[k] != v for k, v in wanted.items())
+            or args.steps > meta["steps"]
+            or not set(seeds) <= set(meta["seeds"])
+        ):
             raise SystemExit(
                 f"--batches {args.batches} holds --steps {meta['steps']}, seeds {meta['seeds']}, "
                 + ", ".join(f"--{k} {meta[k]!r}" for k in sorted(wanted))
                 + f"; asked for --steps {args.steps} (at most the saved), seeds {seeds}, "
-                + ", ".join(f"--{k} {v!r}" for k, v in sorted(wanted.items())))
+                + ", ".join(f"--{k} {v!r}" for k, v in sorted(wanted.items()))
+            )
         self.lengths, self.task = meta["feature_lengths"], meta["task"]
         self.fallback_reason, self.vocab_size = meta["task_fallback_reason"], meta["vocab_size"]
         self._tokens, self._held_out = meta["held_out_target_tokens"], None
@@ -519,13 +682,26 @@ def export_batches(args, source):
     held_out, tokens = source.held_out()
     seeds = seed_list(args)
     batch_files.export(
-        args.export_batches, {seed: source.train(seed) for seed in seeds}, held_out,
-        {"task": source.task, "task_fallback_reason": source.fallback_reason,
-         "feature_lengths": source.lengths, "vocab_size": source.vocab_size,
-         "steps": args.steps, "batch_size": args.batch_size, "eval_batches": args.eval_batches,
-         "inputs": args.inputs, "held_out_target_tokens": tokens})
-    print(f"wrote the batches of seeds {seeds} ({args.steps} steps) and {tokens} held-out "
-          f"target tokens to {args.export_batches}", flush=True)
+        args.export_batches,
+        {seed: source.train(seed) for seed in seeds},
+        held_out,
+        {
+            "task": source.task,
+            "task_fallback_reason": source.fallback_reason,
+            "feature_lengths": source.lengths,
+            "vocab_size": source.vocab_size,
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "eval_batches": args.eval_batches,
+            "inputs": args.inputs,
+            "held_out_target_tokens": tokens,
+        },
+    )
+    print(
+        f"wrote the batches of seeds {seeds} ({args.steps} steps) and {tokens} held-out "
+        f"target tokens to {args.export_batches}",
+        flush=True,
+    )
 
 
 def run_in_workers(jobs, argv, workers):
@@ -541,9 +717,20 @@ def run_in_workers(jobs, argv, workers):
 
     def one(name, seed):
         path = os.path.join(directory, f"{name}_seed{seed}.json")
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv,
-                               "--job", f"{name}:{seed}", "--job_output", path],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                *argv,
+                "--job",
+                f"{name}:{seed}",
+                "--job_output",
+                path,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         if proc.returncode:
             raise RuntimeError(f"{name} (seed {seed}) failed:\n{proc.stdout[-4000:]}")
         print(proc.stdout.strip().splitlines()[-1], flush=True)
@@ -570,8 +757,11 @@ def interleaved_step_times(configs, train_ds, repeats):
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(1e-3)))
         steps[name] = (lambda m: lambda: m.train_on_batch(x, y, sample_weight=w))(model)
     timings = common.interleaved_medians(steps, repeats)
-    print("interleaved step times: " + ", ".join(
-        f"{name} {1e3 * t['median']:.0f} ms" for name, t in timings.items()), flush=True)
+    print(
+        "interleaved step times: "
+        + ", ".join(f"{name} {1e3 * t['median']:.0f} ms" for name, t in timings.items()),
+        flush=True,
+    )
     return {name: {k: v for k, v in t.items() if k != "samples"} for name, t in timings.items()}
 
 
@@ -587,33 +777,58 @@ def retime(output, step_times, main_configs, table1_configs):
     dense = step_times["dense"]["median"]
     for name in main_configs:
         if name in runs:
-            payload["comparison"][name] = compare(runs[name], runs["dense"],
-                                                  step_times[name]["median"] / dense)
+            payload["comparison"][name] = compare(
+                runs[name], runs["dense"], step_times[name]["median"] / dense
+            )
     for row in payload.get("table1", []):
         if row["name"] in table1_configs:
             row["step_time_vs_dense_interleaved"] = step_times[row["name"]]["median"] / dense
     for name, row in payload.get("dropless_vs_capacity", {}).items():
-        row["step_time_ratio"] = (step_times[name]["median"]
-                                  / step_times[name.replace("_dropless", "")]["median"])
+        row["step_time_ratio"] = (
+            step_times[name]["median"] / step_times[name.replace("_dropless", "")]["median"]
+        )
         row["step_time_ratio_interleaved"] = True
     payload["interleaved_step_times"] = step_times
     payload["retimed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     common.write_result(output, payload)
     for name, c in payload["comparison"].items():
-        print(f"{name}: step time x{c['step_time_vs_dense_interleaved']:.3f} of dense "
-              "(interleaved); " + ("never reaches the dense final value"
-                                   if c["fraction_of_dense_time"] is None else
-                                   f"{100 * c['fraction_of_dense_time']:.0f}% of the dense "
-                                   "training time to its final value"), flush=True)
+        print(
+            f"{name}: step time x{c['step_time_vs_dense_interleaved']:.3f} of dense "
+            "(interleaved); "
+            + (
+                "never reaches the dense final value"
+                if c["fraction_of_dense_time"] is None
+                else f"{100 * c['fraction_of_dense_time']:.0f}% of the dense "
+                "training time to its final value"
+            ),
+            flush=True,
+        )
     return payload
 
 
 # Arguments that only choose which models run or where results go; every other
 # argument changes what a model's training measures.
-SELECTION_ARGS = frozenset({"experts", "dropless_experts", "no_main", "table1", "table1_experts",
-                            "table1_cf", "timing_repeats", "retime", "reuse", "output",
-                            "no_plot", "smoke", "export_batches", "batches", "workers", "job",
-                            "job_output"})
+SELECTION_ARGS = frozenset(
+    {
+        "experts",
+        "dropless_experts",
+        "no_main",
+        "table1",
+        "table1_experts",
+        "table1_cf",
+        "timing_repeats",
+        "retime",
+        "reuse",
+        "output",
+        "no_plot",
+        "smoke",
+        "export_batches",
+        "batches",
+        "workers",
+        "job",
+        "job_output",
+    }
+)
 
 
 def reusable_runs(output, args):
@@ -626,12 +841,16 @@ def reusable_runs(output, args):
         return {}
     path = common.result_path(output)
     stored = payload.get("args", {})
-    differing = sorted(k for k, v in vars(args).items()
-                       if k not in SELECTION_ARGS and stored.get(k) != v)
+    differing = sorted(
+        k for k, v in vars(args).items() if k not in SELECTION_ARGS and stored.get(k) != v
+    )
     if differing:
         raise SystemExit(
-            f"--reuse: {path} was trained with different arguments: " + ", ".join(
-                f"--{k} {stored.get(k)!r} there, {getattr(args, k)!r} now" for k in differing))
+            f"--reuse: {path} was trained with different arguments: "
+            + ", ".join(
+                f"--{k} {stored.get(k)!r} there, {getattr(args, k)!r} now" for k in differing
+            )
+        )
     return payload["runs"]
 
 
@@ -644,7 +863,10 @@ def learning_rate(args):
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if args.warmup_steps else args.learning_rate,
         warmup_target=args.learning_rate if args.warmup_steps else None,
-        warmup_steps=args.warmup_steps, decay_steps=args.steps - args.warmup_steps, alpha=0.1)
+        warmup_steps=args.warmup_steps,
+        decay_steps=args.steps - args.warmup_steps,
+        alpha=0.1,
+    )
 
 
 def plot(runs, dense_name, path, title):
@@ -657,16 +879,31 @@ def plot(runs, dense_name, path, title):
     for name, run in runs.items():
         steps = [p["step"] for p in run["curve"]][1:]  # step 0 squashes the scale
         values = [p["neg_log_perplexity"] for p in run["curve"]][1:]
-        line, = ax.plot(steps, values, marker="o", markersize=3, label=name,
-                        color="black" if name == dense_name else None)
+        (line,) = ax.plot(
+            steps,
+            values,
+            marker="o",
+            markersize=3,
+            label=name,
+            color="black" if name == dense_name else None,
+        )
         if len(run.get("per_seed", [])) > 1:  # min-max band over the seeds
             per_seed = [[p["neg_log_perplexity"] for p in o["curve"]][1:] for o in run["per_seed"]]
-            ax.fill_between(steps, [min(v) for v in zip(*per_seed, strict=False)],
-                            [max(v) for v in zip(*per_seed, strict=False)],
-                            color=line.get_color(), alpha=0.15)
+            ax.fill_between(
+                steps,
+                [min(v) for v in zip(*per_seed, strict=False)],
+                [max(v) for v in zip(*per_seed, strict=False)],
+                color=line.get_color(),
+                alpha=0.15,
+            )
     if dense_name in runs:
-        ax.axhline(runs[dense_name]["final_neg_log_perplexity"], color="gray", ls=":", lw=1,
-                   label="dense final")
+        ax.axhline(
+            runs[dense_name]["final_neg_log_perplexity"],
+            color="gray",
+            ls=":",
+            lw=1,
+            label="dense final",
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out neg. log perplexity")
     ax.set_title(title, fontsize=9)
@@ -697,21 +934,42 @@ def main(argv=None):
 
     def moe_config(moe_type, experts, train_cf, eval_cf, dispatch="auto"):
         return sparse_config(
-            dense_config.replace(track_router_metrics=True), moe_type, experts,
-            train_capacity_factor=train_cf, eval_capacity_factor=eval_cf,
-            min_expert_capacity=args.min_expert_capacity, dispatch=dispatch)
+            dense_config.replace(track_router_metrics=True),
+            moe_type,
+            experts,
+            train_capacity_factor=train_cf,
+            eval_capacity_factor=eval_cf,
+            min_expert_capacity=args.min_expert_capacity,
+            dispatch=dispatch,
+        )
 
-    main_configs = {} if args.no_main else {
-        f"switch{e}": moe_config("switch", e, args.capacity_factor, args.eval_capacity_factor)
-        for e in args.experts}
-    main_configs.update({
-        f"switch{e}_dropless": moe_config("switch", e, args.capacity_factor,
-                                          args.eval_capacity_factor, "dropless")
-        for e in args.dropless_experts})
-    table1_configs = {} if not args.table1 else {
-        f"{router}_E{args.table1_experts}_cf{cf:g}": moe_config(
-            moe_type, args.table1_experts, cf, cf)
-        for cf in args.table1_cf for moe_type, router in (("switch", "top1"), ("gshard", "top2"))}
+    main_configs = (
+        {}
+        if args.no_main
+        else {
+            f"switch{e}": moe_config("switch", e, args.capacity_factor, args.eval_capacity_factor)
+            for e in args.experts
+        }
+    )
+    main_configs.update(
+        {
+            f"switch{e}_dropless": moe_config(
+                "switch", e, args.capacity_factor, args.eval_capacity_factor, "dropless"
+            )
+            for e in args.dropless_experts
+        }
+    )
+    table1_configs = (
+        {}
+        if not args.table1
+        else {
+            f"{router}_E{args.table1_experts}_cf{cf:g}": moe_config(
+                moe_type, args.table1_experts, cf, cf
+            )
+            for cf in args.table1_cf
+            for moe_type, router in (("switch", "top1"), ("gshard", "top2"))
+        }
+    )
     all_configs = {"dense": dense_config, **main_configs, **table1_configs}
 
     def run_one(name, seed):
@@ -720,13 +978,23 @@ def main(argv=None):
         model = build_model(all_configs[name])
         # On JAX an uncompiled step runs op by op; TensorFlow's default graph step is faster
         # than its XLA one at this size.
-        model.compile(**model.compile_defaults(
-            optimizer=keras.optimizers.Adam(learning_rate(args)),
-            jit_compile=keras.backend.backend() == "jax"))
+        model.compile(
+            **model.compile_defaults(
+                optimizer=keras.optimizers.Adam(learning_rate(args)),
+                jit_compile=keras.backend.backend() == "jax",
+            )
+        )
         label = name if len(seeds) == 1 else f"{name} (seed {seed})"
         # Same seed -> same batches in the same order for every model.
-        return train_with_curve(model, source.train(seed), source.held_out()[0], args.steps,
-                                args.eval_every, label, eval_batch_size=args.batch_size)
+        return train_with_curve(
+            model,
+            source.train(seed),
+            source.held_out()[0],
+            args.steps,
+            args.eval_every,
+            label,
+            eval_batch_size=args.batch_size,
+        )
 
     if args.job:  # a worker process of --workers
         import json
@@ -739,12 +1007,16 @@ def main(argv=None):
 
     step_times = None
     if args.timing_repeats:
-        step_times = interleaved_step_times(all_configs, source.train(args.seed),
-                                            args.timing_repeats)
+        step_times = interleaved_step_times(
+            all_configs, source.train(args.seed), args.timing_repeats
+        )
 
     def time_ratio(name):
-        return None if step_times is None else (step_times[name]["median"]
-                                                / step_times["dense"]["median"])
+        return (
+            None
+            if step_times is None
+            else (step_times[name]["median"] / step_times["dense"]["median"])
+        )
 
     if args.retime:
         return retime(args.output, step_times, main_configs, table1_configs)
@@ -754,19 +1026,26 @@ def main(argv=None):
 
     pending = {}
     if args.workers > 1:
-        pending = run_in_workers([(name, seed) for name in all_configs if name not in reused
-                                  for seed in seeds], argv, args.workers)
+        pending = run_in_workers(
+            [(name, seed) for name in all_configs if name not in reused for seed in seeds],
+            argv,
+            args.workers,
+        )
 
     def run(name, config):
-        outs = [pending[name, seed].result() if pending else run_one(name, seed)
-                for seed in seeds]
+        outs = [pending[name, seed].result() if pending else run_one(name, seed) for seed in seeds]
         out = mean_over_seeds(outs, seeds)
         spec = config.sparse_ffn
-        out.update(params=count_params(config), num_experts=config.num_experts,
-                   moe_type=spec and {"keras_moe>SwitchFeedForward": "switch",
-                                      "keras_moe>GShardFeedForward": "gshard"}[spec["class_name"]],
-                   train_capacity_factor=config.sparse_option("train_capacity_factor"),
-                   eval_capacity_factor=config.sparse_option("eval_capacity_factor"))
+        out.update(
+            params=count_params(config),
+            num_experts=config.num_experts,
+            moe_type=spec
+            and {"keras_moe>SwitchFeedForward": "switch", "keras_moe>GShardFeedForward": "gshard"}[
+                spec["class_name"]
+            ],
+            train_capacity_factor=config.sparse_option("train_capacity_factor"),
+            eval_capacity_factor=config.sparse_option("eval_capacity_factor"),
+        )
         return out
 
     start = time.time()
@@ -774,25 +1053,50 @@ def main(argv=None):
     def save(runs, comparison, table1, ordering=None, final=False, extra=None):
         """Writes the JSON after every run, so an interrupted run keeps what it measured."""
         payload = {
-            "benchmark": "quality", "command": command, "task": task, "complete": final,
-            "task_fallback_reason": fallback_reason, "feature_lengths": lengths,
-            "args": vars(args), "held_out_target_tokens": held_out_tokens,
-            "model": {k: v for k, v in dense_config.to_dict().items()
-                      if k in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff",
-                               "num_encoder_layers", "num_decoder_layers", "activation",
-                               "init_scale")},
-            "optimizer": (f"Adam({args.learning_rate}), constant" if args.schedule == "constant"
-                          else f"Adam, linear warmup to {args.learning_rate} over "
-                               f"{args.warmup_steps} steps, cosine decay to 10% at step "
-                               f"{args.steps}"),
-            "seeds": seeds, "reused_runs": sorted(reused),
+            "benchmark": "quality",
+            "command": command,
+            "task": task,
+            "complete": final,
+            "task_fallback_reason": fallback_reason,
+            "feature_lengths": lengths,
+            "args": vars(args),
+            "held_out_target_tokens": held_out_tokens,
+            "model": {
+                k: v
+                for k, v in dense_config.to_dict().items()
+                if k
+                in (
+                    "vocab_size",
+                    "d_model",
+                    "num_heads",
+                    "d_kv",
+                    "d_ff",
+                    "num_encoder_layers",
+                    "num_decoder_layers",
+                    "activation",
+                    "init_scale",
+                )
+            },
+            "optimizer": (
+                f"Adam({args.learning_rate}), constant"
+                if args.schedule == "constant"
+                else f"Adam, linear warmup to {args.learning_rate} over "
+                f"{args.warmup_steps} steps, cosine decay to 10% at step "
+                f"{args.steps}"
+            ),
+            "seeds": seeds,
+            "reused_runs": sorted(reused),
             "sparse_layers": "every other layer (encoder and decoder layers 1, 3, ...)",
-            "runs": runs, "dense_final_neg_log_perplexity": runs["dense"][
-                "final_neg_log_perplexity"],
-            "comparison": comparison, "ordering_by_experts": ordering, "table1": table1,
-            "targets": TARGETS, "interleaved_step_times": step_times,
+            "runs": runs,
+            "dense_final_neg_log_perplexity": runs["dense"]["final_neg_log_perplexity"],
+            "comparison": comparison,
+            "ordering_by_experts": ordering,
+            "table1": table1,
+            "targets": TARGETS,
+            "interleaved_step_times": step_times,
             "total_seconds": time.time() - start,
-            "environment": common.environment(), **(extra or {}),
+            "environment": common.environment(),
+            **(extra or {}),
         }
         return payload, common.write_result(args.output, payload)
 
@@ -812,33 +1116,40 @@ def main(argv=None):
             comparison[name] = compare(runs[name], runs["dense"], time_ratio(name))
             save(runs, comparison, [])
         names = [f"switch{e}" for e in sorted(args.experts)]
-        ordering = [difference_with_noise(runs[b], runs[a])
-                    for a, b in zip(["dense"] + names, names, strict=False)]
+        ordering = [
+            difference_with_noise(runs[b], runs[a])
+            for a, b in zip(["dense"] + names, names, strict=False)
+        ]
         for e in args.dropless_experts:  # dropless vs the capacity-factor layer, same E
             name, capped = f"switch{e}_dropless", f"switch{e}"
             if capped in runs:
                 dropless_vs_capacity[name] = {
                     **difference_with_noise(runs[name], runs[capped]),
                     "step_time_ratio": time_ratio(name) / time_ratio(capped)
-                    if step_times else runs[name]["step_time_s"] / runs[capped]["step_time_s"],
-                    "step_time_ratio_interleaved": step_times is not None}
+                    if step_times
+                    else runs[name]["step_time_s"] / runs[capped]["step_time_s"],
+                    "step_time_ratio_interleaved": step_times is not None,
+                }
 
     table1 = []
     if args.table1:
         for name, config in table1_configs.items():
             r = run_or_reuse(name, config)
             runs[name] = r
-            table1.append({
-                "name": name, "router": "top1" if name.startswith("top1") else "top2",
-                "num_experts": config.num_experts,
-                "capacity_factor": config.sparse_option("train_capacity_factor"),
-                "final_neg_log_perplexity": r["final_neg_log_perplexity"],
-                "gain_over_dense": r["final_neg_log_perplexity"] - dense_final,
-                "final_std": r["final_std"],
-                "step_time_s": r["step_time_s"],
-                "step_time_vs_dense": r["step_time_s"] / runs["dense"]["step_time_s"],
-                "step_time_vs_dense_interleaved": time_ratio(name),
-            })
+            table1.append(
+                {
+                    "name": name,
+                    "router": "top1" if name.startswith("top1") else "top2",
+                    "num_experts": config.num_experts,
+                    "capacity_factor": config.sparse_option("train_capacity_factor"),
+                    "final_neg_log_perplexity": r["final_neg_log_perplexity"],
+                    "gain_over_dense": r["final_neg_log_perplexity"] - dense_final,
+                    "final_std": r["final_std"],
+                    "step_time_s": r["step_time_s"],
+                    "step_time_vs_dense": r["step_time_s"] / runs["dense"]["step_time_s"],
+                    "step_time_vs_dense_interleaved": time_ratio(name),
+                }
+            )
             save(runs, comparison, table1)
     total = time.time() - start
     extra = {}
@@ -846,42 +1157,67 @@ def main(argv=None):
         os.makedirs(common.RESULTS_DIR, exist_ok=True)
         png = os.path.join(common.RESULTS_DIR, f"{args.output}.png")
         main_runs = {k: v for k, v in runs.items() if k == "dense" or k.startswith("switch")}
-        title = (f"{task}: d_model {args.d_model}, d_ff {args.d_ff}, {args.layers}+{args.layers} "
-                 f"layers, batch {args.batch_size}x{args.inputs}"
-                 + (f"\nmean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else ""))
-        extra["plot"] = os.path.relpath(plot(main_runs, "dense", png, title),
-                                        os.path.dirname(common.RESULTS_DIR))
+        title = (
+            f"{task}: d_model {args.d_model}, d_ff {args.d_ff}, {args.layers}+{args.layers} "
+            f"layers, batch {args.batch_size}x{args.inputs}"
+            + (f"\nmean of {len(seeds)} seeds (band: min-max)" if len(seeds) > 1 else "")
+        )
+        extra["plot"] = os.path.relpath(
+            plot(main_runs, "dense", png, title), os.path.dirname(common.RESULTS_DIR)
+        )
     if dropless_vs_capacity:
         extra["dropless_vs_capacity"] = dropless_vs_capacity
     payload, path = save(runs, comparison, table1, ordering, final=True, extra=extra)
 
-
     print(f"\ntask {task}; dense final neg log perplexity {dense_final:.4f} at step {args.steps}")
     for name, c in comparison.items():
-        reach = "never" if c["steps_to_dense_final"] is None else \
-            f"step {c['steps_to_dense_final']:.0f} ({100 * c['fraction_of_dense_steps']:.0f}% " \
+        reach = (
+            "never"
+            if c["steps_to_dense_final"] is None
+            else f"step {c['steps_to_dense_final']:.0f} ({100 * c['fraction_of_dense_steps']:.0f}% "
             "of the dense steps)"
-        noise = ("" if c["gain_in_dense_seed_std"] is None else
-                 f" = {c['gain_in_dense_seed_std']:+.1f} dense seed std")
-        print(f"{name}: final {runs[name]['final_neg_log_perplexity']:.4f} "
-              f"(gain {c['final_gain_over_dense']:+.4f}{noise}); reaches dense final at {reach}"
-              + ("" if c["fraction_of_dense_time"] is None else
-                 f", {100 * c['fraction_of_dense_time']:.0f}% of the dense training time")
-              + f"; step time x{c['step_time_vs_dense']:.2f} of dense; targets met: "
-              + (", ".join(k for k, v in c["meets"].items() if v) or "none"))
+        )
+        noise = (
+            ""
+            if c["gain_in_dense_seed_std"] is None
+            else f" = {c['gain_in_dense_seed_std']:+.1f} dense seed std"
+        )
+        print(
+            f"{name}: final {runs[name]['final_neg_log_perplexity']:.4f} "
+            f"(gain {c['final_gain_over_dense']:+.4f}{noise}); reaches dense final at {reach}"
+            + (
+                ""
+                if c["fraction_of_dense_time"] is None
+                else f", {100 * c['fraction_of_dense_time']:.0f}% of the dense training time"
+            )
+            + f"; step time x{c['step_time_vs_dense']:.2f} of dense; targets met: "
+            + (", ".join(k for k, v in c["meets"].items() if v) or "none")
+        )
     for o in ordering or []:
-        print(f"ordering step: {o['difference']:+.4f} nats"
-              + ("" if o["noise_std"] is None else
-                 f" (noise std {o['noise_std']:.4f}, resolved: {o['resolved']})"))
+        print(
+            f"ordering step: {o['difference']:+.4f} nats"
+            + (
+                ""
+                if o["noise_std"] is None
+                else f" (noise std {o['noise_std']:.4f}, resolved: {o['resolved']})"
+            )
+        )
     for name, d in dropless_vs_capacity.items():
-        print(f"{name} - {name.replace('_dropless', '')}: {d['difference']:+.4f} nats"
-              + ("" if d["noise_std"] is None else
-                 f" (noise std {d['noise_std']:.4f}, resolved: {d['resolved']})")
-              + f"; step time x{d['step_time_ratio']:.3f}")
+        print(
+            f"{name} - {name.replace('_dropless', '')}: {d['difference']:+.4f} nats"
+            + (
+                ""
+                if d["noise_std"] is None
+                else f" (noise std {d['noise_std']:.4f}, resolved: {d['resolved']})"
+            )
+            + f"; step time x{d['step_time_ratio']:.3f}"
+        )
     for row in table1:
-        print(f"{row['name']:>16s}: final {row['final_neg_log_perplexity']:.4f} "
-              f"(gain {row['gain_over_dense']:+.4f}), step {1e3 * row['step_time_s']:.1f} ms "
-              f"(x{row['step_time_vs_dense']:.2f} dense)")
+        print(
+            f"{row['name']:>16s}: final {row['final_neg_log_perplexity']:.4f} "
+            f"(gain {row['gain_over_dense']:+.4f}), step {1e3 * row['step_time_s']:.1f} ms "
+            f"(x{row['step_time_vs_dense']:.2f} dense)"
+        )
     print(f"total {total:.0f} s; wrote {path}\ncommand: {command}", flush=True)
     return payload
 

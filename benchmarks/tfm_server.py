@@ -28,9 +28,14 @@ def main():
     layer = moe.MoeLayer(
         moe.FeedForwardExperts(num_experts, d_ff, activation=tf.nn.relu),
         moe.ExpertsChooseMaskedRouter(num_experts, export_metrics=False),
-        train_capacity_factor=config["capacity_factor"], examples_per_group=1.0)
-    x = tf.constant(np.random.default_rng(0).normal(
-        size=(tokens // seq_len, seq_len, d_model)).astype("float32"))
+        train_capacity_factor=config["capacity_factor"],
+        examples_per_group=1.0,
+    )
+    x = tf.constant(
+        np.random.default_rng(0)
+        .normal(size=(tokens // seq_len, seq_len, d_model))
+        .astype("float32")
+    )
 
     @tf.function
     def step():

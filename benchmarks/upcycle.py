@@ -57,9 +57,18 @@ def parse_args(argv=None):
 
         common.use_smoke_results()
     else:
-        base = quality.parse_args(["--steps", str(args.dense_steps), "--eval_every",
-                                   str(args.eval_every), "--seeds", str(args.seeds),
-                                   "--schedule", "constant"])
+        base = quality.parse_args(
+            [
+                "--steps",
+                str(args.dense_steps),
+                "--eval_every",
+                str(args.eval_every),
+                "--seeds",
+                str(args.seeds),
+                "--schedule",
+                "constant",
+            ]
+        )
     return args, base
 
 
@@ -71,15 +80,27 @@ def arm_configs(dense_config):
 
     # recipes.py's fg32_top4, with its 4 gates renormalised to sum to 1.
     fg32 = dense_config.replace(
-        track_router_metrics=True, encoder_sparse_step=2, decoder_sparse_step=2,
+        track_router_metrics=True,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
         sparse_ffn=functools.partial(
-            keras_moe.TopKFeedForward, num_experts=32, d_ff=dense_config.d_ff // 4, k=4,
-            normalize_top_k=True, activation=dense_config.activation,
-            init_scale=dense_config.init_scale, train_capacity_factor=1.25,
-            eval_capacity_factor=2.0, min_expert_capacity=4))
-    return {"dense": (dense_config, None),
-            "switch8_upcycled": (quality.sparse_config(dense_config, "switch", 8), "fresh"),
-            "fg32_top4_upcycled": (fg32, "replicated")}
+            keras_moe.TopKFeedForward,
+            num_experts=32,
+            d_ff=dense_config.d_ff // 4,
+            k=4,
+            normalize_top_k=True,
+            activation=dense_config.activation,
+            init_scale=dense_config.init_scale,
+            train_capacity_factor=1.25,
+            eval_capacity_factor=2.0,
+            min_expert_capacity=4,
+        ),
+    )
+    return {
+        "dense": (dense_config, None),
+        "switch8_upcycled": (quality.sparse_config(dense_config, "switch", 8), "fresh"),
+        "fg32_top4_upcycled": (fg32, "replicated"),
+    }
 
 
 def continue_run(config, router_init, checkpoint, seed, learning_rate):
@@ -98,9 +119,9 @@ def continue_run(config, router_init, checkpoint, seed, learning_rate):
         model.load_weights(checkpoint)
     else:
         with tempfile.TemporaryDirectory() as run_dir:
-            CheckpointConfig(init_checkpoint=checkpoint,
-                             upcycle=Upcycle(router_init=router_init)).check().restore(
-                model, run_dir)
+            CheckpointConfig(
+                init_checkpoint=checkpoint, upcycle=Upcycle(router_init=router_init)
+            ).check().restore(model, run_dir)
     return model
 
 
@@ -114,7 +135,8 @@ def scratch_steps(target):
     if not run:
         return None
     return quality.steps_to_reach(
-        [(p["step"], p["neg_log_perplexity"]) for p in run["curve"]], target)
+        [(p["step"], p["neg_log_perplexity"]) for p in run["curve"]], target
+    )
 
 
 def main(argv=None):
@@ -130,12 +152,14 @@ def main(argv=None):
     configs = arm_configs(dense_config)
     held_out = source.held_out()[0]
     step_times = quality.interleaved_step_times(
-        {name: config for name, (config, _) in configs.items()}, source.train(0),
-        args.timing_repeats)
+        {name: config for name, (config, _) in configs.items()},
+        source.train(0),
+        args.timing_repeats,
+    )
     start, phase1, outs = time.time(), [], {arm: [] for arm in ARMS}
 
     def save(final=False):
-        runs = {arm: quality.mean_over_seeds(o, seeds[:len(o)]) for arm, o in outs.items() if o}
+        runs = {arm: quality.mean_over_seeds(o, seeds[: len(o)]) for arm, o in outs.items() if o}
         for arm in runs:
             runs[arm]["params"] = count_params(configs[arm][0])
         rows = {}
@@ -152,25 +176,43 @@ def main(argv=None):
             rows["fg32_top4_from_scratch"] = {
                 "source": f"results/{SCRATCH_RESULT}.json",
                 "steps_to_dense_continuation_final": reach,
-                "upcycled_total_steps_to_it": None if rows.get("fg32_top4_upcycled", {}).get(
-                    "steps_to_dense_final") is None else
-                args.dense_steps + rows["fg32_top4_upcycled"]["steps_to_dense_final"]}
-        return common.write_result(args.output, {
-            "benchmark": "upcycle", "command": quality.command_line("upcycle.py", argv),
-            "complete": final, "task": source.task, "args": vars(args), "seeds": seeds,
-            "held_out_target_tokens": source.held_out()[1],
-            "dense_phase": quality.mean_over_seeds(phase1, seeds[:len(phase1)])
-            if phase1 else None,
-            "interleaved_step_times": step_times, "runs": runs, "rows": rows,
-            "total_seconds": time.time() - start, "environment": common.environment()})
+                "upcycled_total_steps_to_it": None
+                if rows.get("fg32_top4_upcycled", {}).get("steps_to_dense_final") is None
+                else args.dense_steps + rows["fg32_top4_upcycled"]["steps_to_dense_final"],
+            }
+        return common.write_result(
+            args.output,
+            {
+                "benchmark": "upcycle",
+                "command": quality.command_line("upcycle.py", argv),
+                "complete": final,
+                "task": source.task,
+                "args": vars(args),
+                "seeds": seeds,
+                "held_out_target_tokens": source.held_out()[1],
+                "dense_phase": quality.mean_over_seeds(phase1, seeds[: len(phase1)])
+                if phase1
+                else None,
+                "interleaved_step_times": step_times,
+                "runs": runs,
+                "rows": rows,
+                "total_seconds": time.time() - start,
+                "environment": common.environment(),
+            },
+        )
 
     for seed in seeds:
         keras.utils.set_random_seed(seed)
         dense = build_model(dense_config)
-        dense.compile(**dense.compile_defaults(
-            optimizer=keras.optimizers.Adam(base.learning_rate)))
-        out = quality.train_with_curve(dense, source.train(seed), held_out, args.dense_steps,
-                                       args.eval_every, f"dense phase (seed {seed})")
+        dense.compile(**dense.compile_defaults(optimizer=keras.optimizers.Adam(base.learning_rate)))
+        out = quality.train_with_curve(
+            dense,
+            source.train(seed),
+            held_out,
+            args.dense_steps,
+            args.eval_every,
+            f"dense phase (seed {seed})",
+        )
         out["seed"] = seed
         phase1.append(out)
         with tempfile.TemporaryDirectory() as folder:
@@ -179,18 +221,37 @@ def main(argv=None):
             for arm, (config, router_init) in configs.items():
                 model = continue_run(config, router_init, checkpoint, seed, base.learning_rate)
                 stream = source.train(seed).skip(args.dense_steps)  # the next batches
-                out = quality.train_with_curve(model, stream, held_out, args.extra_steps,
-                                               args.eval_every, f"{arm} (seed {seed})")
+                out = quality.train_with_curve(
+                    model,
+                    stream,
+                    held_out,
+                    args.extra_steps,
+                    args.eval_every,
+                    f"{arm} (seed {seed})",
+                )
                 out["seed"] = seed
                 outs[arm].append(out)
                 save()
     path = save(final=True)
     result = common.read_result(args.output)
     for arm, row in result["rows"].items():
-        print(arm, {k: v for k, v in row.items() if k in (
-            "final_gain_over_dense", "gain_in_dense_seed_std", "steps_to_dense_final",
-            "fraction_of_dense_time", "start_neg_log_perplexity",
-            "steps_to_dense_continuation_final", "upcycled_total_steps_to_it")})
+        print(
+            arm,
+            {
+                k: v
+                for k, v in row.items()
+                if k
+                in (
+                    "final_gain_over_dense",
+                    "gain_in_dense_seed_std",
+                    "steps_to_dense_final",
+                    "fraction_of_dense_time",
+                    "start_neg_log_perplexity",
+                    "steps_to_dense_continuation_final",
+                    "upcycled_total_steps_to_it",
+                )
+            },
+        )
     print(f"wrote {path}")
 
 

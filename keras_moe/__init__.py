@@ -53,11 +53,30 @@ def __getattr__(name: str):
         return getattr(keras_hub_wing, name)
     raise AttributeError(f"module 'keras_moe' has no attribute {name!r}")
 
+
 __all__ = [
-    "Dispatcher", "EinsumDispatcher", "ExpertChoiceRouter", "FeedForwardExperts",
-    "GShardFeedForward", "GatherDispatcher", "MoeLayer", "Router", "RouterMetricsMixin",
-    "RoutingInstructions", "SharedExpertFeedForward",
-    "SwitchFeedForward", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKFeedForward",
-    "TopKRouter", "get_dispatcher", "route_each_sequence", "router_losses", "router_metrics",
-    "sharding", "sparsify", "from_preset",
+    "Dispatcher",
+    "EinsumDispatcher",
+    "ExpertChoiceRouter",
+    "FeedForwardExperts",
+    "GShardFeedForward",
+    "GatherDispatcher",
+    "MoeLayer",
+    "Router",
+    "RouterMetricsMixin",
+    "RoutingInstructions",
+    "SharedExpertFeedForward",
+    "SwitchFeedForward",
+    "SwitchRouter",
+    "TokenChoiceRouter",
+    "Top2Router",
+    "TopKFeedForward",
+    "TopKRouter",
+    "get_dispatcher",
+    "route_each_sequence",
+    "router_losses",
+    "router_metrics",
+    "sharding",
+    "sparsify",
+    "from_preset",
 ]

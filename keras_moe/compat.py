@@ -188,8 +188,11 @@ def gin_bound_parameters() -> dict[tuple[str, str], list[str]]:
     `("encoder", "keras_moe.SwitchFeedForward")`."""
     import gin.config
 
-    return {key: sorted(values) for key, values in gin.config._CONFIG.items()
-            if key[1] != "gin.macro" and values}
+    return {
+        key: sorted(values)
+        for key, values in gin.config._CONFIG.items()
+        if key[1] != "gin.macro" and values
+    }
 
 
 def gin_called_configurables() -> set[tuple[str, str]]:

@@ -31,25 +31,39 @@ class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
     (2, 3, 16)
     """
 
-    def __init__(self, d_ff: int, activation: Activation = "gated-gelu",
-                 dropout_rate: float = 0.0, init_scale: float = 1.0, seed: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        d_ff: int,
+        activation: Activation = "gated-gelu",
+        dropout_rate: float = 0.0,
+        init_scale: float = 1.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.d_ff = d_ff
         self.init_feed_forward(activation, dropout_rate, init_scale, seed)
 
     def build(self, input_shape: Shape) -> None:
         # Normal init with std sqrt(init_scale / fan_in), fan_in = the kernel's first axis.
-        self.add_kernels((input_shape[-1], self.d_ff), (self.d_ff, input_shape[-1]),
-                         lambda shape: keras.initializers.RandomNormal(
-                             stddev=(self.init_scale / shape[0]) ** 0.5))
+        self.add_kernels(
+            (input_shape[-1], self.d_ff),
+            (self.d_ff, input_shape[-1]),
+            lambda shape: keras.initializers.RandomNormal(
+                stddev=(self.init_scale / shape[0]) ** 0.5
+            ),
+        )
 
     def call(self, x: Tensor, training: bool | None = None) -> Tensor:
         return self.feed_forward(x, ops.matmul, training)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update(d_ff=self.d_ff, activation=self.activation,
-                      dropout_rate=self.dropout_rate, init_scale=self.init_scale,
-                      seed=self.seed)
+        config.update(
+            d_ff=self.d_ff,
+            activation=self.activation,
+            dropout_rate=self.dropout_rate,
+            init_scale=self.init_scale,
+            seed=self.seed,
+        )
         return config

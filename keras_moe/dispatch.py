@@ -42,8 +42,15 @@ from keras_moe.dispatch_einsum import EinsumDispatcher, EinsumPlan
 from keras_moe.dispatch_gather import GatherDispatcher, GatherPlan
 
 __all__ = [
-    "DISPATCH_MODES", "Dispatcher", "DroplessDispatcher", "EinsumDispatcher", "EinsumPlan",
-    "GatherDispatcher", "GatherPlan", "get_dispatcher", "resolve_dispatch",
+    "DISPATCH_MODES",
+    "Dispatcher",
+    "DroplessDispatcher",
+    "EinsumDispatcher",
+    "EinsumPlan",
+    "GatherDispatcher",
+    "GatherPlan",
+    "get_dispatcher",
+    "resolve_dispatch",
 ]
 
 DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
@@ -64,8 +71,7 @@ def resolve_dispatch(mode: DispatchMode, platform: str) -> str:
     return mode
 
 
-def get_dispatcher(mode: DispatchMode,
-                   dropless_buffer_factor: float | None = None) -> Dispatcher:
+def get_dispatcher(mode: DispatchMode, dropless_buffer_factor: float | None = None) -> Dispatcher:
     """Returns the dispatcher for `mode` ("einsum", "gather", "dropless" or "auto").
 
     "auto" picks einsum on TPU and gather everywhere else (`resolve_dispatch`);
@@ -84,8 +90,10 @@ def get_dispatcher(mode: DispatchMode,
     if mode not in DISPATCH_MODES:
         raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {mode!r}.")
     if dropless_buffer_factor is not None and mode != "dropless":
-        raise ValueError("`dropless_buffer_factor` sizes the dropless dispatcher's receive "
-                         f"buffer; it needs dispatch='dropless', got dispatch={mode!r}.")
+        raise ValueError(
+            "`dropless_buffer_factor` sizes the dropless dispatcher's receive "
+            f"buffer; it needs dispatch='dropless', got dispatch={mode!r}."
+        )
     platform = sharding.accelerator_platform()
     mode = resolve_dispatch(mode, platform)
     if mode == "dropless":
@@ -94,6 +102,7 @@ def get_dispatcher(mode: DispatchMode,
                 "dispatch='dropless' on TPU needs the JAX backend (its grouped matmul there "
                 "is the megablox kernel; TensorFlow's needs shapes that depend on the "
                 "routing, which TPUs do not compile): set KERAS_BACKEND=jax, or use "
-                "dispatch='einsum' (or 'auto') with a capacity factor.")
+                "dispatch='einsum' (or 'auto') with a capacity factor."
+            )
         return DroplessDispatcher(dropless_buffer_factor)
     return EinsumDispatcher() if mode == "einsum" else GatherDispatcher()

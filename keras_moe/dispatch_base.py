@@ -29,20 +29,34 @@ class Dispatcher:
     def check(self, router: Router, experts: keras.layers.Layer) -> None:
         """Raises ValueError, naming `dispatch`, when `router` or `experts` cannot be used."""
 
-    def expert_capacity(self, router: Router, group_size: int | Tensor, capacity_factor: float,
-                        min_expert_capacity: int) -> int | Tensor:
+    def expert_capacity(
+        self,
+        router: Router,
+        group_size: int | Tensor,
+        capacity_factor: float,
+        min_expert_capacity: int,
+    ) -> int | Tensor:
         """Slots per expert per group: the router's `expert_capacity` (see it)."""
         return router.expert_capacity(group_size, capacity_factor, min_expert_capacity)
 
-    def apply_and_report(self, x: Tensor, routing: RoutingInstructions,
-                         experts: keras.layers.Layer,
-                         training: bool | None = None) -> tuple[Tensor, Tensor]:
+    def apply_and_report(
+        self,
+        x: Tensor,
+        routing: RoutingInstructions,
+        experts: keras.layers.Layer,
+        training: bool | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """`(apply(...), kept)`: the outputs and which assignments were computed
         (`routing.kept`, less any the dispatcher itself dropped)."""
         return self.apply(x, routing, experts, training), routing.kept
 
-    def apply(self, x: Tensor, routing: RoutingInstructions, experts: keras.layers.Layer,
-              training: bool | None = None) -> Tensor:
+    def apply(
+        self,
+        x: Tensor,
+        routing: RoutingInstructions,
+        experts: keras.layers.Layer,
+        training: bool | None = None,
+    ) -> Tensor:
         """Outputs `[G, S, d]` of the `experts` layer for group tokens `x` routed by `routing`."""
         plan = self.plan(routing)
         expert_outputs = experts(self.dispatch(x, plan), training=training)
@@ -59,4 +73,3 @@ class Dispatcher:
     def combine(self, expert_outputs: Tensor, plan: Any) -> Tensor:
         """Token outputs `[G, S, d]` of expert outputs `[E, G, C, d]`, combine-weighted."""
         raise NotImplementedError
-

@@ -56,39 +56,56 @@ class DroplessDispatcher(Dispatcher):
 
     def __init__(self, buffer_factor: float | None = None) -> None:
         if buffer_factor is not None and not (
-                isinstance(buffer_factor, (int, float)) and buffer_factor > 0):
-            raise ValueError(f"`dropless_buffer_factor` must be None or a number > 0, "
-                             f"got {buffer_factor!r}.")
+            isinstance(buffer_factor, (int, float)) and buffer_factor > 0
+        ):
+            raise ValueError(
+                f"`dropless_buffer_factor` must be None or a number > 0, got {buffer_factor!r}."
+            )
         self.buffer_factor = buffer_factor
 
     def check(self, router: Router, experts: keras.layers.Layer) -> None:
         if not router.picks_experts_per_token:
             raise ValueError(
                 "dispatch='dropless' has no capacity, so it needs a token-choice router "
-                f"(Switch, top-2, top-k); got {type(router).__name__}.")
+                f"(Switch, top-2, top-k); got {type(router).__name__}."
+            )
         if not experts.takes_sorted_rows:
             raise ValueError(
                 f"dispatch='dropless' runs the experts on tokens sorted by expert, which "
                 f"{type(experts).__name__} does not take (expert-parallel experts exchange "
-                "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it.")
+                "fixed-capacity buffers); use dispatch='gather' or 'einsum' with it."
+            )
 
-    def expert_capacity(self, router: Router, group_size: int | Tensor, capacity_factor: float,
-                        min_expert_capacity: int) -> int | Tensor:
+    def expert_capacity(
+        self,
+        router: Router,
+        group_size: int | Tensor,
+        capacity_factor: float,
+        min_expert_capacity: int,
+    ) -> int | Tensor:
         # A token takes at most one slot of an expert: a group's size is room for all.
         return group_size
 
-    def apply_and_report(self, x: Tensor, routing: RoutingInstructions,
-                         experts: keras.layers.Layer,
-                         training: bool | None = None) -> tuple[Tensor, Tensor]:
+    def apply_and_report(
+        self,
+        x: Tensor,
+        routing: RoutingInstructions,
+        experts: keras.layers.Layer,
+        training: bool | None = None,
+    ) -> tuple[Tensor, Tensor]:
         layout, reason = dropless_exchange.plan(routing.num_experts, x.shape[0])
         if layout is None:
             return self._gathered_weights(x, routing, experts, training, reason), routing.kept
-        y, kept = dropless_exchange.apply(x, routing, experts, layout, training,
-                                          self.buffer_factor)
+        y, kept = dropless_exchange.apply(x, routing, experts, layout, training, self.buffer_factor)
         return sharding.with_logical_constraint(y, ("batch", "length", "embed")), kept
 
-    def apply(self, x: Tensor, routing: RoutingInstructions, experts: keras.layers.Layer,
-              training: bool | None = None) -> Tensor:
+    def apply(
+        self,
+        x: Tensor,
+        routing: RoutingInstructions,
+        experts: keras.layers.Layer,
+        training: bool | None = None,
+    ) -> Tensor:
         return self.apply_and_report(x, routing, experts, training)[0]
 
     def _gathered_weights(self, x, routing, experts, training, reason):
@@ -100,18 +117,22 @@ class DroplessDispatcher(Dispatcher):
         expert = ops.reshape(ops.where(routing.kept > 0, routing.expert_index, num_experts), (-1,))
         order = ops.cast(ops.argsort(expert), "int32")
         num_assignments = ops.shape(order)[0]
-        inverse = ops.scatter(order[:, None], ops.arange(num_assignments, dtype="int32"),
-                              (num_assignments,))  # the inverse permutation, without a sort
-        group_sizes = ops.segment_sum(ops.ones_like(expert), expert,
-                                      num_segments=num_experts + 1)[:num_experts]
+        inverse = ops.scatter(
+            order[:, None], ops.arange(num_assignments, dtype="int32"), (num_assignments,)
+        )  # the inverse permutation, without a sort
+        group_sizes = ops.segment_sum(ops.ones_like(expert), expert, num_segments=num_experts + 1)[
+            :num_experts
+        ]
         tokens = ops.reshape(x, (-1, 1, d_model))
         assignments = ops.reshape(
-            ops.broadcast_to(tokens, (ops.shape(tokens)[0], num_choices, d_model)),
-            (-1, d_model))
+            ops.broadcast_to(tokens, (ops.shape(tokens)[0], num_choices, d_model)), (-1, d_model)
+        )
         rows = _permute_rows(assignments, order, inverse)
         token_exchange.note_choice(
-            "gspmd", "dispatch='dropless' sorts each device's tokens by expert and the "
-            f"experts' weights are gathered to every device ({reason})")
+            "gspmd",
+            "dispatch='dropless' sorts each device's tokens by expert and the "
+            f"experts' weights are gathered to every device ({reason})",
+        )
         outputs = experts(rows, group_sizes=group_sizes, training=training)
         outputs = ops.reshape(_permute_rows(outputs, inverse, order), (-1, num_choices, d_model))
         weight = ops.reshape(ops.cast(routing.combine_weight, outputs.dtype), (-1, num_choices, 1))

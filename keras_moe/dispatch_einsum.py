@@ -31,7 +31,6 @@ class EinsumPlan(NamedTuple):
     combine_tensor: Tensor  # [G, S, E, C] combine weights
 
 
-
 class EinsumDispatcher(Dispatcher):
     """One-hot einsum dispatch (TPU / GSPMD friendly).
 
@@ -60,7 +59,8 @@ class EinsumDispatcher(Dispatcher):
                 "dispatch='einsum' needs a static expert capacity, but the routing group's "
                 "size is only known at run time (group_size='batch' with an unknown batch "
                 "size). Batch with a fixed size (drop_remainder=True), set `group_size` to "
-                "'sequence' or an integer, or use dispatch='gather'.")
+                "'sequence' or an integer, or use dispatch='gather'."
+            )
         shape = ops.shape(routing.expert_index)
         expert_hot = ops.one_hot(routing.expert_index, routing.num_experts, dtype="float32")
         slot_hot = ops.one_hot(routing.position, routing.capacity, dtype="float32")

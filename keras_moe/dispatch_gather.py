@@ -94,19 +94,21 @@ class GatherDispatcher(Dispatcher):
         tokens = ops.reshape(x, (-1, d_model))
         if _uses_gather_gradients(plan):
             expert_inputs = _gather_rows_with_gather_gradient(
-                tokens, plan.slot_token, plan.token_slot)
+                tokens, plan.slot_token, plan.token_slot
+            )
         else:
             expert_inputs = ops.take(_with_zero_row(tokens), plan.slot_token, axis=0)
         expert_inputs = ops.reshape(
             expert_inputs, (plan.num_experts, plan.num_groups, plan.capacity, d_model)
         )
         token_exchange.note_choice(
-            "gspmd", "dispatch='gather' fills expert slots by gather and scatter; the layout "
+            "gspmd",
+            "dispatch='gather' fills expert slots by gather and scatter; the layout "
             "constraints leave their movement to GSPMD (dispatch='einsum' exchanges by "
-            "all-to-all)", expert_inputs.shape)
-        return sharding.with_logical_constraint(
-            expert_inputs, ("expert", "batch", None, "embed")
+            "all-to-all)",
+            expert_inputs.shape,
         )
+        return sharding.with_logical_constraint(expert_inputs, ("expert", "batch", None, "embed"))
 
     def combine(self, expert_outputs: Tensor, plan: GatherPlan) -> Tensor:
         d_model = expert_outputs.shape[-1]
@@ -114,8 +116,12 @@ class GatherDispatcher(Dispatcher):
         num_tokens = plan.num_groups * plan.group_size
         if _uses_gather_gradients(plan):
             y = _weighted_gather_with_gather_gradient(
-                outputs, ops.cast(plan.token_weight, outputs.dtype), plan.token_slot,
-                ops.cast(plan.slot_weight, outputs.dtype), plan.slot_token)
+                outputs,
+                ops.cast(plan.token_weight, outputs.dtype),
+                plan.token_slot,
+                ops.cast(plan.slot_weight, outputs.dtype),
+                plan.slot_token,
+            )
         else:
             weighted = outputs * ops.cast(plan.slot_weight, outputs.dtype)[:, None]
             y = ops.segment_sum(weighted, plan.slot_token, num_segments=num_tokens + 1)
@@ -167,8 +173,7 @@ def _gather_rows_with_gather_gradient(tokens, slot_token, token_slot):
     return gather(tokens)
 
 
-def _weighted_gather_with_gather_gradient(slots, token_weight, token_slot, slot_weight,
-                                          slot_token):
+def _weighted_gather_with_gather_gradient(slots, token_weight, token_slot, slot_weight, slot_token):
     """y[t] = sum_k token_weight[t, k] * slots[token_slot[t, k]]."""
 
     # Float tensors go in as arguments (JAX forbids closing over values that
@@ -176,11 +181,10 @@ def _weighted_gather_with_gather_gradient(slots, token_weight, token_slot, slot_
     @ops.custom_gradient
     def combine(slots, token_weight, slot_weight):
         padded = _with_zero_row(slots)
-        picked = [ops.take(padded, token_slot[:, k], axis=0)
-                  for k in range(token_slot.shape[-1])]
+        picked = [ops.take(padded, token_slot[:, k], axis=0) for k in range(token_slot.shape[-1])]
         y = picked[0] * token_weight[:, :1]
         for k in range(1, len(picked)):
-            y = y + picked[k] * token_weight[:, k:k + 1]
+            y = y + picked[k] * token_weight[:, k : k + 1]
 
         def grad(*args, upstream=None):
             if upstream is None:

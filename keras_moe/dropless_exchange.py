@@ -114,12 +114,19 @@ def _to_peers(rows, route, buffer):
     if sharding.accelerator_platform() == "tpu":
         out = jnp.zeros((buffer, rows.shape[-1]), rows.dtype)
         return jax.lax.ragged_all_to_all(
-            rows, out, route["offsets"], route["send"], route["land_offsets"],
-            route["accepted"], axis_name="expert")
+            rows,
+            out,
+            route["offsets"],
+            route["send"],
+            route["land_offsets"],
+            route["accepted"],
+            axis_name="expert",
+        )
     # XLA:CPU has no ragged all-to-all: worst-case blocks, one all_to_all, then compaction.
     block = rows.shape[0]
-    moved = jax.lax.all_to_all(_block_rows(rows, route["offsets"], route["send"], block),
-                               "expert", 0, 0, tiled=True)
+    moved = jax.lax.all_to_all(
+        _block_rows(rows, route["offsets"], route["send"], block), "expert", 0, 0, tiled=True
+    )
     source, index, inside = _locate(route["accept_offsets"], route["accepted"], buffer)
     picked = moved[source, jnp.clip(index, 0, block - 1)]
     return jnp.where(inside[:, None], picked, 0)
@@ -134,8 +141,14 @@ def _from_peers(results, route, num_rows):
     if sharding.accelerator_platform() == "tpu":
         out = jnp.zeros((num_rows, results.shape[-1]), results.dtype)
         return jax.lax.ragged_all_to_all(
-            results, out, route["accept_offsets"], route["accepted"], route["their_offsets"],
-            route["send"], axis_name="expert")
+            results,
+            out,
+            route["accept_offsets"],
+            route["accepted"],
+            route["their_offsets"],
+            route["send"],
+            axis_name="expert",
+        )
     blocks = _block_rows(results, route["accept_offsets"], route["accepted"], num_rows)
     moved = jax.lax.all_to_all(blocks, "expert", 0, 0, tiled=True)
     peer, index, inside = _locate(route["offsets"], route["want"], num_rows)
@@ -159,14 +172,26 @@ def _route(counts, buffer):
     mine = jnp.stack([accepted, accept_offsets], axis=1)
     told = jax.lax.all_to_all(mine, "expert", 0, 0, tiled=True)  # what each peer took of mine
     their_offsets = jax.lax.all_to_all(offsets[:, None], "expert", 0, 0, tiled=True)[:, 0]
-    return {"want": want, "offsets": offsets, "recv_counts": recv_counts,
-            "accepted": accepted, "accept_offsets": accept_offsets, "send": told[:, 0],
-            "land_offsets": told[:, 1], "their_offsets": their_offsets}
+    return {
+        "want": want,
+        "offsets": offsets,
+        "recv_counts": recv_counts,
+        "accepted": accepted,
+        "accept_offsets": accept_offsets,
+        "send": told[:, 0],
+        "land_offsets": told[:, 1],
+        "their_offsets": their_offsets,
+    }
 
 
-def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
-          layout: DroplessLayout, training: bool | None = None,
-          buffer_factor: float | None = None) -> tuple[Tensor, Tensor]:
+def apply(
+    x: Tensor,
+    routing: RoutingInstructions,
+    experts: FeedForwardExperts,
+    layout: DroplessLayout,
+    training: bool | None = None,
+    buffer_factor: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """The dropless layer's outputs `[G, S, d]`, experts computed where they live.
 
     Args:
@@ -191,7 +216,8 @@ def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
         raise ValueError(
             "dispatch='dropless' with experts sharded over the mesh's 'expert' axis does not "
             f"apply expert dropout (dropout_rate={experts.dropout_rate}); set the experts' "
-            "dropout_rate to 0, or use dispatch='einsum'.")
+            "dropout_rate to 0, or use dispatch='einsum'."
+        )
     mesh, token_axes = layout
     num_experts = routing.num_experts
     peers = dict(zip(mesh.axis_names, mesh.devices.shape, strict=False))["expert"]
@@ -227,9 +253,13 @@ def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
             valid = (sorted_expert < local_experts)[:, None]
             return y + jnp.where(valid, b[jnp.minimum(sorted_expert, local_experts - 1)], 0)
 
-        computed = experts.feed_forward(received[by_expert], project, training,
-                                        kernel=lambda variable: weights[id(variable)],
-                                        add_bias=add_bias)
+        computed = experts.feed_forward(
+            received[by_expert],
+            project,
+            training,
+            kernel=lambda variable: weights[id(variable)],
+            add_bias=add_bias,
+        )
         returned = _from_peers(computed[jnp.argsort(by_expert)], route, assignments)
         peer, index, inside = _locate(route["offsets"], route["want"], assignments)
         taken = (inside & (index < route["send"][peer])).astype(kept.dtype)
@@ -241,11 +271,15 @@ def apply(x: Tensor, routing: RoutingInstructions, experts: FeedForwardExperts,
 
     values = [ops.cast(v.value, x.dtype) for v in kernels]
     run = jax.shard_map(
-        local, mesh=mesh,
+        local,
+        mesh=mesh,
         in_specs=(token_spec, token_spec, token_spec, token_spec, *[P("expert")] * len(values)),
-        out_specs=(token_spec, token_spec), check_vma=False)
+        out_specs=(token_spec, token_spec),
+        check_vma=False,
+    )
     token_exchange.note_choice(
         "ragged_all_to_all" if sharding.accelerator_platform() == "tpu" else "all_to_all",
         "dispatch='dropless' with experts split over 'expert': each device's rows go to the "
-        "devices holding their experts and come back (no expert weight is gathered)")
+        "devices holding their experts and come back (no expert weight is gathered)",
+    )
     return run(x, routing.expert_index, routing.kept, routing.combine_weight, *values)

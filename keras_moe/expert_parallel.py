@@ -92,12 +92,15 @@ class ExpertParallelExperts(FeedForwardExperts):
 
     takes_sorted_rows = False  # exchanges fixed-capacity buffers between replicas
 
-    def __init__(self, num_experts: int, d_ff: int, exchange: Exchange = "auto",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, num_experts: int, d_ff: int, exchange: Exchange = "auto", **kwargs: Any
+    ) -> None:
         super().__init__(num_experts, d_ff, **kwargs)
         if self.use_bias:
-            raise ValueError("`use_bias=True` is not supported by ExpertParallelExperts "
-                             "(tf.distribute expert parallelism); use FeedForwardExperts.")
+            raise ValueError(
+                "`use_bias=True` is not supported by ExpertParallelExperts "
+                "(tf.distribute expert parallelism); use FeedForwardExperts."
+            )
         if exchange not in EXCHANGES:
             raise ValueError(f"`exchange` must be one of {EXCHANGES}, got {exchange!r}.")
         self.exchange = exchange
@@ -152,11 +155,17 @@ class ExpertParallelExperts(FeedForwardExperts):
         tpu_ops = compat.tf_tpu_ops()
 
         assignment = [list(range(n))]
-        mine = tpu_ops.all_to_all(inputs, concat_dimension=1, split_dimension=0,
-                                  split_count=n, group_assignment=assignment)  # [k, N*G, C, d]
+        mine = tpu_ops.all_to_all(
+            inputs,
+            concat_dimension=1,
+            split_dimension=0,
+            split_count=n,
+            group_assignment=assignment,
+        )  # [k, N*G, C, d]
         out = self._local_ffn(mine, rid * k, k, d_model, training)
-        out = tpu_ops.all_to_all(out, concat_dimension=0, split_dimension=1,
-                                 split_count=n, group_assignment=assignment)  # [E, G, C, d]
+        out = tpu_ops.all_to_all(
+            out, concat_dimension=0, split_dimension=1, split_count=n, group_assignment=assignment
+        )  # [E, G, C, d]
         out.set_shape(inputs.shape)
         return out
 
@@ -166,10 +175,16 @@ class ExpertParallelExperts(FeedForwardExperts):
         return config
 
 
-def expert_parallel_switch(num_experts: int, d_ff: int, exchange: Exchange = "auto",
-                           activation: Activation = "relu", jitter_noise: float = 0.0,
-                           init_scale: float = 1.0, seed: int | None = None,
-                           **moe_kwargs: Any) -> MoeLayer:
+def expert_parallel_switch(
+    num_experts: int,
+    d_ff: int,
+    exchange: Exchange = "auto",
+    activation: Activation = "relu",
+    jitter_noise: float = 0.0,
+    init_scale: float = 1.0,
+    seed: int | None = None,
+    **moe_kwargs: Any,
+) -> MoeLayer:
     """A Switch (top-1) `MoeLayer` whose experts are `ExpertParallelExperts`.
 
     Args:
@@ -190,11 +205,22 @@ def expert_parallel_switch(num_experts: int, d_ff: int, exchange: Exchange = "au
     from keras_moe.moe import MoeLayer
     from keras_moe.routing import SwitchRouter, default_router_initializer
 
-    router = SwitchRouter(num_experts, jitter_noise=jitter_noise,
-                          kernel_initializer=default_router_initializer(init_scale),
-                          seed=seed, name="router")
-    experts = ExpertParallelExperts(num_experts, d_ff, exchange=exchange, activation=activation,
-                                    init_scale=init_scale, seed=seed, name="experts")
+    router = SwitchRouter(
+        num_experts,
+        jitter_noise=jitter_noise,
+        kernel_initializer=default_router_initializer(init_scale),
+        seed=seed,
+        name="router",
+    )
+    experts = ExpertParallelExperts(
+        num_experts,
+        d_ff,
+        exchange=exchange,
+        activation=activation,
+        init_scale=init_scale,
+        seed=seed,
+        name="experts",
+    )
     # The replicas exchange per-sequence groups: the exchange is tested with them.
     moe_kwargs.setdefault("group_size", "sequence")
     return MoeLayer(router, experts, **moe_kwargs)

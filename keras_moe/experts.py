@@ -1,7 +1,6 @@
 """Feed-forward experts with stacked weights `[E, d_model, d_ff]` / `[E, d_ff, d_model]`,
 and their per-expert fan-in initializer (`PerExpertFanIn`)."""
 
-
 from __future__ import annotations
 
 import functools
@@ -57,8 +56,9 @@ class PerExpertFanIn(keras.initializers.Initializer):
 
     def __call__(self, shape: Shape, dtype: str | None = None) -> Tensor:
         stddev = math.sqrt(self.scale / shape[-2]) / _TRUNCATED_NORMAL_STD
-        return keras.random.truncated_normal(shape, stddev=stddev, dtype=dtype,
-                                             seed=self._draw_seed)
+        return keras.random.truncated_normal(
+            shape, stddev=stddev, dtype=dtype, seed=self._draw_seed
+        )
 
     def get_config(self) -> dict[str, Any]:
         return {"scale": self.scale, "seed": self.seed}
@@ -98,26 +98,45 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
 
     takes_sorted_rows = True  # call(rows, group_sizes=...): dropless dispatch
 
-    def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
-                 dropout_rate: float = 0.0, init_scale: float = 1.0, seed: int | None = None,
-                 use_bias: bool = False, swiglu_alpha: float = SWIGLU_ALPHA,
-                 swiglu_limit: float = SWIGLU_LIMIT, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        d_ff: int,
+        activation: Activation = "relu",
+        dropout_rate: float = 0.0,
+        init_scale: float = 1.0,
+        seed: int | None = None,
+        use_bias: bool = False,
+        swiglu_alpha: float = SWIGLU_ALPHA,
+        swiglu_limit: float = SWIGLU_LIMIT,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_int("num_experts", num_experts)
         check_int("d_ff", d_ff)
         self.num_experts = num_experts
         self.d_ff = d_ff
-        self.init_feed_forward(activation, dropout_rate, init_scale, seed, use_bias=use_bias,
-                               swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+        self.init_feed_forward(
+            activation,
+            dropout_rate,
+            init_scale,
+            seed,
+            use_bias=use_bias,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_limit=swiglu_limit,
+        )
 
     def build(self, input_shape: Shape) -> None:
         d_model = input_shape[-1]
-        self.add_kernels((self.num_experts, d_model, self.d_ff),
-                         (self.num_experts, self.d_ff, d_model),
-                         lambda shape: PerExpertFanIn(self.init_scale))
+        self.add_kernels(
+            (self.num_experts, d_model, self.d_ff),
+            (self.num_experts, self.d_ff, d_model),
+            lambda shape: PerExpertFanIn(self.init_scale),
+        )
 
-    def call(self, inputs: Tensor, training: bool | None = None,
-             group_sizes: Tensor | None = None) -> Tensor:
+    def call(
+        self, inputs: Tensor, training: bool | None = None, group_sizes: Tensor | None = None
+    ) -> Tensor:
         """Expert buffers `[E, G, C, d]` -> outputs of the same shape; or, with
         `group_sizes` (int `[E]`), rows `[N, d]` sorted by expert -> `[N, d]`
         (rows past `sum(group_sizes)` give 0)."""
@@ -126,15 +145,22 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
                 # All three projections in the tile layout: the rows move in and out once.
                 tiles = grouped_matmul_lib.to_tiles(inputs, group_sizes, self.num_experts)
                 y = self.feed_forward(
-                    tiles.rows, lambda a, w: grouped_matmul_lib.tiles_matmul(a, w, tiles.group),
-                    training, add_bias=lambda y, b: y + ops.take(
-                        ops.cast(b, y.dtype), tiles.group, axis=0)[:, None, :])
+                    tiles.rows,
+                    lambda a, w: grouped_matmul_lib.tiles_matmul(a, w, tiles.group),
+                    training,
+                    add_bias=lambda y, b: (
+                        y + ops.take(ops.cast(b, y.dtype), tiles.group, axis=0)[:, None, :]
+                    ),
+                )
                 return grouped_matmul_lib.from_tiles(y, tiles)
             if keras.backend.backend() == "tensorflow":
                 return self._each_expert_on_its_rows(inputs, group_sizes, training)
             return self.feed_forward(
-                inputs, lambda a, w: grouped_matmul(a, w, group_sizes), training,
-                add_bias=self._row_bias_adder(inputs, group_sizes) if self.use_bias else None)
+                inputs,
+                lambda a, w: grouped_matmul(a, w, group_sizes),
+                training,
+                add_bias=self._row_bias_adder(inputs, group_sizes) if self.use_bias else None,
+            )
         if keras.backend.backend() == "jax":
             # Einsums on the 4-D buffer: with the group axis sharded, a reshape
             # to [E, G*C, d] would force GSPMD to rematerialise the buffer.
@@ -161,25 +187,30 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
 
         def expert_weight(variable, expert):
             if id(variable) not in unstacked:
-                unstacked[id(variable)] = tf.unstack(ops.cast(variable, rows.dtype),
-                                                     num=self.num_experts)
+                unstacked[id(variable)] = tf.unstack(
+                    ops.cast(variable, rows.dtype), num=self.num_experts
+                )
             return unstacked[id(variable)][expert]
 
         outputs = [
-            self.feed_forward(part, ops.matmul, training,
-                              kernel=functools.partial(expert_weight, expert=expert))
-            for expert, part in enumerate(parts)]
+            self.feed_forward(
+                part, ops.matmul, training, kernel=functools.partial(expert_weight, expert=expert)
+            )
+            for expert, part in enumerate(parts)
+        ]
         return grouped_matmul_lib.join_rows(outputs, rest)
 
     def _row_bias_adder(self, rows, group_sizes):
         """`add_bias(y, b)` for rows sorted by expert: row r gets its expert's bias
         (rows past `sum(group_sizes)` get none, so they stay 0)."""
         row_expert, inside = grouped_matmul_lib.row_groups(
-            group_sizes, ops.shape(rows)[0], self.num_experts)
+            group_sizes, ops.shape(rows)[0], self.num_experts
+        )
 
         def add_bias(y, b):
             bias = ops.take(ops.cast(b, y.dtype), row_expert, axis=0)
             return y + bias * ops.cast(inside, y.dtype)[:, None]
+
         return add_bias
 
     def get_config(self) -> dict[str, Any]:

@@ -30,45 +30,84 @@ class _ExpertFeedForward(MoeLayer):
 
     router_class = None
 
-    def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
-                 train_capacity_factor: float = 1.25, eval_capacity_factor: float = 2.0,
-                 min_expert_capacity: int = 4, group_size: GroupSize = "batch",
-                 jitter_noise: float = 0.0, expert_dropout_rate: float = 0.0,
-                 init_scale: float = 1.0, router_init_scale: float | None = None,
-                 router_bias: bool = False, aux_loss_factor: float = 1e-2,
-                 z_loss_factor: float = 1e-3, dispatch: DispatchMode = "auto",
-                 batch_prioritized_routing: bool = False, router_dtype: RouterDtype = "float32",
-                 seed: int | None = None, shared_d_ff: int | None = None,
-                 shared_expert_gate: bool = False, router_args: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        d_ff: int,
+        activation: Activation = "relu",
+        train_capacity_factor: float = 1.25,
+        eval_capacity_factor: float = 2.0,
+        min_expert_capacity: int = 4,
+        group_size: GroupSize = "batch",
+        jitter_noise: float = 0.0,
+        expert_dropout_rate: float = 0.0,
+        init_scale: float = 1.0,
+        router_init_scale: float | None = None,
+        router_bias: bool = False,
+        aux_loss_factor: float = 1e-2,
+        z_loss_factor: float = 1e-3,
+        dispatch: DispatchMode = "auto",
+        batch_prioritized_routing: bool = False,
+        router_dtype: RouterDtype = "float32",
+        seed: int | None = None,
+        shared_d_ff: int | None = None,
+        shared_expert_gate: bool = False,
+        router_args: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if router_dtype not in ROUTER_DTYPES:
             raise ValueError(
-                f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}.")
+                f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}."
+            )
         router = self.router_class(
-            num_experts, jitter_noise=jitter_noise, use_bias=router_bias,
+            num_experts,
+            jitter_noise=jitter_noise,
+            use_bias=router_bias,
             kernel_initializer=default_router_initializer(
-                init_scale if router_init_scale is None else router_init_scale),
-            batch_prioritized_routing=batch_prioritized_routing, seed=seed, name="router",
-            dtype=router_dtype, **(router_args or {}),
+                init_scale if router_init_scale is None else router_init_scale
+            ),
+            batch_prioritized_routing=batch_prioritized_routing,
+            seed=seed,
+            name="router",
+            dtype=router_dtype,
+            **(router_args or {}),
         )
         experts = FeedForwardExperts(
-            num_experts=num_experts, d_ff=d_ff, activation=activation,
-            dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
-            name="experts", dtype=kwargs.get("dtype"),
+            num_experts=num_experts,
+            d_ff=d_ff,
+            activation=activation,
+            dropout_rate=expert_dropout_rate,
+            init_scale=init_scale,
+            seed=seed,
+            name="experts",
+            dtype=kwargs.get("dtype"),
         )
         shared = None
         if shared_d_ff is not None:
             shared = SharedExpertFeedForward(
-                d_ff=shared_d_ff, activation=activation, gate=shared_expert_gate,
-                dropout_rate=expert_dropout_rate, init_scale=init_scale, seed=seed,
-                name="shared_experts", dtype=kwargs.get("dtype"))
+                d_ff=shared_d_ff,
+                activation=activation,
+                gate=shared_expert_gate,
+                dropout_rate=expert_dropout_rate,
+                init_scale=init_scale,
+                seed=seed,
+                name="shared_experts",
+                dtype=kwargs.get("dtype"),
+            )
         elif shared_expert_gate:
             raise ValueError("`shared_expert_gate=True` needs a shared expert: give `shared_d_ff`.")
         super().__init__(
-            router, experts, shared_experts=shared, train_capacity_factor=train_capacity_factor,
-            eval_capacity_factor=eval_capacity_factor, min_expert_capacity=min_expert_capacity,
-            group_size=group_size, aux_loss_factor=aux_loss_factor,
-            z_loss_factor=z_loss_factor, dispatch=dispatch, **kwargs,
+            router,
+            experts,
+            shared_experts=shared,
+            train_capacity_factor=train_capacity_factor,
+            eval_capacity_factor=eval_capacity_factor,
+            min_expert_capacity=min_expert_capacity,
+            group_size=group_size,
+            aux_loss_factor=aux_loss_factor,
+            z_loss_factor=z_loss_factor,
+            dispatch=dispatch,
+            **kwargs,
         )
         self.d_ff = d_ff
         self.shared_d_ff = shared_d_ff
@@ -184,19 +223,31 @@ class GShardFeedForward(_ExpertFeedForward):
 
     router_class = Top2Router
 
-    def __init__(self, num_experts: int, d_ff: int, activation: Activation = "relu",
-                 second_expert_policy: SecondExpertPolicy = "random",
-                 eval_second_expert_policy: Literal["all", "threshold"] = "all",
-                 second_expert_threshold: float | None = None,
-                 normalize_gates: NormalizeGates = "before_capacity",
-                 train_capacity_factor: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        d_ff: int,
+        activation: Activation = "relu",
+        second_expert_policy: SecondExpertPolicy = "random",
+        eval_second_expert_policy: Literal["all", "threshold"] = "all",
+        second_expert_threshold: float | None = None,
+        normalize_gates: NormalizeGates = "before_capacity",
+        train_capacity_factor: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
-            num_experts, d_ff, activation, train_capacity_factor=train_capacity_factor,
-            router_args=dict(second_expert_policy=second_expert_policy,
-                             eval_second_expert_policy=eval_second_expert_policy,
-                             second_expert_threshold=second_expert_threshold,
-                             normalize_gates=normalize_gates),
-            **kwargs)
+            num_experts,
+            d_ff,
+            activation,
+            train_capacity_factor=train_capacity_factor,
+            router_args=dict(
+                second_expert_policy=second_expert_policy,
+                eval_second_expert_policy=eval_second_expert_policy,
+                second_expert_threshold=second_expert_threshold,
+                normalize_gates=normalize_gates,
+            ),
+            **kwargs,
+        )
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -246,21 +297,48 @@ class TopKFeedForward(_ExpertFeedForward):
     """
 
     router_class = TopKRouter
-    _ROUTER_ARGS = ("k", "normalize_top_k", "score_function", "routed_scaling_factor", "n_group",
-                    "topk_group", "selection_bias", "bias_update_rate")
+    _ROUTER_ARGS = (
+        "k",
+        "normalize_top_k",
+        "score_function",
+        "routed_scaling_factor",
+        "n_group",
+        "topk_group",
+        "selection_bias",
+        "bias_update_rate",
+    )
 
-    def __init__(self, num_experts: int, d_ff: int, k: int = 2, normalize_top_k: bool = False,
-                 score_function: ScoreFunction = "softmax", routed_scaling_factor: float = 1.0,
-                 n_group: int = 1, topk_group: int | None = None, selection_bias: bool = False,
-                 bias_update_rate: float = 0.0, activation: Activation = "relu",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        d_ff: int,
+        k: int = 2,
+        normalize_top_k: bool = False,
+        score_function: ScoreFunction = "softmax",
+        routed_scaling_factor: float = 1.0,
+        n_group: int = 1,
+        topk_group: int | None = None,
+        selection_bias: bool = False,
+        bias_update_rate: float = 0.0,
+        activation: Activation = "relu",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
-            num_experts, d_ff, activation,
-            router_args=dict(k=k, normalize_top_k=normalize_top_k, score_function=score_function,
-                             routed_scaling_factor=routed_scaling_factor, n_group=n_group,
-                             topk_group=topk_group, selection_bias=selection_bias,
-                             bias_update_rate=bias_update_rate),
-            **kwargs)
+            num_experts,
+            d_ff,
+            activation,
+            router_args=dict(
+                k=k,
+                normalize_top_k=normalize_top_k,
+                score_function=score_function,
+                routed_scaling_factor=routed_scaling_factor,
+                n_group=n_group,
+                topk_group=topk_group,
+                selection_bias=selection_bias,
+                bias_update_rate=bias_update_rate,
+            ),
+            **kwargs,
+        )
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -41,7 +41,7 @@ SWIGLU_LIMIT = 7.0
 def activation_fn(name: Activation) -> Callable[[Tensor], Tensor]:
     """The elementwise function of an activation name of `ACTIVATIONS`."""
     if name == "clamped-swiglu":
-        raise ValueError("\"clamped-swiglu\" is a gated pair function: use `gated_hidden`.")
+        raise ValueError('"clamped-swiglu" is a gated pair function: use `gated_hidden`.')
     base = name.replace("gated-", "")
     if base == "gelu":
         # T5.1.1 uses the tanh approximation ("gelu_new").
@@ -58,10 +58,16 @@ class FeedForwardMixin:
     `add_kernels` in `build` and `feed_forward` in `call`.
     """
 
-    def init_feed_forward(self, activation: Activation, dropout_rate: float, init_scale: float,
-                          seed: int | None, use_bias: bool = False,
-                          swiglu_alpha: float = SWIGLU_ALPHA,
-                          swiglu_limit: float = SWIGLU_LIMIT) -> None:
+    def init_feed_forward(
+        self,
+        activation: Activation,
+        dropout_rate: float,
+        init_scale: float,
+        seed: int | None,
+        use_bias: bool = False,
+        swiglu_alpha: float = SWIGLU_ALPHA,
+        swiglu_limit: float = SWIGLU_LIMIT,
+    ) -> None:
         """Checks and stores the arguments; makes the activation and the dropout."""
         if activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
@@ -83,8 +89,9 @@ class FeedForwardMixin:
         self._act = None if activation == "clamped-swiglu" else activation_fn(activation)
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
 
-    def add_kernels(self, wi_shape: Shape, wo_shape: Shape,
-                    initializer: Callable[[Shape], Any]) -> None:
+    def add_kernels(
+        self, wi_shape: Shape, wo_shape: Shape, initializer: Callable[[Shape], Any]
+    ) -> None:
         """Adds `wi` (gated: `wi_0`, `wi_1`) and `wo`, and with `use_bias` their
         biases `bi` (`bi_0`, `bi_1`) and `bo`, shaped as the kernels without
         their input axis.
@@ -94,16 +101,26 @@ class FeedForwardMixin:
         call, so a shared one would start `wi_0` and `wi_1` equal.
         """
         for name in self.input_kernel_names():
-            setattr(self, name, self.add_weight(name=name, shape=wi_shape,
-                                                initializer=initializer(wi_shape)))
+            setattr(
+                self,
+                name,
+                self.add_weight(name=name, shape=wi_shape, initializer=initializer(wi_shape)),
+            )
         self.wo = self.add_weight(name="wo", shape=wo_shape, initializer=initializer(wo_shape))
         if self.use_bias:
             for name in self.input_kernel_names():
-                setattr(self, "b" + name[1:], self.add_weight(
-                    name="b" + name[1:], shape=tuple(wi_shape[:-2]) + (wi_shape[-1],),
-                    initializer="zeros"))
-            self.bo = self.add_weight(name="bo", shape=tuple(wo_shape[:-2]) + (wo_shape[-1],),
-                                      initializer="zeros")
+                setattr(
+                    self,
+                    "b" + name[1:],
+                    self.add_weight(
+                        name="b" + name[1:],
+                        shape=tuple(wi_shape[:-2]) + (wi_shape[-1],),
+                        initializer="zeros",
+                    ),
+                )
+            self.bo = self.add_weight(
+                name="bo", shape=tuple(wo_shape[:-2]) + (wo_shape[-1],), initializer="zeros"
+            )
         self.built = True
 
     def input_kernel_names(self) -> tuple[str, ...]:
@@ -118,10 +135,14 @@ class FeedForwardMixin:
             return (up + 1.0) * gate * ops.sigmoid(self.swiglu_alpha * gate)
         return self._act(gate) * up
 
-    def feed_forward(self, x: Tensor, project: Callable[[Tensor, Any], Tensor],
-                     training: bool | None,
-                     kernel: Callable[[Any], Any] = lambda variable: variable,
-                     add_bias: Callable[[Tensor, Any], Tensor] | None = None) -> Tensor:
+    def feed_forward(
+        self,
+        x: Tensor,
+        project: Callable[[Tensor, Any], Tensor],
+        training: bool | None,
+        kernel: Callable[[Any], Any] = lambda variable: variable,
+        add_bias: Callable[[Tensor, Any], Tensor] | None = None,
+    ) -> Tensor:
         """The FFN of `x`; `project(a, w)` multiplies by a kernel, `kernel(variable)`
         picks the part of a weight to use (all of it by default), and with
         `use_bias`, `add_bias(y, b)` adds a bias to a projection (by default

@@ -81,8 +81,10 @@ def resolve(name: str | os.PathLike[str]) -> str:
         path = os.path.join(folder, candidate)
         if os.path.isfile(path):
             return os.path.abspath(path)
-    raise GinConfigError(f"gin file {name!r} not found: looked for {candidate!r} in the "
-                         f"current folder and in {search_dirs()}.")
+    raise GinConfigError(
+        f"gin file {name!r} not found: looked for {candidate!r} in the "
+        f"current folder and in {search_dirs()}."
+    )
 
 
 def add_search_paths() -> None:
@@ -145,7 +147,8 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
             raise GinConfigError(
                 f"gin import {statement.format()!r} ({where}) is not allowed: gin files may "
                 f"import only {list(allowed)} and their sub-modules. If you trust it, allow "
-                f"it with --gin_allow_import {module.split('.')[0]}.")
+                f"it with --gin_allow_import {module.split('.')[0]}."
+            )
         if module in RENAMED_GIN_IMPORTS:
             return statement._replace(module=RENAMED_GIN_IMPORTS[module])
         return None
@@ -164,7 +167,8 @@ def _as_list(value, what, allowed):
     for item in value:
         if not isinstance(item, (str, os.PathLike)):
             raise GinConfigError(
-                f"`{what}` must be {allowed}; the list holds {item!r} ({type(item).__name__}).")
+                f"`{what}` must be {allowed}; the list holds {item!r} ({type(item).__name__})."
+            )
     return [os.fspath(item) for item in value]
 
 
@@ -173,17 +177,29 @@ def _as_list(value, what, allowed):
 # a macro, and nothing reads it, would set nothing: it is refused, naming the
 # binding to use instead.
 RETIRED_MACROS = {
-    **{name.upper(): f"train.{name}" for name in (
-        "log_every", "steps_per_epoch", "steps_per_execution", "expert_load_every",
-        "summary_batches", "dtype_policy")},
+    **{
+        name.upper(): f"train.{name}"
+        for name in (
+            "log_every",
+            "steps_per_epoch",
+            "steps_per_execution",
+            "expert_load_every",
+            "summary_batches",
+            "dtype_policy",
+        )
+    },
     **{name.upper(): f"DatasetConfig.{name}" for name in ("pack", "seed", "input_shards")},
-    "CHECKPOINT_EVERY": "CheckpointConfig.every", "KEEP_CHECKPOINTS": "CheckpointConfig.keep",
+    "CHECKPOINT_EVERY": "CheckpointConfig.every",
+    "KEEP_CHECKPOINTS": "CheckpointConfig.keep",
     "BACKUP_EVERY": "CheckpointConfig.backup_every",
-    "STRATEGY": "StrategyPlacement.strategy", "TPU_NAME": "StrategyPlacement.tpu_name",
+    "STRATEGY": "StrategyPlacement.strategy",
+    "TPU_NAME": "StrategyPlacement.tpu_name",
     "MESH_SHAPE": "MeshPlacement.mesh_shape",
     "LOGICAL_AXIS_RULES": "MeshPlacement.logical_axis_rules",
-    "OPTIMIZER": "make_optimizer.name", "LEARNING_RATE": "make_optimizer.learning_rate",
-    "LR_SCHEDULE": "make_optimizer.schedule", "WARMUP_STEPS": "make_optimizer.warmup_steps",
+    "OPTIMIZER": "make_optimizer.name",
+    "LEARNING_RATE": "make_optimizer.learning_rate",
+    "LR_SCHEDULE": "make_optimizer.schedule",
+    "WARMUP_STEPS": "make_optimizer.warmup_steps",
 }
 
 # Configurables that take **kwargs, which gin accepts under any parameter name
@@ -214,7 +230,8 @@ def _refuse_unknown_keywords():
         if unknown:
             raise GinConfigError(
                 f"gin binding {configurable}.{unknown[0]}: {configurable} has no parameter "
-                f"{unknown[0]!r}; it takes {', '.join(sorted(allowed))}.")
+                f"{unknown[0]!r}; it takes {', '.join(sorted(allowed))}."
+            )
 
 
 def _refuse_model_decided_bindings():
@@ -223,22 +240,26 @@ def _refuse_model_decided_bindings():
     from keras_moe import compat
     from keras_moe.models.sparse_ffn import MODEL_DECIDED, model_decided_error
 
-    layers = {f"keras_moe.{name}" for name in
-              ("SwitchFeedForward", "GShardFeedForward", "TopKFeedForward", "MoeLayer")}
+    layers = {
+        f"keras_moe.{name}"
+        for name in ("SwitchFeedForward", "GShardFeedForward", "TopKFeedForward", "MoeLayer")
+    }
     for (scope, selector), parameters in sorted(compat.gin_bound_parameters().items()):
         decided = [p for p in parameters if p in MODEL_DECIDED]
         if selector in layers and decided:
             short = selector.rsplit(".", 1)[-1]
             binding = f"{scope}/{short}" if scope else short
-            raise GinConfigError(model_decided_error(decided[0],
-                                                     f"gin binding {binding}.{decided[0]}"))
+            raise GinConfigError(
+                model_decided_error(decided[0], f"gin binding {binding}.{decided[0]}")
+            )
 
 
 def _retired_macro_error(name, where):
     return GinConfigError(
         f"{where}: {name} is no longer a macro, so binding it would change nothing; "
         f"bind {RETIRED_MACROS[name]} instead "
-        f"(e.g. --gin_bindings='{RETIRED_MACROS[name]} = ...').")
+        f"(e.g. --gin_bindings='{RETIRED_MACROS[name]} = ...')."
+    )
 
 
 def _refuse_unread_retired_macros(paths):
@@ -258,8 +279,12 @@ def _macros():
 
 
 def _binding_lines(bindings):
-    return [line.strip() for item in bindings for line in item.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [
+        line.strip()
+        for item in bindings
+        for line in item.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
 
 
 def _parse_binding(binding, files, skip_unknown):
@@ -274,12 +299,14 @@ def _parse_binding(binding, files, skip_unknown):
         # gin would accept a new macro silently: a typo of a real one.
         raise GinConfigError(
             f"gin binding {binding!r}: macro {lhs!r} is not defined by the gin files "
-            f"{files}; known macros: {sorted(_macros())}.")
+            f"{files}; known macros: {sorted(_macros())}."
+        )
     try:
         gin.parse_config(binding, skip_unknown=skip_unknown)
     except (SyntaxError, tokenize.TokenError) as e:
         raise GinConfigError(
-            f"gin binding {binding!r}: {describe_syntax_error(binding, e)}") from None
+            f"gin binding {binding!r}: {describe_syntax_error(binding, e)}"
+        ) from None
     except ValueError as e:
         raise GinConfigError(f"gin binding {binding!r}: {e}") from None
 
@@ -291,9 +318,11 @@ def unbound_required_macros() -> list[str]:
     import gin
 
     def is_required(value):
-        return (isinstance(value, gin.config.ConfigurableReference)
-                and value.selector == "gin.constant"
-                and value.scoped_configurable_fn() is gin.REQUIRED)
+        return (
+            isinstance(value, gin.config.ConfigurableReference)
+            and value.selector == "gin.constant"
+            and value.scoped_configurable_fn() is gin.REQUIRED
+        )
 
     from keras_moe import compat
 
@@ -318,10 +347,16 @@ def _configured_model():
 GinFiles = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
-def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
-              allowed_imports: Iterable[str] = (), finalize: bool = False,
-              skip_unknown: bool = False, check_required: bool = True, clear: bool = True,
-              check_unread: bool = True) -> T5Config | None:
+def parse_gin(
+    files: GinFiles = (),
+    bindings: str | Sequence[str] = (),
+    allowed_imports: Iterable[str] = (),
+    finalize: bool = False,
+    skip_unknown: bool = False,
+    check_required: bool = True,
+    clear: bool = True,
+    check_unread: bool = True,
+) -> T5Config | None:
     """Parses gin files, then bindings, with errors that name what is wrong.
 
     Args:
@@ -368,8 +403,9 @@ def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
     from keras_moe import compat
     from keras_moe.models import flat_moe_gin
 
-    files = _as_list(files, "files", "a gin file name or path (str or os.PathLike), "
-                                     "or a list of them")
+    files = _as_list(
+        files, "files", "a gin file name or path (str or os.PathLike), or a list of them"
+    )
     bindings = _as_list(bindings, "bindings", "a gin binding string, or a list of them")
     paths = [resolve(f) for f in files]
     if clear:
@@ -399,7 +435,8 @@ def parse_gin(files: GinFiles = (), bindings: str | Sequence[str] = (),
     if missing:
         raise GinConfigError(
             f"the gin files {files} require a value for {missing}: bind each in a gin file "
-            f"or with --gin_bindings='{missing[0]} = ...'.")
+            f"or with --gin_bindings='{missing[0]} = ...'."
+        )
     if finalize:
         gin.finalize()
     config = _configured_model()

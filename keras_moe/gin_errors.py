@@ -14,7 +14,7 @@ _CLOSING = {"(": ")", "[": "]", "{": "}"}
 
 
 def _where(text: str, line: int, column: int) -> str:
-    """"column C" for one-line text, "line L, column C" otherwise (both 1-based)."""
+    """ "column C" for one-line text, "line L, column C" otherwise (both 1-based)."""
     return f"column {column}" if "\n" not in text.strip("\n") else f"line {line}, column {column}"
 
 

@@ -63,23 +63,27 @@ def unread_bindings(selectors: Collection[str]) -> list[tuple[str, str, list[str
         if selector not in selectors:
             continue
         parts = _scope_parts(scope)
-        if not any(sel == selector and _scope_parts(where)[:len(parts)] == parts
-                   for where, sel in called):
+        if not any(
+            sel == selector and _scope_parts(where)[: len(parts)] == parts for where, sel in called
+        ):
             out.append((scope, selector, list(params)))
     return out
 
 
 def describe_sparse_layers(config: T5Config) -> str:
     """`"the model's sparse layer is X"` for a `T5Config` (each stack's when they differ)."""
-    sides = {side: config.sparse_ffn_spec(side)["class_name"].split(">")[-1]
-             for side in SIDES
-             if getattr(config, f"resolved_{side}_sparse_layers")()}
+    sides = {
+        side: config.sparse_ffn_spec(side)["class_name"].split(">")[-1]
+        for side in SIDES
+        if getattr(config, f"resolved_{side}_sparse_layers")()
+    }
     if not sides:
         return "the model has no sparse layer (a dense model)"
     if len(set(sides.values())) == 1:
         return f"the model's sparse layer is {next(iter(sides.values()))}"
     return "the model's sparse layers are " + " and ".join(
-        f"{name} ({side})" for side, name in sides.items())
+        f"{name} ({side})" for side, name in sides.items()
+    )
 
 
 def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
@@ -110,10 +114,18 @@ def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     unread = unread_bindings(MODEL_SELECTORS)
     if not unread:
         return
-    names = [f"`{_name(scope, selector)}.{param}`"
-             for scope, selector, params in unread for param in params]
-    called = sorted({_name(where, selector) for where, selector in compat.gin_called_configurables()
-                     if selector in MODEL_SELECTORS and selector != MODEL_SELECTORS[0]})
+    names = [
+        f"`{_name(scope, selector)}.{param}`"
+        for scope, selector, params in unread
+        for param in params
+    ]
+    called = sorted(
+        {
+            _name(where, selector)
+            for where, selector in compat.gin_called_configurables()
+            if selector in MODEL_SELECTORS and selector != MODEL_SELECTORS[0]
+        }
+    )
     if config is not None:
         layer = describe_sparse_layers(config)
     elif called:
@@ -121,13 +133,18 @@ def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     else:
         layer = "the model has no sparse layer"
     several = len(names) > 1
-    message = (f"{', '.join(names)} {'were' if several else 'was'} bound but {layer}; "
-               f"nothing read {'them' if several else 'it'}.")
+    message = (
+        f"{', '.join(names)} {'were' if several else 'was'} bound but {layer}; "
+        f"nothing read {'them' if several else 'it'}."
+    )
     if called:
         message += f" gin called {', '.join(called)}."
     scoped = next((_name(scope, selector) for scope, selector, _ in unread if scope), None)
     if scoped:
-        message += (f" A binding of `{scoped}` is read only where a binding refers to "
-                    f"`@{scoped}`, e.g. `T5Config.encoder_sparse_ffn = @{scoped}`.")
-    raise GinConfigError(message + " Remove the binding, or bind the model to the layer "
-                                   "it configures.")
+        message += (
+            f" A binding of `{scoped}` is read only where a binding refers to "
+            f"`@{scoped}`, e.g. `T5Config.encoder_sparse_ffn = @{scoped}`."
+        )
+    raise GinConfigError(
+        message + " Remove the binding, or bind the model to the layer it configures."
+    )

@@ -68,8 +68,14 @@ AUTO_KERNELS = {"tpu": "megablox", "cpu": "tiled", "gpu": "ragged_dot"}
 TILED_COPY_BYTES = 32 * 2**20
 
 
-def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "auto",
-                   interpret: bool = False, per_device: bool = False) -> Tensor:
+def grouped_matmul(
+    x: Tensor,
+    w: Tensor,
+    group_sizes: Tensor,
+    kernel: Kernel = "auto",
+    interpret: bool = False,
+    per_device: bool = False,
+) -> Tensor:
     """Rows of `x`, sorted by group, times their group's matrix in `w`.
 
     Args:
@@ -100,8 +106,10 @@ def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "
     if kernel not in KERNELS:
         raise ValueError(f"`kernel` must be one of {KERNELS}, got {kernel!r}.")
     if backend == "tensorflow" and kernel != "auto":
-        raise ValueError(f"`kernel`={kernel!r} is a JAX kernel; the tensorflow backend "
-                         "takes kernel='auto' (tf.split + matmul).")
+        raise ValueError(
+            f"`kernel`={kernel!r} is a JAX kernel; the tensorflow backend "
+            "takes kernel='auto' (tf.split + matmul)."
+        )
     x = ops.convert_to_tensor(x)
     w = ops.cast(w, x.dtype)  # a variable's (autocast) value, in the rows' dtype
     if backend == "tensorflow":
@@ -112,8 +120,9 @@ def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "
             if kernel == "tiled":
                 kernel = cpu_kernel(x.shape[0], w.shape, x.dtype)
         if kernel == "megablox":
-            return _megablox_grouped_matmul(x, w, group_sizes, interpret=interpret,
-                                            per_device=per_device)
+            return _megablox_grouped_matmul(
+                x, w, group_sizes, interpret=interpret, per_device=per_device
+            )
         if kernel == "tiled":
             return _tiled_grouped_matmul(x, w, group_sizes)
         if kernel == "looped":
@@ -121,7 +130,8 @@ def grouped_matmul(x: Tensor, w: Tensor, group_sizes: Tensor, kernel: Kernel = "
         return _jax_grouped_matmul(x, w, group_sizes)
     raise NotImplementedError(
         f"dispatch='dropless' runs on the tensorflow and jax backends, not {backend!r}; "
-        "use dispatch='gather'.")
+        "use dispatch='gather'."
+    )
 
 
 def _tensorflow_grouped_matmul(x, w, group_sizes):
@@ -130,8 +140,7 @@ def _tensorflow_grouped_matmul(x, w, group_sizes):
     num_groups = w.shape[0]
     parts, rest = split_rows(x, group_sizes, num_groups)
     matrices = tf.unstack(w, num=num_groups)
-    return join_rows([tf.matmul(rows, m) for rows, m in zip(parts, matrices, strict=True)],
-                     rest)
+    return join_rows([tf.matmul(rows, m) for rows, m in zip(parts, matrices, strict=True)], rest)
 
 
 def split_rows(x: Tensor, group_sizes: Tensor, num_groups: int) -> tuple[list[Tensor], Tensor]:
@@ -145,7 +154,8 @@ def split_rows(x: Tensor, group_sizes: Tensor, num_groups: int) -> tuple[list[Te
         raise ValueError(
             "dispatch='dropless' gives each expert as many tokens as were routed to it, "
             "which XLA cannot compile (it needs static shapes): compile without "
-            "jit_compile=True, or use dispatch='gather' (or 'einsum') with a capacity factor.")
+            "jit_compile=True, or use dispatch='gather' (or 'einsum') with a capacity factor."
+        )
     sizes = tf.cast(group_sizes, "int32")
     rest = tf.shape(x)[0] - tf.reduce_sum(sizes)
     parts = tf.split(x, tf.concat([sizes, rest[None]], axis=0), num=num_groups + 1)
@@ -173,9 +183,11 @@ def _jax_grouped_matmul(x, w, group_sizes):
 def runs_tiled(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> bool:
     """Whether `grouped_matmul(kernel="auto")` runs the tiled kernel here (JAX on a CPU)
     for `num_rows` rows and matrices of `w_shape` `[E, k, n]`."""
-    return (keras.backend.backend() == "jax"
-            and AUTO_KERNELS[sharding.accelerator_platform()] == "tiled"
-            and cpu_kernel(num_rows, w_shape, dtype) == "tiled")
+    return (
+        keras.backend.backend() == "jax"
+        and AUTO_KERNELS[sharding.accelerator_platform()] == "tiled"
+        and cpu_kernel(num_rows, w_shape, dtype) == "tiled"
+    )
 
 
 def cpu_kernel(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> str:
@@ -194,8 +206,9 @@ def cpu_kernel(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> str:
     return "tiled" if copies <= TILED_COPY_BYTES else "looped"
 
 
-def row_groups(group_sizes: Tensor, num_rows: int | Tensor,
-               num_groups: int) -> tuple[Tensor, Tensor]:
+def row_groups(
+    group_sizes: Tensor, num_rows: int | Tensor, num_groups: int
+) -> tuple[Tensor, Tensor]:
     """`(group, inside)` of each of `num_rows` rows sorted by group: its group (the
     last one for rows past `sum(group_sizes)`) and whether it is within the groups.
 
@@ -263,8 +276,9 @@ def to_tiles(x: Tensor, group_sizes: Tensor, num_groups: int) -> Tiles:
     slot = jnp.where(inside, slot, num_tiles * m)  # out of range: dropped
     rows = jnp.zeros((num_tiles * m, k), x.dtype).at[slot].set(x, mode="drop")
     tile_group = jnp.searchsorted(padded_ends, jnp.arange(num_tiles) * m, side="right")
-    return Tiles(rows.reshape(num_tiles, m, k), jnp.minimum(tile_group, num_groups - 1),
-                 slot, inside)
+    return Tiles(
+        rows.reshape(num_tiles, m, k), jnp.minimum(tile_group, num_groups - 1), slot, inside
+    )
 
 
 def tiles_matmul(rows: Tensor, w: Tensor, tile_group: Tensor) -> Tensor:
@@ -343,7 +357,8 @@ def _loop_project(x, w, group_sizes, m, transpose):
         out = rows @ (matrix.T if transpose else matrix)
         old = jax.lax.dynamic_slice(y, (first[i], 0), (m, n))  # the next group's rows
         return jax.lax.dynamic_update_slice(
-            y, jnp.where(keep_rows < count[i], out, old), (first[i], 0))
+            y, jnp.where(keep_rows < count[i], out, old), (first[i], 0)
+        )
 
     y = jax.lax.fori_loop(0, used, step, jnp.zeros((num_rows + m, n), x.dtype))
     return y[:num_rows]
@@ -421,8 +436,10 @@ def _megablox_grouped_matmul(x, w, group_sizes, interpret=False, per_device=Fals
     from jax.sharding import PartitionSpec
 
     if x.dtype not in (jnp.float32, jnp.bfloat16):
-        raise ValueError(f"the megablox kernel takes float32 or bfloat16 rows `x`, "
-                         f"got {x.dtype}; cast them (or use kernel='ragged_dot').")
+        raise ValueError(
+            f"the megablox kernel takes float32 or bfloat16 rows `x`, "
+            f"got {x.dtype}; cast them (or use kernel='ragged_dot')."
+        )
     num_rows, k = x.shape
     n = w.shape[-1]
     sizes = jnp.asarray(group_sizes).astype(jnp.int32)
@@ -451,13 +468,17 @@ def _megablox_grouped_matmul(x, w, group_sizes, interpret=False, per_device=Fals
         # holds, of group g, the rows of [start_g, end_g) within [s*L, (s+1)*L).
         ends = jnp.cumsum(sizes)
         lo = jnp.arange(shards, dtype=jnp.int32)[:, None] * local_rows
-        local_sizes = (jnp.clip(ends[None] - lo, 0, local_rows)
-                       - jnp.clip((ends - sizes)[None] - lo, 0, local_rows))
+        local_sizes = jnp.clip(ends[None] - lo, 0, local_rows) - jnp.clip(
+            (ends - sizes)[None] - lo, 0, local_rows
+        )
         every = PartitionSpec(tuple(mesh.axis_names))
         y = jax.shard_map(
-            lambda r, s, m: local(r, s[0], m), mesh=mesh,
-            in_specs=(every, every, PartitionSpec()), out_specs=every,
-            check_vma=False)(rows, local_sizes.astype(jnp.int32), w)
+            lambda r, s, m: local(r, s[0], m),
+            mesh=mesh,
+            in_specs=(every, every, PartitionSpec()),
+            out_specs=every,
+            check_vma=False,
+        )(rows, local_sizes.astype(jnp.int32), w)
     y = jnp.where(inside[:, None], y, jnp.zeros_like(y))
     return y[:num_rows]
 

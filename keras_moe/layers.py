@@ -12,6 +12,11 @@ from keras_moe.moe import MoeLayer
 from keras_moe.shared_experts import SharedExpertFeedForward
 
 __all__ = [
-    "DenseFeedForward", "FeedForwardExperts", "GShardFeedForward", "MoeLayer",
-    "SharedExpertFeedForward", "SwitchFeedForward", "TopKFeedForward",
+    "DenseFeedForward",
+    "FeedForwardExperts",
+    "GShardFeedForward",
+    "MoeLayer",
+    "SharedExpertFeedForward",
+    "SwitchFeedForward",
+    "TopKFeedForward",
 ]

@@ -78,13 +78,19 @@ _DEFAULT_VARIABLE_AXES = (
     # Relative position bias [num_buckets, heads].
     (r".*(relative_attention_bias|position_bias)(/embeddings)?", {2: (None, "heads")}),
     # Token embeddings [vocab, d_model].
-    (r"(.*/)?(token_embedding|shared_embedding|token_embeddings|embedding(_\d+)?)(/embeddings)?",
-     {2: ("vocab", "embed")}),
+    (
+        r"(.*/)?(token_embedding|shared_embedding|token_embeddings|embedding(_\d+)?)(/embeddings)?",
+        {2: ("vocab", "embed")},
+    ),
     # Attention projections: joined [d, h*k] or split [d, h, k] / [h, k, d].
-    (r"(.*/)?(query|key|value|q|k|v)(/kernel)?", {2: ("embed", "heads"),
-                                                 3: ("embed", "heads", "kv")}),
-    (r"(.*/)?(attention_output|o)(/kernel)?|.*attention.*/(output|out)(/kernel)?",
-     {2: ("heads", "embed"), 3: ("heads", "kv", "embed")}),
+    (
+        r"(.*/)?(query|key|value|q|k|v)(/kernel)?",
+        {2: ("embed", "heads"), 3: ("embed", "heads", "kv")},
+    ),
+    (
+        r"(.*/)?(attention_output|o)(/kernel)?|.*attention.*/(output|out)(/kernel)?",
+        {2: ("heads", "embed"), 3: ("heads", "kv", "embed")},
+    ),
     # Dense T5 feed-forward: wi / wi_0 / wi_1 [d, d_ff] and wo [d_ff, d].
     (r"(.*/)?wi(_0|_1)?(/kernel)?", {2: ("embed", "mlp")}),
     (r"(.*/)?wo(/kernel)?", {2: ("mlp", "embed")}),
@@ -103,9 +109,9 @@ def _check_logical_axes(logical_axes, what):
             )
 
 
-def register_variable_axes(pattern: str,
-                           logical_axes: LogicalAxes | Mapping[int, LogicalAxes],
-                           prepend: bool = True) -> None:
+def register_variable_axes(
+    pattern: str, logical_axes: LogicalAxes | Mapping[int, LogicalAxes], prepend: bool = True
+) -> None:
     """Adds a variable-path rule to `VARIABLE_AXES`.
 
     Args:
@@ -142,8 +148,9 @@ def reset_variable_axes() -> None:
     VARIABLE_AXES[:] = list(_DEFAULT_VARIABLE_AXES)
 
 
-def variable_logical_axes(path: str, rank: int, table: VariableAxesTable | None = None
-                          ) -> tuple[str | None, ...] | None:
+def variable_logical_axes(
+    path: str, rank: int, table: VariableAxesTable | None = None
+) -> tuple[str | None, ...] | None:
     """Logical axes of the variable at `path` with `rank` dims, or None.
 
     Example:
@@ -164,8 +171,9 @@ def _as_mesh_axes(value):
     return tuple(value)
 
 
-def validate_rules(rules: Rules, mesh_axis_names: Sequence[str] | None = None
-                   ) -> tuple[tuple[str, MeshAxes], ...]:
+def validate_rules(
+    rules: Rules, mesh_axis_names: Sequence[str] | None = None
+) -> tuple[tuple[str, MeshAxes], ...]:
     """Checks `rules` and returns them as a tuple of pairs.
 
     Raises:
@@ -177,9 +185,7 @@ def validate_rules(rules: Rules, mesh_axis_names: Sequence[str] | None = None
     out = []
     for entry in rules:
         if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise ValueError(
-                f"Each rule must be a (logical_axis, mesh_axes) pair, got {entry!r}."
-            )
+            raise ValueError(f"Each rule must be a (logical_axis, mesh_axes) pair, got {entry!r}.")
         logical, mesh = entry
         if logical not in LOGICAL_AXES:
             raise ValueError(
@@ -201,8 +207,12 @@ def validate_rules(rules: Rules, mesh_axis_names: Sequence[str] | None = None
     return tuple(out)
 
 
-def logical_to_mesh_axes(logical_axes: LogicalAxes, rules: Rules, mesh_shape: Mapping[str, int],
-                         shape: Shape | None = None) -> MeshSpec:
+def logical_to_mesh_axes(
+    logical_axes: LogicalAxes,
+    rules: Rules,
+    mesh_shape: Mapping[str, int],
+    shape: Shape | None = None,
+) -> MeshSpec:
     """Maps one tensor's logical axes to mesh axes (a PartitionSpec-like tuple).
 
     Args:
@@ -264,8 +274,12 @@ def _make_layout(spec, device_mesh):
     return MultiAxisLayout(spec, device_mesh)
 
 
-def tensor_layout(logical_axes: LogicalAxes, device_mesh: _keras.distribution.DeviceMesh,
-                  rules: Rules, shape: Shape | None = None) -> _keras.distribution.TensorLayout:
+def tensor_layout(
+    logical_axes: LogicalAxes,
+    device_mesh: _keras.distribution.DeviceMesh,
+    rules: Rules,
+    shape: Shape | None = None,
+) -> _keras.distribution.TensorLayout:
     """The `keras.distribution.TensorLayout` of a tensor tagged `logical_axes`.
 
     Dimensions mapped to several mesh axes (e.g. tokens over
@@ -306,6 +320,7 @@ class MultiAxisLayout(_keras.distribution.TensorLayout):
             )
         return self._backend_layout
 
+
 class LogicalLayoutMap(_keras.distribution.LayoutMap):
     """A `LayoutMap` that falls back on the logical-axis variable table.
 
@@ -314,14 +329,17 @@ class LogicalLayoutMap(_keras.distribution.LayoutMap):
     `VARIABLE_AXES` and mapped through `rules`.
     """
 
-    def __init__(self, device_mesh: _keras.distribution.DeviceMesh, rules: Rules,
-                 variable_axes: VariableAxesTable | None = None) -> None:
+    def __init__(
+        self,
+        device_mesh: _keras.distribution.DeviceMesh,
+        rules: Rules,
+        variable_axes: VariableAxesTable | None = None,
+    ) -> None:
         super().__init__(device_mesh)
         self.rules = tuple(rules)
         self._variable_axes = variable_axes
 
-    def layout_for(self, path: str,
-                   shape: Shape) -> _keras.distribution.TensorLayout | None:
+    def layout_for(self, path: str, shape: Shape) -> _keras.distribution.TensorLayout | None:
         """Layout of a variable at `path` with `shape`, or None (replicated)."""
         explicit = self[path]
         if explicit is not None:
@@ -344,6 +362,7 @@ class LogicalLayoutMap(_keras.distribution.LayoutMap):
                 )
         return _make_layout(spec, self.device_mesh)
 
+
 class LogicalModelParallel(_keras.distribution.ModelParallel):
     """`ModelParallel` whose input batch and variables follow logical rules.
 
@@ -357,8 +376,7 @@ class LogicalModelParallel(_keras.distribution.ModelParallel):
         axes = ("batch",) + (None,) * (len(data_shape) - 1)
         return tensor_layout(axes, self.device_mesh, self._layout_map.rules, data_shape)
 
-    def get_variable_layout(
-            self, variable: _keras.Variable) -> _keras.distribution.TensorLayout:
+    def get_variable_layout(self, variable: _keras.Variable) -> _keras.distribution.TensorLayout:
         from keras_moe import compat
 
         if compat.variable_layout(variable) is not None:

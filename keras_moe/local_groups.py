@@ -59,9 +59,14 @@ def _constrain(x, axes):
     return sharding.with_mesh_constraint(x, (axes,) + (None,) * (len(x.shape) - 1))
 
 
-def to_local_groups(x: Tensor, token_mask: Tensor, grouping: Literal["batch"] | int,
-                    shards: int, axes: tuple[str, ...],
-                    pad_to_group_size: bool = False) -> tuple[Tensor, Tensor, int]:
+def to_local_groups(
+    x: Tensor,
+    token_mask: Tensor,
+    grouping: Literal["batch"] | int,
+    shards: int,
+    axes: tuple[str, ...],
+    pad_to_group_size: bool = False,
+) -> tuple[Tensor, Tensor, int]:
     """Tokens `[B, L, d]` and their mask `[B, L]` as groups that never span shards.
 
     Args:
@@ -98,7 +103,8 @@ def to_local_groups(x: Tensor, token_mask: Tensor, grouping: Literal["batch"] | 
             f"`group_size`={grouping} does not divide the {num_tokens} tokens of each of the "
             f"{shards} shards the mesh splits this batch of {batch} sequences into (over "
             f"{axes}); a group never spans two shards. Change `group_size` or set "
-            "`pad_to_group_size=True`.")
+            "`pad_to_group_size=True`."
+        )
     tokens = ops.reshape(x, (shards, num_tokens, d_model))
     mask = ops.reshape(token_mask, (shards, num_tokens))
     if pad:
@@ -108,8 +114,14 @@ def to_local_groups(x: Tensor, token_mask: Tensor, grouping: Literal["batch"] | 
     return _constrain(groups, axes), _constrain(ops.reshape(mask, (-1, grouping)), axes), pad
 
 
-def from_local_groups(outputs: Tensor, inputs: Tensor, grouping: Literal["batch"] | int,
-                      pad: int, shards: int, axes: tuple[str, ...]) -> Tensor:
+def from_local_groups(
+    outputs: Tensor,
+    inputs: Tensor,
+    grouping: Literal["batch"] | int,
+    pad: int,
+    shards: int,
+    axes: tuple[str, ...],
+) -> Tensor:
     """Inverse of `to_local_groups` for outputs `[G, S, d]`: `[B, L, d]`, batch and length
     as `inputs`' (d is the outputs' own: per-expert values come back too).
 
@@ -128,5 +140,5 @@ def from_local_groups(outputs: Tensor, inputs: Tensor, grouping: Literal["batch"
     else:
         outputs = ops.reshape(outputs, (shards, local * length + pad, d_model))
         if pad:
-            outputs = outputs[:, :local * length]
+            outputs = outputs[:, : local * length]
     return _constrain(ops.reshape(outputs, (batch, length, d_model)), axes)

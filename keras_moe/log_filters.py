@@ -24,8 +24,10 @@ class _DropMessages(logging.Filter):
 
 
 def _filters() -> dict[str, logging.Filter]:
-    return {name: _DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name)
-            for name in {name for name, _ in HARMLESS_LOG_MESSAGES}}
+    return {
+        name: _DropMessages(m for n, m in HARMLESS_LOG_MESSAGES if n == name)
+        for name in {name for name, _ in HARMLESS_LOG_MESSAGES}
+    }
 
 
 def drop_harmless_log_messages() -> None:

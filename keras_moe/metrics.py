@@ -5,7 +5,6 @@ layer (`make_metric_trackers`) and `RouterMetricsMixin` bring them into
 `fit`'s and `evaluate`'s logs.
 """
 
-
 from __future__ import annotations
 
 import warnings
@@ -84,13 +83,19 @@ def router_metrics(routing: RoutingInstructions, token_mask: Tensor) -> dict[str
     entropy_per_token = -ops.sum(probs * ops.log(ops.maximum(probs, 1e-9)), axis=-1)
     entropy = ops.sum(entropy_per_token * mask) / divisor
     selected = routing.selected if routing.selected is not None else routing.kept
-    counts = ops.sum(router_losses.choice_counts(
-        routing.expert_index, ops.cast(selected, "float32") * mask[..., None],
-        routing.num_experts), axis=(0, 1))
+    counts = ops.sum(
+        router_losses.choice_counts(
+            routing.expert_index,
+            ops.cast(selected, "float32") * mask[..., None],
+            routing.num_experts,
+        ),
+        axis=(0, 1),
+    )
     total_count = ops.sum(counts)
     mean_count = total_count / routing.num_experts
-    max_violation = ops.where(mean_count > 0,
-                              ops.max(counts) / ops.maximum(mean_count, 1e-9) - 1.0, 0.0)
+    max_violation = ops.where(
+        mean_count > 0, ops.max(counts) / ops.maximum(mean_count, 1e-9) - 1.0, 0.0
+    )
     return {
         "dropped_fraction": dropped,
         "expert_load": load,
@@ -125,7 +130,8 @@ def branch_rms_ratio(inputs: Tensor, outputs: Tensor, token_mask: Tensor) -> Ten
 
     def mean_square(t):
         return ops.sum(ops.square(ops.cast(t, "float32")) * mask) / ops.maximum(
-            ops.sum(mask) * t.shape[-1], 1.0)
+            ops.sum(mask) * t.shape[-1], 1.0
+        )
 
     return ops.sqrt(mean_square(outputs) / ops.maximum(mean_square(inputs), 1e-12))
 
@@ -148,8 +154,9 @@ def make_metric_trackers(layer_name: str) -> dict[str, keras.metrics.Mean]:
     return {name: keras.metrics.Mean(name=f"{layer_name}/{name}") for name in SCALAR_METRICS}
 
 
-def update_metric_trackers(trackers: dict[str, keras.metrics.Mean],
-                           stats: dict[str, Tensor]) -> None:
+def update_metric_trackers(
+    trackers: dict[str, keras.metrics.Mean], stats: dict[str, Tensor]
+) -> None:
     """Adds one call's `router_metrics` to the trackers' running means.
 
     Each call with real tokens counts once; a call without any (an empty
@@ -234,11 +241,18 @@ class RouterMetricsMixin:
         claim_router_metrics(self)
         return super().compile(*args, **kwargs)
 
-    def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None,
-                     sample_weight: Any = None, training: bool = True) -> Tensor:
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Tensor:
         update_router_trackers(self)
-        return super().compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                    training=training)
+        return super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
 
 
 _JAX_WARNED = weakref.WeakSet()  # layers that warned
@@ -247,8 +261,9 @@ _JAX_WARNED = weakref.WeakSet()  # layers that warned
 def trackers_reach_logs(layer: keras.layers.Layer) -> bool:
     """Whether `layer`'s router trackers are updated where `fit` and `evaluate` keep
     the update: on TensorFlow, or when a `RouterMetricsMixin` model claimed the layer."""
-    return (keras.backend.backend() == "tensorflow"
-            or getattr(layer, "_router_metrics_claimed", False))
+    return keras.backend.backend() == "tensorflow" or getattr(
+        layer, "_router_metrics_claimed", False
+    )
 
 
 def reported_metrics(layer: keras.layers.Layer, metrics: list) -> list:
@@ -262,8 +277,12 @@ def reported_metrics(layer: keras.layers.Layer, metrics: list) -> list:
     return [metric for metric in metrics if id(metric) not in own]
 
 
-def track_layer_stats(layer: keras.layers.Layer, trackers: dict[str, keras.metrics.Mean],
-                      stats: dict[str, Tensor], warn: bool = True) -> None:
+def track_layer_stats(
+    layer: keras.layers.Layer,
+    trackers: dict[str, keras.metrics.Mean],
+    stats: dict[str, Tensor],
+    warn: bool = True,
+) -> None:
     """Routes one call's statistics of an MoE layer to its trackers.
 
     A layer claimed by its model (`RouterMetricsMixin`) holds them for the
@@ -288,6 +307,7 @@ def track_layer_stats(layer: keras.layers.Layer, trackers: dict[str, keras.metri
                     "keras.Model (a functional model too: `class Model(keras_moe."
                     "RouterMetricsMixin, keras.Model): pass`, then `Model(inputs, outputs)`), "
                     "or call the layer with `return_metrics=True`.",
-                    stacklevel=2)
+                    stacklevel=2,
+                )
             return
     update_metric_trackers(trackers, stats)

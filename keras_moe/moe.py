@@ -19,6 +19,7 @@ from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_numbe
 GROUPINGS = ("batch", "sequence")
 GroupSize = int | Literal["batch", "sequence"] | None
 
+
 def _check_capacity_factor(name, value):
     if not is_number(value) or not value > 0:
         raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
@@ -112,17 +113,28 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
     (2, 8, 16)
     """
 
-    def __init__(self, router: routing_lib.Router | dict[str, Any],
-                 experts: FeedForwardExperts | dict[str, Any], group_size: GroupSize = "batch",
-                 pad_to_group_size: bool = False, train_capacity_factor: float = 1.25,
-                 eval_capacity_factor: float = 2.0, min_expert_capacity: int = 4,
-                 dispatch: dispatch_lib.DispatchMode = "auto", aux_loss_factor: float = 1e-2,
-                 z_loss_factor: float = 1e-3, causal: bool = False, track_metrics: bool = True,
-                 return_metrics: bool = False, metrics_prefix: str | None = None,
-                 dropless_buffer_factor: float | None = None,
-                 balance_loss: router_losses.BalanceLoss = "group",
-                 shared_experts: keras.layers.Layer | dict[str, Any] | None = None,
-                 losses_in_inference: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        router: routing_lib.Router | dict[str, Any],
+        experts: FeedForwardExperts | dict[str, Any],
+        group_size: GroupSize = "batch",
+        pad_to_group_size: bool = False,
+        train_capacity_factor: float = 1.25,
+        eval_capacity_factor: float = 2.0,
+        min_expert_capacity: int = 4,
+        dispatch: dispatch_lib.DispatchMode = "auto",
+        aux_loss_factor: float = 1e-2,
+        z_loss_factor: float = 1e-3,
+        causal: bool = False,
+        track_metrics: bool = True,
+        return_metrics: bool = False,
+        metrics_prefix: str | None = None,
+        dropless_buffer_factor: float | None = None,
+        balance_loss: router_losses.BalanceLoss = "group",
+        shared_experts: keras.layers.Layer | dict[str, Any] | None = None,
+        losses_in_inference: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if isinstance(router, dict):
             router = keras.saving.deserialize_keras_object(router)
@@ -131,8 +143,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if isinstance(shared_experts, dict):
             shared_experts = keras.saving.deserialize_keras_object(shared_experts)
         if shared_experts is not None and not isinstance(shared_experts, keras.layers.Layer):
-            raise ValueError("`shared_experts` must be a Keras layer (a SharedExpertFeedForward) "
-                             f"or None, got {type(shared_experts).__name__}.")
+            raise ValueError(
+                "`shared_experts` must be a Keras layer (a SharedExpertFeedForward) "
+                f"or None, got {type(shared_experts).__name__}."
+            )
         if not isinstance(router, routing_lib.Router):
             raise ValueError(f"`router` must be a keras_moe Router, got {type(router).__name__}.")
         if not isinstance(experts, FeedForwardExperts):
@@ -140,11 +154,15 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
                 f"`experts` must be a FeedForwardExperts layer, got {type(experts).__name__}."
             )
         if balance_loss not in router_losses.BALANCE_LOSSES:
-            raise ValueError(f"`balance_loss` must be one of {router_losses.BALANCE_LOSSES}, "
-                             f"got {balance_loss!r}.")
+            raise ValueError(
+                f"`balance_loss` must be one of {router_losses.BALANCE_LOSSES}, "
+                f"got {balance_loss!r}."
+            )
         if balance_loss != "group" and not router.picks_experts_per_token:
-            raise ValueError(f"`balance_loss={balance_loss!r}` needs a token-choice router; "
-                             f"{type(router).__name__} has no balance loss.")
+            raise ValueError(
+                f"`balance_loss={balance_loss!r}` needs a token-choice router; "
+                f"{type(router).__name__} has no balance loss."
+            )
         if router.num_experts != experts.num_experts:
             raise ValueError(
                 f"`router.num_experts` ({router.num_experts}) must equal "
@@ -152,12 +170,11 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             )
         if group_size is None:
             group_size = "sequence"
-        if group_size not in GROUPINGS and (
-            not is_int(group_size) or group_size < 1
-        ):
+        if group_size not in GROUPINGS and (not is_int(group_size) or group_size < 1):
             raise ValueError(
                 f"`group_size` must be one of {GROUPINGS}, None or an integer >= 1, "
-                f"got {group_size!r}.")
+                f"got {group_size!r}."
+            )
         _check_capacity_factor("train_capacity_factor", train_capacity_factor)
         _check_capacity_factor("eval_capacity_factor", eval_capacity_factor)
         check_int("min_expert_capacity", min_expert_capacity, 0)
@@ -220,11 +237,13 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
     def capacity(self, group_size: int | Tensor, training: bool | None) -> int | Tensor:
         """Slots per expert per group for a group of `group_size` tokens."""
         factor = self.train_capacity_factor if training else self.eval_capacity_factor
-        return self.dispatcher.expert_capacity(self.router, group_size, factor,
-                                               self.min_expert_capacity)
+        return self.dispatcher.expert_capacity(
+            self.router, group_size, factor, self.min_expert_capacity
+        )
 
-    def real_token_capacity(self, group_mask: Tensor, group_size: int | Tensor,
-                            training: bool | None) -> Tensor:
+    def real_token_capacity(
+        self, group_mask: Tensor, group_size: int | Tensor, training: bool | None
+    ) -> Tensor:
         """int32 [G]: each group's capacity counted from its real tokens.
 
         The expert buffers keep the size `capacity(group_size)` gives, but a
@@ -273,19 +292,20 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if grouping == "batch" or is_int(grouping):
             axes, shards = local_groups.batch_shards(x)
             if shards > 1:  # a mesh splits the batch: no group spans two of its shards
-                return local_groups.to_local_groups(x, token_mask, grouping, shards, axes,
-                                                    self.pad_to_group_size)
+                return local_groups.to_local_groups(
+                    x, token_mask, grouping, shards, axes, self.pad_to_group_size
+                )
         if isinstance(grouping, tuple):  # each sequence cut into groups of N
             size = grouping[1]
             if x.shape[1] is None:
                 raise ValueError(
                     "independent_routing with an integer `group_size` needs a static "
-                    "sequence length.")
+                    "sequence length."
+                )
             pad = -x.shape[1] % size
             x = ops.pad(x, ((0, 0), (0, pad), (0, 0)))
             token_mask = ops.pad(token_mask, ((0, 0), (0, pad)))
-            return (ops.reshape(x, (-1, size, d_model)), ops.reshape(token_mask, (-1, size)),
-                    pad)
+            return (ops.reshape(x, (-1, size, d_model)), ops.reshape(token_mask, (-1, size)), pad)
         if grouping == "batch":
             tokens = ops.transpose(x, (1, 0, 2))  # position-major
             mask = ops.transpose(token_mask, (1, 0))
@@ -320,16 +340,21 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             return ops.transpose(outputs, (1, 0, 2))
         if isinstance(grouping, tuple):
             outputs = ops.reshape(outputs, (input_shape[0], inputs.shape[1] + pad, d_model))
-            return outputs[:, :inputs.shape[1]]
+            return outputs[:, : inputs.shape[1]]
         if grouping != "sequence":
             outputs = ops.reshape(outputs, (-1, d_model))
             if pad:
                 outputs = outputs[:-pad]
         return ops.reshape(outputs, (input_shape[0], input_shape[1], d_model))
 
-    def call(self, inputs: Tensor, mask: Tensor | None = None, training: bool | None = None,
-             independent_routing: bool | None = None,
-             return_metrics: bool | None = None) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+    def call(
+        self,
+        inputs: Tensor,
+        mask: Tensor | None = None,
+        training: bool | None = None,
+        independent_routing: bool | None = None,
+        return_metrics: bool | None = None,
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Outputs `[batch, length, d_model]` (and the metrics with `return_metrics`).
 
         Args:
@@ -365,11 +390,13 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             group_capacity = self.real_token_capacity(group_mask, group_size, training)
 
         logits = self.router(groups, training=training)
-        routing = self.router.route(logits, group_mask, capacity, training=bool(training),
-                                    group_capacity=group_capacity)
+        routing = self.router.route(
+            logits, group_mask, capacity, training=bool(training), group_capacity=group_capacity
+        )
         if self.balance_loss != "group":
-            routing = routing._replace(aux_loss=self._balance_loss(
-                routing, group_mask, inputs, token_mask, grouping, pad))
+            routing = routing._replace(
+                aux_loss=self._balance_loss(routing, group_mask, inputs, token_mask, grouping, pad)
+            )
         adds_losses = bool(training) or self.losses_in_inference
         if self.aux_loss_factor and adds_losses:
             self.add_loss(self.aux_loss_factor * routing.aux_loss)
@@ -384,8 +411,10 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         outputs = ops.cast(outputs, self.compute_dtype)
         if self.shared_experts is not None:  # padding keeps its output of 0
             shared = self.shared_experts(inputs, training=training)
-            outputs = outputs + ops.cast(shared, outputs.dtype) * ops.cast(
-                token_mask, outputs.dtype)[..., None]
+            outputs = (
+                outputs
+                + ops.cast(shared, outputs.dtype) * ops.cast(token_mask, outputs.dtype)[..., None]
+            )
 
         stats = None
         if self._trackers is not None or return_metrics:
@@ -399,22 +428,27 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
 
     def _balance_loss(self, routing, group_mask, inputs, token_mask, grouping, pad):
         """The "sequence" or "global" balance loss of one call's routing."""
-        counts = router_losses.choice_counts(routing.expert_index, routing.selected,
-                                             self.num_experts)
+        counts = router_losses.choice_counts(
+            routing.expert_index, routing.selected, self.num_experts
+        )
         if self.balance_loss == "global":
             return router_losses.global_balance_loss(routing.router_probs, counts, group_mask)
         per_token = ops.concatenate([routing.router_probs, counts], axis=-1)
         per_token = self._from_groups(per_token, inputs, grouping, pad)  # [B, L, 2E]
         return router_losses.sequence_balance_loss(
-            per_token[..., :self.num_experts], per_token[..., self.num_experts:], token_mask)
+            per_token[..., : self.num_experts], per_token[..., self.num_experts :], token_mask
+        )
 
     def compute_mask(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor | None:
         return mask
 
     def compute_output_spec(
-            self, inputs: keras.KerasTensor, mask: Tensor | None = None,
-            training: bool | None = None, independent_routing: bool | None = None,
-            return_metrics: bool | None = None,
+        self,
+        inputs: keras.KerasTensor,
+        mask: Tensor | None = None,
+        training: bool | None = None,
+        independent_routing: bool | None = None,
+        return_metrics: bool | None = None,
     ) -> keras.KerasTensor | tuple[keras.KerasTensor, dict[str, keras.KerasTensor]]:
         check_rank3_inputs(self, inputs)
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
@@ -430,8 +464,11 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         config.update(
             router=keras.saving.serialize_keras_object(self.router),
             experts=keras.saving.serialize_keras_object(self.experts),
-            shared_experts=(None if self.shared_experts is None
-                            else keras.saving.serialize_keras_object(self.shared_experts)),
+            shared_experts=(
+                None
+                if self.shared_experts is None
+                else keras.saving.serialize_keras_object(self.shared_experts)
+            ),
             **self._moe_config(),
         )
         return config

@@ -28,7 +28,6 @@ BALANCE_LOSSES = ("group", "sequence", "global")
 BalanceLoss = Literal["group", "sequence", "global"]
 
 
-
 def _masked_token_mean(values, token_mask):
     """Mean of `values` [G, S, ...] over the tokens where `token_mask` [G, S] is 1."""
     token_mask = ops.cast(token_mask, "float32")
@@ -39,8 +38,9 @@ def _masked_token_mean(values, token_mask):
     return total / count
 
 
-def load_balancing_loss(router_probs: Tensor, top1_expert_index: Tensor,
-                        token_mask: Tensor) -> Tensor:
+def load_balancing_loss(
+    router_probs: Tensor, top1_expert_index: Tensor, token_mask: Tensor
+) -> Tensor:
     """Switch Transformer load-balancing loss (Fedus et al., eq. 4).
 
     `E * sum_e f_e * P_e`, where `f_e` is the fraction of real tokens whose
@@ -147,8 +147,11 @@ def sequence_balance_loss(router_probs: Tensor, counts: Tensor, token_mask: Tens
     """
     mask = ops.cast(token_mask, "float32")[..., None]
     tokens = ops.sum(mask, axis=1)  # [B, 1]
-    per_sequence = _f_times_p(ops.sum(ops.cast(counts, "float32") * mask, axis=1),
-                              ops.sum(ops.cast(router_probs, "float32") * mask, axis=1), tokens)
+    per_sequence = _f_times_p(
+        ops.sum(ops.cast(counts, "float32") * mask, axis=1),
+        ops.sum(ops.cast(router_probs, "float32") * mask, axis=1),
+        tokens,
+    )
     sequences = ops.sum(ops.cast(tokens[:, 0] > 0, "float32"))
     return ops.sum(per_sequence) / ops.maximum(sequences, 1.0)
 
@@ -182,7 +185,8 @@ def global_balance_loss(router_probs: Tensor, counts: Tensor, token_mask: Tensor
     mask = ops.reshape(ops.cast(token_mask, "float32"), (-1, 1))
     counts = ops.sum(ops.reshape(ops.cast(counts, "float32"), (-1, num_experts)) * mask, axis=0)
     probs_sum = ops.sum(
-        ops.reshape(ops.cast(router_probs, "float32"), (-1, num_experts)) * mask, axis=0)
+        ops.reshape(ops.cast(router_probs, "float32"), (-1, num_experts)) * mask, axis=0
+    )
     ctx = replica_context()
     if ctx is not None:
         counts = ctx.all_reduce("sum", counts)

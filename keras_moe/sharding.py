@@ -121,23 +121,22 @@ def _normalize_mesh_shape(mesh_shape):
     sizes = {}
     for name, size in items:
         if name not in MESH_AXES:
-            raise ValueError(
-                f"Unknown mesh axis {name!r} in `mesh_shape`; allowed: {MESH_AXES}."
-            )
+            raise ValueError(f"Unknown mesh axis {name!r} in `mesh_shape`; allowed: {MESH_AXES}.")
         if name in sizes:
             raise ValueError(f"Mesh axis {name!r} appears twice in `mesh_shape`.")
         if not is_int(size) or size < 1:
-            raise ValueError(
-                f"Size of mesh axis {name!r} must be an integer >= 1, got {size!r}."
-            )
+            raise ValueError(f"Size of mesh axis {name!r} must be an integer >= 1, got {size!r}.")
         sizes[name] = size
     # Canonical order, missing axes of size 1: rules may always name all three.
     return {name: sizes.get(name, 1) for name in MESH_AXES}
 
 
-def validate_mesh(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
-                  num_devices: int | None = None, num_experts: int | None = None
-                  ) -> tuple[dict[str, int], tuple[tuple[str, layouts.MeshAxes], ...]]:
+def validate_mesh(
+    mesh_shape: MeshShape,
+    rules: Rules = DEFAULT_RULES,
+    num_devices: int | None = None,
+    num_experts: int | None = None,
+) -> tuple[dict[str, int], tuple[tuple[str, layouts.MeshAxes], ...]]:
     """Checks a mesh shape and rules; returns `(mesh_shape_dict, rules)`.
 
     Args:
@@ -172,10 +171,13 @@ def validate_mesh(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
     return shape, rules
 
 
-def configure_mesh(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
-                   devices: Sequence[str] | None = None, num_experts: int | None = None,
-                   layout_overrides: Mapping[str, Sequence[str | None]] | None = None,
-                   ) -> keras.distribution.ModelParallel:
+def configure_mesh(
+    mesh_shape: MeshShape,
+    rules: Rules = DEFAULT_RULES,
+    devices: Sequence[str] | None = None,
+    num_experts: int | None = None,
+    layout_overrides: Mapping[str, Sequence[str | None]] | None = None,
+) -> keras.distribution.ModelParallel:
     """Shards keras_moe models over a device mesh (JAX backend).
 
     Validates the arguments, builds a `keras.distribution.DeviceMesh` with
@@ -217,9 +219,7 @@ def configure_mesh(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
             "use tf.distribute for data parallelism and keras_moe.expert_parallel for "
             "expert parallelism (or configure_tpu_spmd on Cloud TPU)."
         )
-    mesh = keras.distribution.DeviceMesh(
-        tuple(shape.values()), tuple(shape), devices=list(devices)
-    )
+    mesh = keras.distribution.DeviceMesh(tuple(shape.values()), tuple(shape), devices=list(devices))
     layout_map = layouts.LogicalLayoutMap(mesh, rules)
     for pattern, axes in (layout_overrides or {}).items():
         layout_map[pattern] = tuple(axes)
@@ -238,8 +238,9 @@ def clear_mesh() -> None:
     set_logical_axis_rules(None)
 
 
-def configure_tpu_spmd(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
-                       device_ids: Sequence[int] | None = None) -> None:
+def configure_tpu_spmd(
+    mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES, device_ids: Sequence[int] | None = None
+) -> None:
     """Emits the logical tags as XLA SPMD annotations (TensorFlow, TPU only).
 
     For `tf.distribute.TPUStrategy(..., experimental_spmd_xla_partitioning=True)`
@@ -258,8 +259,9 @@ def configure_tpu_spmd(mesh_shape: MeshShape, rules: Rules = DEFAULT_RULES,
 
     shape, rules = validate_mesh(mesh_shape, rules)
     if keras.backend.backend() != "tensorflow":
-        raise ValueError("configure_tpu_spmd is for the TensorFlow backend; "
-                         "on JAX use configure_mesh.")
+        raise ValueError(
+            "configure_tpu_spmd is for the TensorFlow backend; on JAX use configure_mesh."
+        )
     total = int(np.prod(list(shape.values())))
     ids = np.arange(total) if device_ids is None else np.asarray(device_ids)
     if ids.size != total:
@@ -290,7 +292,7 @@ def _tf_mesh_split(x, spec):
             new_shape.append(int(np.prod([mesh_shape[a] for a in g])))
         else:
             mapping.append(-1)
-    new_shape += [mesh_shape[a] for a in order[sum(len(g) for g in groups):]]
+    new_shape += [mesh_shape[a] for a in order[sum(len(g) for g in groups) :]]
     mesh = np.transpose(device_mesh, perm).reshape(new_shape)
     return xla_sharding.mesh_split(x, mesh, mapping, use_sharding_op=True)
 
@@ -397,6 +399,7 @@ def with_logical_constraint(x: Tensor, logical_axes: LogicalAxes) -> Tensor:
         # it to experts. Without the first step XLA may all-gather the
         # tokens instead of exchanging them with an all-to-all.
         token_axes = tuple(None if a == "expert" else a for a in logical_axes)
-        x = with_mesh_constraint(x, layouts.logical_to_mesh_axes(
-            token_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape)))
+        x = with_mesh_constraint(
+            x, layouts.logical_to_mesh_axes(token_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape))
+        )
     return with_mesh_constraint(x, spec)

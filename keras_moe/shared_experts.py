@@ -44,21 +44,37 @@ class SharedExpertFeedForward(DenseFeedForward):
     True
     """
 
-    def __init__(self, d_ff: int, activation: Activation = "gated-silu", gate: bool = False,
-                 dropout_rate: float = 0.0, init_scale: float = 1.0, seed: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        d_ff: int,
+        activation: Activation = "gated-silu",
+        gate: bool = False,
+        dropout_rate: float = 0.0,
+        init_scale: float = 1.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         check_int("d_ff", d_ff)
-        super().__init__(d_ff, activation=activation, dropout_rate=dropout_rate,
-                         init_scale=init_scale, seed=seed, **kwargs)
+        super().__init__(
+            d_ff,
+            activation=activation,
+            dropout_rate=dropout_rate,
+            init_scale=init_scale,
+            seed=seed,
+            **kwargs,
+        )
         self.gate = bool(gate)
 
     def build(self, input_shape: Shape) -> None:
         super().build(input_shape)
         if self.gate:
             self.gate_kernel = self.add_weight(
-                name="gate_kernel", shape=(input_shape[-1], 1),
+                name="gate_kernel",
+                shape=(input_shape[-1], 1),
                 initializer=keras.initializers.VarianceScaling(
-                    scale=self.init_scale, mode="fan_in", distribution="truncated_normal"))
+                    scale=self.init_scale, mode="fan_in", distribution="truncated_normal"
+                ),
+            )
 
     def call(self, x: Tensor, training: bool | None = None) -> Tensor:
         y = super().call(x, training=training)

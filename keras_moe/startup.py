@@ -85,12 +85,15 @@ def host_has_tpu(root: str = "/") -> bool:
                     return True
         except OSError:
             continue
-    return bool(glob.glob(os.path.join(root, "dev/accel*"))
-                or os.path.exists(os.path.join(root, "dev/vfio")))
+    return bool(
+        glob.glob(os.path.join(root, "dev/accel*"))
+        or os.path.exists(os.path.join(root, "dev/vfio"))
+    )
 
 
-def jax_on_cpu_without_accelerator(environ: MutableMapping[str, str] | None = None,
-                                   root: str = "/") -> bool:
+def jax_on_cpu_without_accelerator(
+    environ: MutableMapping[str, str] | None = None, root: str = "/"
+) -> bool:
     """Sets JAX_PLATFORMS=cpu when it is unset and the host has neither a TPU nor a GPU.
 
     With libtpu installed (the `tpu` extra), jax's default platform list
@@ -115,8 +118,11 @@ def jax_on_cpu_without_accelerator(environ: MutableMapping[str, str] | None = No
     env = os.environ if environ is None else environ
     if env.get("JAX_PLATFORMS") or env.get("JAX_FORCE_TPU_INIT") or env.get("TPU_ACCELERATOR_TYPE"):
         return False
-    accelerator = (host_has_tpu(root) or os.path.exists(os.path.join(root, NVIDIA_DRIVER_PATH[1:]))
-                   or os.path.exists(os.path.join(root, "dev/kfd")))  # kfd: an AMD GPU
+    accelerator = (
+        host_has_tpu(root)
+        or os.path.exists(os.path.join(root, NVIDIA_DRIVER_PATH[1:]))
+        or os.path.exists(os.path.join(root, "dev/kfd"))
+    )  # kfd: an AMD GPU
     if accelerator:
         return False
     env["JAX_PLATFORMS"] = "cpu"
@@ -149,8 +155,11 @@ def filtered_stderr() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            kept = [line for line in capture.read().decode("utf-8", "replace").splitlines(True)
-                    if not is_startup_noise(line)]
+            kept = [
+                line
+                for line in capture.read().decode("utf-8", "replace").splitlines(True)
+                if not is_startup_noise(line)
+            ]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
@@ -159,8 +168,9 @@ def filtered_stderr() -> Iterator[None]:
 COMMANDS = ("keras-moe-train", "keras-moe-eval", "keras-moe-distill", "keras-moe-compile")
 
 
-def launched_as_command(argv: Sequence[str] | None = None,
-                        orig_argv: Sequence[str] | None = None) -> bool:
+def launched_as_command(
+    argv: Sequence[str] | None = None, orig_argv: Sequence[str] | None = None
+) -> bool:
     """True in a process started as a keras_moe command: one of `COMMANDS`, or
     `python -m keras_moe...`.
 

@@ -112,14 +112,22 @@ def exchange_plan(shape: Shape) -> tuple[ExchangeLayout | None, str | None]:
     token = layouts.logical_to_mesh_axes(_TOKEN_LAYOUT, rules, mesh_shape, shape)
     expert = layouts.logical_to_mesh_axes(_EXPERT_LAYOUT, rules, mesh_shape, shape)
     token_groups, expert_groups = _as_tuple(token[1]), _as_tuple(expert[1])
-    if (token[0] is not None or token[2:] != (None, None) or expert[0] != "expert"
-            or expert[2:] != (None, None) or not token_groups or token_groups[-1] != "expert"
-            or token_groups[:-1] != expert_groups):
-        return None, (f"the rules lay the {shape[1]} groups out as {token[1]!r} among tokens "
-                      f"and {expert[1]!r} among experts; the all-to-all needs the token "
-                      "layout to be the expert layout's axes followed by 'expert' (the group "
-                      "count must divide over them; a batch the mesh cannot split is one "
-                      "group_size='batch' group)")
+    if (
+        token[0] is not None
+        or token[2:] != (None, None)
+        or expert[0] != "expert"
+        or expert[2:] != (None, None)
+        or not token_groups
+        or token_groups[-1] != "expert"
+        or token_groups[:-1] != expert_groups
+    ):
+        return None, (
+            f"the rules lay the {shape[1]} groups out as {token[1]!r} among tokens "
+            f"and {expert[1]!r} among experts; the all-to-all needs the token "
+            "layout to be the expert layout's axes followed by 'expert' (the group "
+            "count must divide over them; a batch the mesh cannot split is one "
+            "group_size='batch' group)"
+        )
     return (mesh.backend_mesh, token_groups, expert_groups), None
 
 
@@ -147,8 +155,9 @@ def clear_exchange_choices() -> None:
     _CHOICES.clear()
 
 
-def note_choice(exchange: Literal["all_to_all", "gspmd"], reason: str,
-                shape: Shape | None = None) -> None:
+def note_choice(
+    exchange: Literal["all_to_all", "gspmd"], reason: str, shape: Shape | None = None
+) -> None:
     """Records a MoE layer's exchange on an active mesh (`exchange_choices`).
 
     Called where the buffers move: `to_experts`, and the dispatchers that do
@@ -164,14 +173,19 @@ def note_choice(exchange: Literal["all_to_all", "gspmd"], reason: str,
         return
     layer = compat.current_layer_path() or "<no layer>"
     first = _CHOICES.get(layer, {}).get("reason") != reason
-    _CHOICES[layer] = {"exchange": exchange, "reason": reason,
-                       "buffer": None if shape is None else list(shape)}
-    if (first and exchange == "gspmd" and _MODE == "auto"
-            and mesh_shape.get("expert", 1) > 1):
-        warnings.warn(f"MoE layer {layer}: expert_exchange='auto' falls back to GSPMD's "
-                      f"layout propagation ({reason}); it may all-gather tokens (keras-moe-compile "
-                      "counts the collectives).",
-                      RuntimeWarning, stacklevel=3)
+    _CHOICES[layer] = {
+        "exchange": exchange,
+        "reason": reason,
+        "buffer": None if shape is None else list(shape),
+    }
+    if first and exchange == "gspmd" and _MODE == "auto" and mesh_shape.get("expert", 1) > 1:
+        warnings.warn(
+            f"MoE layer {layer}: expert_exchange='auto' falls back to GSPMD's "
+            f"layout propagation ({reason}); it may all-gather tokens (keras-moe-compile "
+            "counts the collectives).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _exchange(x, to_expert_layout):
@@ -179,8 +193,10 @@ def _exchange(x, to_expert_layout):
     plan, reason = exchange_plan(tuple(x.shape))
     if plan is None:
         if _MODE == "all_to_all":
-            raise ValueError(f"expert_exchange='all_to_all' cannot move expert buffers of "
-                             f"shape {tuple(x.shape)}: {reason}.")
+            raise ValueError(
+                f"expert_exchange='all_to_all' cannot move expert buffers of "
+                f"shape {tuple(x.shape)}: {reason}."
+            )
         if to_expert_layout:
             note_choice("gspmd", reason, x.shape)
         return None
@@ -189,10 +205,15 @@ def _exchange(x, to_expert_layout):
 
     mesh, token_groups, expert_groups = plan
     if to_expert_layout:
-        note_choice("all_to_all", (
-            f"expert_exchange={_MODE!r}: the {x.shape[1]} routing groups are split over "
-            f"{token_groups} with the tokens and over {expert_groups or 'no axis'} with the "
-            "experts, so one all-to-all over 'expert' moves them each way"), x.shape)
+        note_choice(
+            "all_to_all",
+            (
+                f"expert_exchange={_MODE!r}: the {x.shape[1]} routing groups are split over "
+                f"{token_groups} with the tokens and over {expert_groups or 'no axis'} with the "
+                "experts, so one all-to-all over 'expert' moves them each way"
+            ),
+            x.shape,
+        )
     token_spec = P(None, _as_spec_entry(token_groups))
     expert_spec = P("expert", _as_spec_entry(expert_groups))
     if to_expert_layout:
@@ -207,8 +228,7 @@ def _exchange(x, to_expert_layout):
     def move(block):
         return jax.lax.all_to_all(block, "expert", split_axis, concat_axis, tiled=True)
 
-    return jax.shard_map(move, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
-                         check_vma=True)(x)
+    return jax.shard_map(move, mesh=mesh, in_specs=in_spec, out_specs=out_spec, check_vma=True)(x)
 
 
 def to_experts(buffers: Tensor) -> Tensor:

@@ -20,14 +20,12 @@ if TYPE_CHECKING:
     import keras
 
 
-
 def is_int(value: Any) -> bool:
     """An integer (Python or NumPy), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any, minimum: int = 1,
-              error: type[Exception] = ValueError) -> None:
+def check_int(name: str, value: Any, minimum: int = 1, error: type[Exception] = ValueError) -> None:
     """Raises `error` naming `name` unless `value` is an integer >= `minimum`."""
     if not is_int(value) or value < minimum:
         raise error(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
@@ -57,4 +55,5 @@ def check_rank3_inputs(layer: keras.layers.Layer, inputs: Tensor | Shape) -> Non
         raise ValueError(
             f"Layer '{layer.name}' ({type(layer).__name__}) expects inputs of shape "
             f"[batch, length, d_model], got shape {shape} (rank {len(shape)}). Add a "
-            "length axis, e.g. `x[:, None, :]` for one token per example.")
+            "length axis, e.g. `x[:, None, :]` for one token per example."
+        )

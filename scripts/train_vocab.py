@@ -26,8 +26,7 @@ OUT_PREFIX = os.path.join(_REPO, "tasks", "data", "vocab", "embedded_8k")
 
 def corpus_lines(embedded_dir=EMBEDDED):
     """Yields training lines: prose paragraphs, then verses of each language."""
-    with gzip.open(os.path.join(embedded_dir, "english.jsonl.gz"), "rt",
-                   encoding="utf-8") as f:
+    with gzip.open(os.path.join(embedded_dir, "english.jsonl.gz"), "rt", encoding="utf-8") as f:
         for line in f:
             for para in json.loads(line)["text"].split("\n\n"):
                 para = " ".join(para.split())
@@ -46,21 +45,30 @@ def main(argv=None):
     parser.add_argument("--num_threads", type=int, default=2)
     args = parser.parse_args(argv)
     if args.vocab_size < 300:
-        raise ValueError(f"--vocab_size must be >= 300 (byte fallback uses 256 "
-                         f"ids), got {args.vocab_size}")
+        raise ValueError(
+            f"--vocab_size must be >= 300 (byte fallback uses 256 ids), got {args.vocab_size}"
+        )
     os.makedirs(os.path.dirname(args.out_prefix), exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8",
-                                     delete=False) as tmp:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as tmp:
         for line in corpus_lines():
             tmp.write(line + "\n")
     try:
         spm.SentencePieceTrainer.train(
-            input=tmp.name, model_prefix=args.out_prefix,
-            vocab_size=args.vocab_size, model_type="unigram",
-            character_coverage=0.9995, byte_fallback=True,
-            pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-            input_sentence_size=2_000_000, shuffle_input_sentence=False,
-            num_threads=args.num_threads, minloglevel=2)
+            input=tmp.name,
+            model_prefix=args.out_prefix,
+            vocab_size=args.vocab_size,
+            model_type="unigram",
+            character_coverage=0.9995,
+            byte_fallback=True,
+            pad_id=0,
+            eos_id=1,
+            unk_id=2,
+            bos_id=-1,
+            input_sentence_size=2_000_000,
+            shuffle_input_sentence=False,
+            num_threads=args.num_threads,
+            minloglevel=2,
+        )
     finally:
         os.unlink(tmp.name)
     vocab_file = args.out_prefix + ".vocab"

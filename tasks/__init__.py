@@ -36,8 +36,19 @@ from keras_moe.tasks.vocab import (
 )
 
 __all__ = [
-    "DEFAULT_VOCAB", "SourceMissingError", "VOCAB_KINDS", "bible", "c4",
-    "docs", "embedded", "get_dataset", "get_task_or_mixture",
-    "get_vocabulary", "output_features", "span_corruption_targets_length",
-    "task_name", "translation", "vocabulary_size",
+    "DEFAULT_VOCAB",
+    "SourceMissingError",
+    "VOCAB_KINDS",
+    "bible",
+    "c4",
+    "docs",
+    "embedded",
+    "get_dataset",
+    "get_task_or_mixture",
+    "get_vocabulary",
+    "output_features",
+    "span_corruption_targets_length",
+    "task_name",
+    "translation",
+    "vocabulary_size",
 ]

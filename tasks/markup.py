@@ -10,18 +10,22 @@ import html
 import re
 
 # Directives whose whole body is code, tables, navigation or metadata.
-_REST_DROP_BODY = frozenset("""
+_REST_DROP_BODY = frozenset(
+    """
 code-block code sourcecode literalinclude testcode testoutput testsetup
 testcleanup doctest productionlist toctree index highlight raw image figure
 csv-table list-table table math graphviz include tabularcolumns kernel-doc
 kernel-include kernel-feat kernel-abi module currentmodule sectionauthor
 moduleauthor program-output parsed-literal digraph autosummary literal
-""".split())
+""".split()
+)
 # Directives whose argument on the directive line is prose.
-_REST_PROSE_ARG = frozenset("""
+_REST_PROSE_ARG = frozenset(
+    """
 note warning seealso tip important hint caution attention danger error
 admonition topic rubric sidebar
-""".split())
+""".split()
+)
 
 _DIRECTIVE = re.compile(r"^\.\.\s+([\w:.+-]+)::(.*)$")
 _ADORNMENT = re.compile(r"^([=\-~^\"'`#*+<>:._])\1{2,}$")
@@ -36,8 +40,7 @@ def _indent(line):
 
 def _skip_block(lines, i, base):
     """Index of the first line after i that is non-blank with indent <= base."""
-    while i < len(lines) and (not lines[i].strip() or
-                              _indent(lines[i]) > base):
+    while i < len(lines) and (not lines[i].strip() or _indent(lines[i]) > base):
         i += 1
     return i
 
@@ -95,8 +98,7 @@ def strip_rest(text):
                 if m.group(1) in _REST_PROSE_ARG and m.group(2).strip():
                     out.append(" " * ind + m.group(2).strip())
                 i += 1
-                while (i < n and lines[i].strip().startswith(":") and
-                       _indent(lines[i]) > ind):
+                while i < n and lines[i].strip().startswith(":") and _indent(lines[i]) > ind:
                     i += 1  # Directive options.
             else:  # Dropped directive, comment, target or substitution.
                 i = _skip_block(lines, i + 1, ind)
@@ -112,7 +114,8 @@ def strip_rest(text):
             j = i + 1
             while j < n:
                 if _SIMPLE_BORDER.match(lines[j].strip()) and (
-                    j + 1 >= n or not lines[j + 1].strip()):
+                    j + 1 >= n or not lines[j + 1].strip()
+                ):
                     j += 1
                     break
                 j += 1
@@ -197,7 +200,7 @@ def strip_pod(text):
                 skip_until = None
             continue
         if para.startswith("="):
-            rest = para[len(first):].strip()
+            rest = para[len(first) :].strip()
             if first == "=begin":
                 skip_until = "=end"
             elif first.startswith("=head") or first == "=item":

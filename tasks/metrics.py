@@ -19,14 +19,21 @@ def bleu(targets, predictions, tokenize="intl"):
       100.0
     """
     if len(targets) != len(predictions):
-        raise ValueError(f"targets and predictions differ in length: "
-                         f"{len(targets)} != {len(predictions)}")
+        raise ValueError(
+            f"targets and predictions differ in length: {len(targets)} != {len(predictions)}"
+        )
     if targets and isinstance(targets[0], (list, tuple)):
         references = [list(r) for r in zip(*targets, strict=False)]
     else:
         references = [list(targets)]
     score = sacrebleu.corpus_bleu(
-        list(predictions), references, smooth_method="exp", smooth_value=0.0,
-        force=False, lowercase=False, tokenize=tokenize,
-        use_effective_order=False)
+        list(predictions),
+        references,
+        smooth_method="exp",
+        smooth_value=0.0,
+        force=False,
+        lowercase=False,
+        tokenize=tokenize,
+        use_effective_order=False,
+    )
     return {"bleu": score.score}

@@ -9,14 +9,14 @@ from keras_moe.log_filters import harmless_log_messages_dropped
 
 
 def _check_lengths(sequence_length):
-    if not isinstance(sequence_length, dict) or set(sequence_length) != {
-        "inputs", "targets"}:
-        raise ValueError('sequence_length must be a dict with keys "inputs" and '
-                         f'"targets", got {sequence_length!r}')
+    if not isinstance(sequence_length, dict) or set(sequence_length) != {"inputs", "targets"}:
+        raise ValueError(
+            'sequence_length must be a dict with keys "inputs" and '
+            f'"targets", got {sequence_length!r}'
+        )
     for key, value in sequence_length.items():
         if not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"sequence_length[{key!r}] must be a positive int, "
-                             f"got {value!r}")
+            raise ValueError(f"sequence_length[{key!r}] must be a positive int, got {value!r}")
 
 
 def get_task_or_mixture(name):
@@ -29,14 +29,25 @@ def get_task_or_mixture(name):
     names = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
     if name not in names:
         close = difflib.get_close_matches(str(name), sorted(names), n=5)
-        raise ValueError(f"name {name!r} is not a registered task or mixture "
-                         f"(did you `from keras_moe import tasks`?); close names: {close}")
+        raise ValueError(
+            f"name {name!r} is not a registered task or mixture "
+            f"(did you `from keras_moe import tasks`?); close names: {close}"
+        )
     return seqio.get_mixture_or_task(name)
 
 
-def get_dataset(name, sequence_length, split="train", batch_size=8,
-                shuffle=True, seed=None, pack=True, num_epochs=1,
-                use_cached=False, shard_info=None):
+def get_dataset(
+    name,
+    sequence_length,
+    split="train",
+    batch_size=8,
+    shuffle=True,
+    seed=None,
+    pack=True,
+    num_epochs=1,
+    use_cached=False,
+    shard_info=None,
+):
     """Batched encoder-decoder features of a registered task or mixture.
 
     Runs `seqio.get_dataset` with `seqio.EncDecFeatureConverter(pack=pack)` and
@@ -89,4 +100,5 @@ def get_dataset(name, sequence_length, split="train", batch_size=8,
             shard_info=shard_info,
             seed=seed,
             batch_size=int(batch_size),
-            verbose=False)
+            verbose=False,
+        )

@@ -15,9 +15,9 @@ MEAN_NOISE_SPAN_LENGTH = 3.0
 NOISE_DENSITY = 0.15
 
 
-def span_corruption_preprocessors(text_key="text",
-                                  mean_noise_span_length=MEAN_NOISE_SPAN_LENGTH,
-                                  noise_density=NOISE_DENSITY):
+def span_corruption_preprocessors(
+    text_key="text", mean_noise_span_length=MEAN_NOISE_SPAN_LENGTH, noise_density=NOISE_DENSITY
+):
     """T5's span-corruption recipe (Raffel et al. 2019, "c4_v220_span_corruption").
 
     Args:
@@ -35,15 +35,17 @@ def span_corruption_preprocessors(text_key="text",
       5
     """
     if mean_noise_span_length <= 0:
-        raise ValueError("mean_noise_span_length must be > 0, got "
-                         f"{mean_noise_span_length}")
+        raise ValueError(f"mean_noise_span_length must be > 0, got {mean_noise_span_length}")
     if not 0 < noise_density < 1:
         raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
     return _unsupervised_recipe(
         text_key,
-        functools.partial(t5_preprocessors.span_corruption,
-                          mean_noise_span_length=mean_noise_span_length,
-                          noise_density=noise_density))
+        functools.partial(
+            t5_preprocessors.span_corruption,
+            mean_noise_span_length=mean_noise_span_length,
+            noise_density=noise_density,
+        ),
+    )
 
 
 def prefix_lm_preprocessors(text_key="text", noise_density=0.5):
@@ -64,15 +66,14 @@ def prefix_lm_preprocessors(text_key="text", noise_density=0.5):
     if not 0 < noise_density < 1:
         raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
     return _unsupervised_recipe(
-        text_key,
-        functools.partial(t5_preprocessors.prefix_lm, noise_density=noise_density))
+        text_key, functools.partial(t5_preprocessors.prefix_lm, noise_density=noise_density)
+    )
 
 
 def _unsupervised_recipe(text_key, objective):
     """rekey text -> tokenize -> cache point -> `objective` -> EOS (T5's layout)."""
     return [
-        functools.partial(t5_preprocessors.rekey,
-                          key_map={"inputs": None, "targets": text_key}),
+        functools.partial(t5_preprocessors.rekey, key_map={"inputs": None, "targets": text_key}),
         seqio.preprocessors.tokenize,
         seqio.CacheDatasetPlaceholder(),
         objective,
@@ -80,9 +81,9 @@ def _unsupervised_recipe(text_key, objective):
     ]
 
 
-def span_corruption_targets_length(inputs_length,
-                                   mean_noise_span_length=MEAN_NOISE_SPAN_LENGTH,
-                                   noise_density=NOISE_DENSITY):
+def span_corruption_targets_length(
+    inputs_length, mean_noise_span_length=MEAN_NOISE_SPAN_LENGTH, noise_density=NOISE_DENSITY
+):
     """Targets length that span corruption needs for a given inputs length.
 
     `t5.data.preprocessors.span_corruption` refuses a targets length below this.
@@ -99,16 +100,18 @@ def span_corruption_targets_length(inputs_length,
     if inputs_length < 2:
         raise ValueError(f"inputs_length must be >= 2, got {inputs_length}")
     _, targets_length = t5_preprocessors.random_spans_helper(
-        inputs_length=inputs_length, noise_density=noise_density,
+        inputs_length=inputs_length,
+        noise_density=noise_density,
         mean_noise_span_length=mean_noise_span_length,
-        extra_tokens_per_span_inputs=1, extra_tokens_per_span_targets=1,
-        verbose=False)
+        extra_tokens_per_span_inputs=1,
+        extra_tokens_per_span_targets=1,
+        verbose=False,
+    )
     return targets_length
 
 
 @seqio.map_over_dataset
-def text_pair_to_translation(x, source_name, target_name,
-                             source_key="source", target_key="target"):
+def text_pair_to_translation(x, source_name, target_name, source_key="source", target_key="target"):
     """Maps {source_key, target_key} to T5's "translate X to Y: ..." pair.
 
     Like `t5.data.preprocessors.translate`, but with explicit language names
@@ -134,8 +137,9 @@ def text_pair_to_translation(x, source_name, target_name,
     }
 
 
-def translation_preprocessors(source_name, target_name="English",
-                              source_key="source", target_key="target"):
+def translation_preprocessors(
+    source_name, target_name="English", source_key="source", target_key="target"
+):
     """Text-pair translation list: prompt, tokenize, cache point, EOS.
 
     Example:
@@ -143,9 +147,13 @@ def translation_preprocessors(source_name, target_name="English",
       4
     """
     return [
-        functools.partial(text_pair_to_translation, source_name=source_name,
-                          target_name=target_name, source_key=source_key,
-                          target_key=target_key),
+        functools.partial(
+            text_pair_to_translation,
+            source_name=source_name,
+            target_name=target_name,
+            source_key=source_key,
+            target_key=target_key,
+        ),
         seqio.preprocessors.tokenize,
         seqio.CacheDatasetPlaceholder(),
         seqio.preprocessors.append_eos_after_trim,

@@ -8,9 +8,16 @@ from keras_moe.tasks import vocab as vocab_lib
 _SOURCE_CHECKS = {}
 
 
-def register_task(base_name, source, preprocessors, *, metric_fns=(),
-                  postprocess_fn=None, kinds=vocab_lib.VOCAB_KINDS,
-                  shuffle_buffer_size=1000):
+def register_task(
+    base_name,
+    source,
+    preprocessors,
+    *,
+    metric_fns=(),
+    postprocess_fn=None,
+    kinds=vocab_lib.VOCAB_KINDS,
+    shuffle_buffer_size=1000,
+):
     """Registers `base_name` (SentencePiece) and `base_name + "_byte"`.
 
     An existing task of the same name is replaced, so reloading a module is
@@ -33,13 +40,19 @@ def register_task(base_name, source, preprocessors, *, metric_fns=(),
       >>> register_task("my_task", source, [seqio.preprocessors.tokenize])
       ['my_task', 'my_task_byte']
     """
-    return _replace_per_kind(seqio.TaskRegistry, base_name, kinds, lambda name, kind: dict(
-        source=source,
-        preprocessors=list(preprocessors),
-        output_features=vocab_lib.output_features(kind),
-        metric_fns=list(metric_fns),
-        postprocess_fn=postprocess_fn,
-        shuffle_buffer_size=shuffle_buffer_size))
+    return _replace_per_kind(
+        seqio.TaskRegistry,
+        base_name,
+        kinds,
+        lambda name, kind: dict(
+            source=source,
+            preprocessors=list(preprocessors),
+            output_features=vocab_lib.output_features(kind),
+            metric_fns=list(metric_fns),
+            postprocess_fn=postprocess_fn,
+            shuffle_buffer_size=shuffle_buffer_size,
+        ),
+    )
 
 
 def _replace_per_kind(registry, base_name, kinds, arguments):
@@ -88,8 +101,7 @@ def check_sources(name: str) -> None:
             _SOURCE_CHECKS[task_name]()
 
 
-def register_mixture(base_name, base_tasks_and_rates, *,
-                     kinds=vocab_lib.VOCAB_KINDS):
+def register_mixture(base_name, base_tasks_and_rates, *, kinds=vocab_lib.VOCAB_KINDS):
     """Registers a mixture per vocabulary kind over the matching tasks.
 
     Args:
@@ -101,8 +113,14 @@ def register_mixture(base_name, base_tasks_and_rates, *,
     Returns:
       The list of registered names.
     """
-    return _replace_per_kind(seqio.MixtureRegistry, base_name, kinds, lambda name, kind: dict(
-        tasks=[(vocab_lib.task_name(t, kind), rate) for t, rate in base_tasks_and_rates]))
+    return _replace_per_kind(
+        seqio.MixtureRegistry,
+        base_name,
+        kinds,
+        lambda name, kind: dict(
+            tasks=[(vocab_lib.task_name(t, kind), rate) for t, rate in base_tasks_and_rates]
+        ),
+    )
 
 
 def temperature_rate(count, temperature):

@@ -25,7 +25,8 @@ def split_of(key, validation_percent=5, test_percent=5):
     if not 0 <= validation_percent + test_percent <= 100:
         raise ValueError(
             "validation_percent + test_percent must be in [0, 100], got "
-            f"{validation_percent} + {test_percent}")
+            f"{validation_percent} + {test_percent}"
+        )
     bucket = zlib.crc32(key.encode("utf-8")) % 100
     if bucket < validation_percent:
         return "validation"

@@ -24,8 +24,7 @@ class CheckedTfdsSource(seqio.TfdsDataSource):
     """
 
     def __init__(self, tfds_name, fix, tfds_data_dir=None, splits=None):
-        super().__init__(tfds_name=tfds_name, tfds_data_dir=tfds_data_dir,
-                         splits=splits)
+        super().__init__(tfds_name=tfds_name, tfds_data_dir=tfds_data_dir, splits=splits)
         self._tfds_name = tfds_name
         self._fix = fix
 
@@ -36,12 +35,14 @@ class CheckedTfdsSource(seqio.TfdsDataSource):
             prepared = self.tfds_dataset.builder.is_prepared()
         except Exception as e:  # tfds raises several types for absent data.
             raise SourceMissingError(
-                f"TFDS dataset {self._tfds_name}", self._fix,
-                detail=f"data dir {where}; {type(e).__name__}: {str(e)[:300]}"
+                f"TFDS dataset {self._tfds_name}",
+                self._fix,
+                detail=f"data dir {where}; {type(e).__name__}: {str(e)[:300]}",
             ) from e
         if not prepared:
-            raise SourceMissingError(f"TFDS dataset {self._tfds_name}", self._fix,
-                                     detail=f"not prepared in {where}")
+            raise SourceMissingError(
+                f"TFDS dataset {self._tfds_name}", self._fix, detail=f"not prepared in {where}"
+            )
 
     def get_dataset(self, *args, **kwargs):
         self.check()

@@ -30,9 +30,11 @@ WMT_DATASETS = {
 
 
 def fix_for(tfds_name):
-    return (f"a prepared TFDS copy of {tfds_name}: "
-            f"`tfds build {tfds_name.split(':')[0]} --data_dir=...` on a machine "
-            "with internet, then point $TFDS_DATA_DIR at it")
+    return (
+        f"a prepared TFDS copy of {tfds_name}: "
+        f"`tfds build {tfds_name.split(':')[0]} --data_dir=...` on a machine "
+        "with internet, then point $TFDS_DATA_DIR at it"
+    )
 
 
 def translation_preprocessors(source_language, target_language):
@@ -47,9 +49,11 @@ def translation_preprocessors(source_language, target_language):
       4
     """
     return [
-        functools.partial(t5_preprocessors.translate,
-                          source_language=source_language,
-                          target_language=target_language),
+        functools.partial(
+            t5_preprocessors.translate,
+            source_language=source_language,
+            target_language=target_language,
+        ),
         seqio.preprocessors.tokenize,
         seqio.CacheDatasetPlaceholder(),
         seqio.preprocessors.append_eos_after_trim,
@@ -72,8 +76,11 @@ def wmt_tasks():
 def register():
     for name, tfds_name, src, tgt in wmt_tasks():
         registry.register_task(
-            name, CheckedTfdsSource(tfds_name, fix=fix_for(tfds_name)),
-            translation_preprocessors(src, tgt), metric_fns=[metrics.bleu])
+            name,
+            CheckedTfdsSource(tfds_name, fix=fix_for(tfds_name)),
+            translation_preprocessors(src, tgt),
+            metric_fns=[metrics.bleu],
+        )
 
 
 register()

@@ -19,8 +19,8 @@ EXTRA_IDS = 100
 VOCAB_KINDS = ("sentencepiece", "byte")
 DEFAULT_VOCAB = "sentencepiece"
 SENTENCEPIECE_MODEL = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "data", "vocab",
-    "embedded_8k.model")
+    os.path.dirname(os.path.abspath(__file__)), "data", "vocab", "embedded_8k.model"
+)
 _SUFFIX = {"sentencepiece": "", "byte": "_byte"}
 
 
@@ -59,7 +59,8 @@ def check_sentencepiece_model():
     if not os.path.exists(SENTENCEPIECE_MODEL):
         raise FileNotFoundError(
             f"SentencePiece model {SENTENCEPIECE_MODEL} is missing; rebuild it "
-            "with `python scripts/train_vocab.py` or use the byte vocabulary.")
+            "with `python scripts/train_vocab.py` or use the byte vocabulary."
+        )
     return SENTENCEPIECE_MODEL
 
 

@@ -23,9 +23,7 @@ import pytest
 import tensorflow as tf
 
 _cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
-)
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 logging.getLogger("tensorflow").setLevel(logging.ERROR)
@@ -60,9 +58,11 @@ def _reset_keras_state():
 # a `slow` or `jax` mark, a shared long-lived subprocess (`xdist_group`), or a
 # call in its body or its fixtures that starts a process or trains a whole job.
 _E2E_MARKS = ("slow", "jax", "xdist_group")
-_E2E_CALLS = re.compile(r"subprocess\.|\brun_cli(?:_here)?\(|\bcli_args\(|\btrain_in_process\(|"
-                        r"\brun_smoke\(|\bexec_here\(|(?:gin|train)_configurables\.train\(|"
-                        r"\b_run\(|\b_train\(|\bexport_for_serving\(")
+_E2E_CALLS = re.compile(
+    r"subprocess\.|\brun_cli(?:_here)?\(|\bcli_args\(|\btrain_in_process\(|"
+    r"\brun_smoke\(|\bexec_here\(|(?:gin|train)_configurables\.train\(|"
+    r"\b_run\(|\b_train\(|\bexport_for_serving\("
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,8 +84,13 @@ def _starts_a_job(function, depth=3):
             found += [getattr(value, attr) for attr in names if hasattr(value, attr)]
         else:
             found.append(value)
-    return any(inspect.isfunction(f) and f is not function and f.__module__.startswith("tests")
-               and _starts_a_job(f, depth - 1) for f in found)
+    return any(
+        inspect.isfunction(f)
+        and f is not function
+        and f.__module__.startswith("tests")
+        and _starts_a_job(f, depth - 1)
+        for f in found
+    )
 
 
 def _is_end_to_end(item):
@@ -93,7 +98,7 @@ def _is_end_to_end(item):
         return True
     functions = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         functions += [d.func for d in defs if d.baseid]  # this project's fixtures only
     return any(f is not None and _starts_a_job(f) for f in functions)
 
@@ -107,6 +112,10 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if _is_end_to_end(item):
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 item.get_closest_marker("xdist_group") is None,
-                                 item.get_closest_marker("e2e") is None))
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("slow") is None,
+            item.get_closest_marker("xdist_group") is None,
+            item.get_closest_marker("e2e") is None,
+        )
+    )

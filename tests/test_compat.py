@@ -19,7 +19,8 @@ def test_the_environment_runs_the_tested_versions():
 
 def test_untested_versions_are_named():
     assert compat.untested_versions({"keras": "3.16.0", "tensorflow": "2.21.1"}) == [
-        "keras 3.16.0 (tested: 3.15)"]
+        "keras 3.16.0 (tested: 3.15)"
+    ]
 
 
 class _Pair(keras.layers.Layer):
@@ -117,21 +118,30 @@ def test_gin_bindings_calls_and_the_binding_hook():
             return name == "moe_type"
 
         with compat.gin_binding_hook(intercept):
-            gin.parse_config("T5Config.moe_type = 'switch'\nenc/SwitchFeedForward.d_ff = 8\n"
-                             "T5Config.d_model = 16\nMACRO = 1")
-        assert seen == [("", "T5Config", "moe_type", "switch"),
-                        ("enc", "SwitchFeedForward", "d_ff", 8), ("", "T5Config", "d_model", 16)]
+            gin.parse_config(
+                "T5Config.moe_type = 'switch'\nenc/SwitchFeedForward.d_ff = 8\n"
+                "T5Config.d_model = 16\nMACRO = 1"
+            )
+        assert seen == [
+            ("", "T5Config", "moe_type", "switch"),
+            ("enc", "SwitchFeedForward", "d_ff", 8),
+            ("", "T5Config", "d_model", 16),
+        ]
         assert compat.gin_bound_parameters() == {
             ("enc", "keras_moe.SwitchFeedForward"): ["d_ff"],
-            ("", "keras_moe.models.T5Config"): ["d_model"]}  # moe_type was taken out
+            ("", "keras_moe.models.T5Config"): ["d_model"],
+        }  # moe_type was taken out
         gin.parse_config("T5Config.d_ff = 3")  # the hook is gone
         assert len(seen) == 3
         assert compat.gin_called_configurables() == set()
-        gin.parse_config("T5Config.sparse_ffn = @enc/SwitchFeedForward\n"
-                         "SwitchFeedForward.num_experts = 2")
+        gin.parse_config(
+            "T5Config.sparse_ffn = @enc/SwitchFeedForward\nSwitchFeedForward.num_experts = 2"
+        )
         gin.get_configurable("T5Config")()
         assert compat.gin_called_configurables() == {
-            ("", "keras_moe.models.T5Config"), ("enc", "keras_moe.SwitchFeedForward")}
+            ("", "keras_moe.models.T5Config"),
+            ("enc", "keras_moe.SwitchFeedForward"),
+        }
     finally:
         gin.clear_config()
 
@@ -176,22 +186,25 @@ def test_layers_made_without_backend_state_leave_nothing_to_initialise():
 def test_a_model_config_with_a_sparse_ffn_leaves_tensorflow_unstarted():
     # Multi-worker training sets up TensorFlow's runtime after parsing gin (which
     # validates the sparse FFN by making one): it must not have started yet.
-    code = ("import tensorflow as tf\n"
-            "from keras_moe import compat\n"
-            "from keras_moe.models import T5Config\n"
-            "from functools import partial\n"
-            "from keras_moe import SwitchFeedForward, GShardFeedForward\n"
-            "T5Config(vocab_size=64, num_encoder_layers=2, num_decoder_layers=2,\n"
-            "    sparse_ffn=partial(SwitchFeedForward, num_experts=4, d_ff=32,\n"
-            "                       expert_dropout_rate=0.1, jitter_noise=0.1),\n"
-            "    decoder_sparse_ffn=partial(GShardFeedForward, num_experts=4, d_ff=32))\n"
-            "assert not compat.tf_runtime_started(), 'the runtime started'\n"
-            "tf.config.set_logical_device_configuration(\n"
-            "    tf.config.list_physical_devices('CPU')[0],\n"
-            "    [tf.config.LogicalDeviceConfiguration()] * 2)\n"
-            "print(len(tf.config.list_logical_devices('CPU')))\n")
+    code = (
+        "import tensorflow as tf\n"
+        "from keras_moe import compat\n"
+        "from keras_moe.models import T5Config\n"
+        "from functools import partial\n"
+        "from keras_moe import SwitchFeedForward, GShardFeedForward\n"
+        "T5Config(vocab_size=64, num_encoder_layers=2, num_decoder_layers=2,\n"
+        "    sparse_ffn=partial(SwitchFeedForward, num_experts=4, d_ff=32,\n"
+        "                       expert_dropout_rate=0.1, jitter_noise=0.1),\n"
+        "    decoder_sparse_ffn=partial(GShardFeedForward, num_experts=4, d_ff=32))\n"
+        "assert not compat.tf_runtime_started(), 'the runtime started'\n"
+        "tf.config.set_logical_device_configuration(\n"
+        "    tf.config.list_physical_devices('CPU')[0],\n"
+        "    [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        "print(len(tf.config.list_logical_devices('CPU')))\n"
+    )
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "2"

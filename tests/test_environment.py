@@ -79,7 +79,8 @@ def _is_vendored(dist, root=ROOT):
         return False
     path = os.path.normpath(str(path))
     return "_vendor" in path.split(os.sep) or (
-        path.endswith(".egg-info") and os.path.dirname(path) == os.path.normpath(root))
+        path.endswith(".egg-info") and os.path.dirname(path) == os.path.normpath(root)
+    )
 
 
 def installed_versions():
@@ -128,8 +129,10 @@ def nightly_problems(requirements, installed):
                 problems.append(f"{req.name} {version} is a nightly/dev build")
         for twin in (f"{name}-nightly",) + NIGHTLY_ALIASES.get(name, ()):
             if twin in installed:
-                problems.append(f"{twin} {installed[twin][0]} is installed beside {req.name} "
-                                f"and overwrites its files")
+                problems.append(
+                    f"{twin} {installed[twin][0]} is installed beside {req.name} "
+                    f"and overwrites its files"
+                )
     return problems
 
 
@@ -142,8 +145,11 @@ def top_level_owners():
         name = canonicalize_name(dist.metadata["Name"] or "")
         for path in dist.files or ():
             parts = path.parts
-            if not parts or parts[0] in ("..", "__pycache__", "bin") \
-                    or parts[0].endswith((".dist-info", ".egg-info", ".data", ".pth")):
+            if (
+                not parts
+                or parts[0] in ("..", "__pycache__", "bin")
+                or parts[0].endswith((".dist-info", ".egg-info", ".data", ".pth"))
+            ):
                 continue
             top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
             owners[top].add(name)
@@ -155,8 +161,11 @@ def top_level_owners():
 def owner_problems(requirements, owners):
     """Top-level packages of declared distributions that another distribution also fills."""
     declared = {canonicalize_name(r.name) for r in requirements}
-    return [f"{top} is installed by {sorted(names)}" for top, names in sorted(owners.items())
-            if names & declared and len(names) > 1]
+    return [
+        f"{top} is installed by {sorted(names)}"
+        for top, names in sorted(owners.items())
+        if names & declared and len(names) > 1
+    ]
 
 
 # --- The helpers can fail: fake setup.cfg texts and distribution lists. -----------------
@@ -177,22 +186,35 @@ test =
 
 def test_requirements_are_parsed_with_their_pins_and_comments_left_out():
     reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
-    assert [str(r) for r in reqs] == ["seqio==0.0.20", "tensorflow-datasets==4.9.10",
-                                      'numpy>=1.26; python_version >= "3"', "pytest==9.0.*"]
+    assert [str(r) for r in reqs] == [
+        "seqio==0.0.20",
+        "tensorflow-datasets==4.9.10",
+        'numpy>=1.26; python_version >= "3"',
+        "pytest==9.0.*",
+    ]
     with pytest.raises(ValueError, match="does not parse"):
         requirements_from_setup_cfg("[options]\ninstall_requires =\n    seqio 0.0.20\n")
     script = 'pip_install --no-deps "t5==0.9.4"\n  pip_install "transformers>=4.45,<6"\n'
     assert [str(r) for r in requirements_from_install_script(script)] == [
-        "t5==0.9.4", "transformers<6,>=4.45"]
+        "t5==0.9.4",
+        "transformers<6,>=4.45",
+    ]
 
 
 def test_a_nightly_or_a_nightly_twin_is_reported():
     reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
-    good = {"seqio": ["0.0.20"], "tensorflow-datasets": ["4.9.10"], "numpy": ["2.1.0"],
-            "pytest": ["9.0.3"], "wcwidth": ["0.1.0.dev1"]}  # not declared: not checked
+    good = {
+        "seqio": ["0.0.20"],
+        "tensorflow-datasets": ["4.9.10"],
+        "numpy": ["2.1.0"],
+        "pytest": ["9.0.3"],
+        "wcwidth": ["0.1.0.dev1"],
+    }  # not declared: not checked
     assert nightly_problems(reqs, good) == []
-    twins = dict(good, **{"tfds-nightly": ["4.9.10.dev202501010044"],
-                          "seqio-nightly": ["0.0.21.dev20250101"]})
+    twins = dict(
+        good,
+        **{"tfds-nightly": ["4.9.10.dev202501010044"], "seqio-nightly": ["0.0.21.dev20250101"]},
+    )
     problems = nightly_problems(reqs, twins)
     assert len(problems) == 2 and "tfds-nightly" in problems[1] and "seqio-nightly" in problems[0]
     dev = dict(good, seqio=["0.0.20.dev20240101"])
@@ -201,14 +223,20 @@ def test_a_nightly_or_a_nightly_twin_is_reported():
 
 def test_a_version_outside_a_pin_or_a_missing_requirement_is_reported():
     reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
-    good = {"seqio": ["0.0.20"], "tensorflow-datasets": ["4.9.10"], "numpy": ["2.1.0"],
-            "pytest": ["9.0.3"]}
+    good = {
+        "seqio": ["0.0.20"],
+        "tensorflow-datasets": ["4.9.10"],
+        "numpy": ["2.1.0"],
+        "pytest": ["9.0.3"],
+    }
     assert pin_problems(reqs, good) == []
     bad = dict(good, seqio=["0.0.19"], pytest=["8.3.0"])
     del bad["numpy"]
-    assert pin_problems(reqs, bad) == ["seqio==0.0.20 is required, seqio 0.0.19 is installed",
-                                       'numpy>=1.26; python_version >= "3" is not installed',
-                                       "pytest==9.0.* is required, pytest 8.3.0 is installed"]
+    assert pin_problems(reqs, bad) == [
+        "seqio==0.0.20 is required, seqio 0.0.19 is installed",
+        'numpy>=1.26; python_version >= "3" is not installed',
+        "pytest==9.0.* is required, pytest 8.3.0 is installed",
+    ]
     twice = dict(good, seqio=["0.0.20", "0.0.19"])
     assert "installed more than once" in pin_problems(reqs, twice)[0]
     # A local version label (torch's "+cpu") satisfies an exact public pin.
@@ -217,8 +245,11 @@ def test_a_version_outside_a_pin_or_a_missing_requirement_is_reported():
 
 def test_a_top_level_package_filled_by_two_distributions_is_reported():
     reqs = requirements_from_setup_cfg(FAKE_SETUP_CFG)
-    owners = {"seqio": {"seqio", "seqio-nightly"}, "tensorflow_datasets": {"tensorflow-datasets"},
-              "yaml": {"pyyaml", "other-yaml"}}  # not declared: not checked
+    owners = {
+        "seqio": {"seqio", "seqio-nightly"},
+        "tensorflow_datasets": {"tensorflow-datasets"},
+        "yaml": {"pyyaml", "other-yaml"},
+    }  # not declared: not checked
     assert owner_problems(reqs, owners) == ["seqio is installed by ['seqio', 'seqio-nightly']"]
 
 

@@ -46,10 +46,20 @@ print(type(model.layers[1]).__name__)
 
 
 def _python(code, *args):
-    env = {**os.environ, "PYTHONPATH": REPO, "KERAS_BACKEND": "tensorflow",
-           "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                            env=env, timeout=180, cwd=REPO)
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO,
+        "KERAS_BACKEND": "tensorflow",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.splitlines()
 

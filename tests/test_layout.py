@@ -15,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "keras_moe"
 MAX_LINES = 450
 
+
 def mapped_folders(root=ROOT):
     """{dotted package: folder} of setup.cfg's `package_dir`, and the packages it lists."""
     config = configparser.ConfigParser()
@@ -52,8 +53,10 @@ def test_setup_cfg_lists_every_package_folder():
     """A package folder missing from setup.cfg's explicit list would be left out of
     the wheel (and of a non-editable install) without any error."""
     mapped, listed = mapped_folders()
-    found = {".".join((PACKAGE,) + p.parent.relative_to(ROOT / PACKAGE).parts)
-             for p in (ROOT / PACKAGE).rglob("__init__.py")}
+    found = {
+        ".".join((PACKAGE,) + p.parent.relative_to(ROOT / PACKAGE).parts)
+        for p in (ROOT / PACKAGE).rglob("__init__.py")
+    }
     found |= set(mapped)
     assert set(listed) == found
     assert not [p for p in (ROOT / PACKAGE).iterdir() if p.is_symlink()]
@@ -70,13 +73,14 @@ def imported_modules(name, path, modules, deferred):
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
             inside = in_function or isinstance(
-                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
             if isinstance(child, ast.Import) and inside == deferred:
                 found.update(alias.name for alias in child.names)
             elif isinstance(child, ast.ImportFrom) and inside == deferred:
                 source = child.module or ""
                 if child.level:
-                    parts = name.split(".")[:len(name.split(".")) + is_package - child.level]
+                    parts = name.split(".")[: len(name.split(".")) + is_package - child.level]
                     source = ".".join(parts + ([child.module] if child.module else []))
                 for alias in child.names:
                     member = f"{source}.{alias.name}"
@@ -96,8 +100,7 @@ def imported_modules(name, path, modules, deferred):
 def import_graph(deferred=False):
     """{module: modules it imports}; with `deferred`, imports inside functions too."""
     modules = package_modules()
-    graph = {name: imported_modules(name, path, modules, False)
-             for name, path in modules.items()}
+    graph = {name: imported_modules(name, path, modules, False) for name, path in modules.items()}
     if deferred:
         for name, path in modules.items():
             graph[name] |= imported_modules(name, path, modules, True)
@@ -161,8 +164,10 @@ def test_imports_are_read_at_module_level_and_in_functions_separately(tmp_path):
     (tmp_path / "pkg" / "sub").mkdir(parents=True)
     for name in ("__init__", "a", "b", "sub/__init__", "sub/c"):
         (tmp_path / "pkg" / f"{name}.py").write_text("")
-    source = ("import os\nfrom pkg import b\nfrom ..sub import c\nfrom pkg.sub.c import Name\n"
-              "def f():\n    from pkg import a\n")
+    source = (
+        "import os\nfrom pkg import b\nfrom ..sub import c\nfrom pkg.sub.c import Name\n"
+        "def f():\n    from pkg import a\n"
+    )
     path = tmp_path / "pkg" / "sub" / "d.py"
     path.write_text(source)
     modules = package_modules(tmp_path, "pkg")
@@ -173,11 +178,16 @@ def test_imports_are_read_at_module_level_and_in_functions_separately(tmp_path):
 
 def test_the_graph_covers_the_package():
     graph = import_graph()
-    assert {"keras_moe", "keras_moe.dispatch", "keras_moe.training.checkpoint",
-            "keras_moe.tasks.registry"} <= set(graph)
+    assert {
+        "keras_moe",
+        "keras_moe.dispatch",
+        "keras_moe.training.checkpoint",
+        "keras_moe.tasks.registry",
+    } <= set(graph)
     assert "keras_moe.dispatch_einsum" in graph["keras_moe.dispatch"]
-    assert ("keras_moe.training.checkpoint.checkpoint_manager"
-            in graph["keras_moe.training.checkpoint"])
+    assert (
+        "keras_moe.training.checkpoint.checkpoint_manager" in graph["keras_moe.training.checkpoint"]
+    )
 
 
 def test_no_import_cycle_at_module_level():
@@ -189,5 +199,4 @@ def test_no_import_cycle_at_module_level():
 def test_no_import_cycle_through_imports_inside_functions():
     graph = import_graph(deferred=True)
     cycles = [one_cycle(graph, group) for group in cyclic_groups(graph)]
-    assert not cycles, ("import cycles through imports inside functions:\n"
-                        + "\n".join(cycles))
+    assert not cycles, "import cycles through imports inside functions:\n" + "\n".join(cycles)

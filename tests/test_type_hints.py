@@ -18,10 +18,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE_FOLDERS = ("keras_moe", "keras_moe/routing")
 CHECKED_DUNDERS = ("__init__", "__call__")
 # The training job's public API: its config, collaborators and run.
-TRAINING_API = tuple(f"keras_moe.training.{name}" for name in (
-    "train_config", "trainer", "checkpoint.checkpoint_config", "placement.strategy_placement",
-    "placement.mesh_placement", "run.training_run", "run.dataset_config", "run.dtype_policy",
-    "run.model_dir", "run.compiled_model", "run.summary", "checkpoint.upcycle_checkpoint"))
+TRAINING_API = tuple(
+    f"keras_moe.training.{name}"
+    for name in (
+        "train_config",
+        "trainer",
+        "checkpoint.checkpoint_config",
+        "placement.strategy_placement",
+        "placement.mesh_placement",
+        "run.training_run",
+        "run.dataset_config",
+        "run.dtype_policy",
+        "run.model_dir",
+        "run.compiled_model",
+        "run.summary",
+        "checkpoint.upcycle_checkpoint",
+    )
+)
 
 
 def core_modules():
@@ -47,7 +60,9 @@ def missing_annotations(qualname, function, needs_return=True):
     missing = []
     for name, parameter in signature.parameters.items():
         if name in ("self", "cls") or parameter.kind in (
-                parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            parameter.VAR_POSITIONAL,
+            parameter.VAR_KEYWORD,
+        ):
             continue
         if parameter.annotation is parameter.empty:
             missing.append(f"{qualname}: parameter {name}")
@@ -74,9 +89,12 @@ def public_callables(module):
                     seen.add(attr)
                     function = _function_of(member)
                     if function is not None:
-                        yield (f"{module.__name__}.{name}.{attr}"
-                               + ("" if cls is obj else f" (from {cls.__name__})"),
-                               function, attr != "__init__")
+                        yield (
+                            f"{module.__name__}.{name}.{attr}"
+                            + ("" if cls is obj else f" (from {cls.__name__})"),
+                            function,
+                            attr != "__init__",
+                        )
 
 
 def test_the_checker_catches_missing_hints():
@@ -93,14 +111,21 @@ def test_the_checker_catches_missing_hints():
 
 def test_the_core_modules_are_found():
     names = core_modules()
-    assert {"keras_moe.moe", "keras_moe.dispatch", "keras_moe.routing",
-            "keras_moe.routing.token_choice"} <= set(names)
+    assert {
+        "keras_moe.moe",
+        "keras_moe.dispatch",
+        "keras_moe.routing",
+        "keras_moe.routing.token_choice",
+    } <= set(names)
     assert not any(n.startswith(("keras_moe.models", "keras_moe.training")) for n in names)
 
 
 @pytest.mark.parametrize("name", core_modules() + list(TRAINING_API))
 def test_public_api_has_type_hints(name):
     module = importlib.import_module(name)
-    missing = [entry for qualname, function, needs_return in public_callables(module)
-               for entry in missing_annotations(qualname, function, needs_return)]
+    missing = [
+        entry
+        for qualname, function, needs_return in public_callables(module)
+        for entry in missing_annotations(qualname, function, needs_return)
+    ]
     assert not missing, "missing type hints:\n" + "\n".join(missing)

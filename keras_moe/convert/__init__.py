@@ -10,5 +10,10 @@ from keras_moe.convert.hf import (
 )
 
 __all__ = [
-    "config_from_hf", "config_to_hf", "from_hf", "is_hf_folder", "load_hf_weights", "to_hf",
+    "config_from_hf",
+    "config_to_hf",
+    "from_hf",
+    "is_hf_folder",
+    "load_hf_weights",
+    "to_hf",
 ]

@@ -54,8 +54,12 @@ from keras_moe.feedforward import SwitchFeedForward
 from keras_moe.models.config import T5Config, hf_sparse_layers
 from keras_moe.models.transformer import EncoderDecoder
 
-_GATED = {"gated-gelu": "gated-gelu", "gated-gelu_new": "gated-gelu", "gated-relu": "gated-relu",
-          "gated-silu": "gated-silu"}
+_GATED = {
+    "gated-gelu": "gated-gelu",
+    "gated-gelu_new": "gated-gelu",
+    "gated-relu": "gated-relu",
+    "gated-silu": "gated-silu",
+}
 _PLAIN = {"relu": "relu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "silu": "silu"}
 
 
@@ -72,7 +76,8 @@ def _activation(cfg):
         return act
     raise ValueError(
         f"`feed_forward_proj`/`dense_act_fn` {proj!r} is not supported; use one of "
-        f"{sorted(_GATED) + sorted(_PLAIN)} (HF's exact-erf 'gelu' differs from our tanh GELU).")
+        f"{sorted(_GATED) + sorted(_PLAIN)} (HF's exact-erf 'gelu' differs from our tanh GELU)."
+    )
 
 
 def _hf_step(cfg, side):
@@ -124,22 +129,31 @@ def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
         scale = cfg.get("tie_word_embeddings", True) is not False
     num_dec = cfg.get("num_decoder_layers") or cfg["num_layers"]
     args = dict(
-        vocab_size=cfg["vocab_size"], d_model=cfg["d_model"], num_heads=cfg["num_heads"],
-        d_kv=cfg["d_kv"], d_ff=cfg["d_ff"], num_encoder_layers=cfg["num_layers"],
-        num_decoder_layers=num_dec, activation=_activation(cfg),
+        vocab_size=cfg["vocab_size"],
+        d_model=cfg["d_model"],
+        num_heads=cfg["num_heads"],
+        d_kv=cfg["d_kv"],
+        d_ff=cfg["d_ff"],
+        num_encoder_layers=cfg["num_layers"],
+        num_decoder_layers=num_dec,
+        activation=_activation(cfg),
         dropout_rate=cfg.get("dropout_rate", 0.1),
         layer_norm_epsilon=cfg.get("layer_norm_epsilon", 1e-6),
         relative_attention_num_buckets=cfg.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=cfg.get("relative_attention_max_distance", 128),
-        tie_word_embeddings=tie, scale_decoder_outputs=bool(scale),
-        pad_id=cfg.get("pad_token_id", 0) or 0, eos_id=_first(cfg.get("eos_token_id", 1)),
+        tie_word_embeddings=tie,
+        scale_decoder_outputs=bool(scale),
+        pad_id=cfg.get("pad_token_id", 0) or 0,
+        eos_id=_first(cfg.get("eos_token_id", 1)),
         decoder_start_id=cfg.get("decoder_start_token_id", 0) or 0,
     )
     if model_type == "switch_transformers":
         enc = hf_sparse_layers(*_hf_step(cfg, "encoder"))
         dec = hf_sparse_layers(*_hf_step(cfg, "decoder"))
         switch = dict(
-            num_experts=cfg["num_experts"], d_ff=cfg["d_ff"], activation=args["activation"],
+            num_experts=cfg["num_experts"],
+            d_ff=cfg["d_ff"],
+            activation=args["activation"],
             jitter_noise=cfg.get("router_jitter_noise", 0.01),
             router_bias=bool(cfg.get("router_bias", False)),
             aux_loss_factor=cfg.get("router_aux_loss_coef", 1e-3),
@@ -147,11 +161,17 @@ def config_from_hf(cfg, has_lm_head=False, capacity="hf", **overrides):
             group_size="sequence",
         )
         if capacity == "hf":
-            switch.update(min_expert_capacity=int(cfg.get("expert_capacity", 64)),
-                          train_capacity_factor=1e-6, eval_capacity_factor=1e-6)
+            switch.update(
+                min_expert_capacity=int(cfg.get("expert_capacity", 64)),
+                train_capacity_factor=1e-6,
+                eval_capacity_factor=1e-6,
+            )
         switch.update(overrides.pop("sparse_overrides", None) or {})
-        args.update(encoder_sparse_layers=enc, decoder_sparse_layers=dec,
-                    sparse_ffn=functools.partial(SwitchFeedForward, **switch))
+        args.update(
+            encoder_sparse_layers=enc,
+            decoder_sparse_layers=dec,
+            sparse_ffn=functools.partial(SwitchFeedForward, **switch),
+        )
     args.update(overrides)
     return T5Config(**args)
 
@@ -174,9 +194,12 @@ def load_hf_weights(path):
 
 
 def _attention(prefix, attn):
-    return [(f"{prefix}.q.weight", attn.query, "T"), (f"{prefix}.k.weight", attn.key, "T"),
-            (f"{prefix}.v.weight", attn.value, "T"),
-            (f"{prefix}.o.weight", attn.output_kernel, "T")]
+    return [
+        (f"{prefix}.q.weight", attn.query, "T"),
+        (f"{prefix}.k.weight", attn.key, "T"),
+        (f"{prefix}.v.weight", attn.value, "T"),
+        (f"{prefix}.o.weight", attn.output_kernel, "T"),
+    ]
 
 
 def _ffn(prefix, block, weights, style):
@@ -187,8 +210,13 @@ def _ffn(prefix, block, weights, style):
             out.append((f"{prefix}.mlp.router.classifier.bias", ffn.router.bias, "id"))
         names = ("wi_0", "wi_1", "wo") if ffn.experts.gated else ("wi", "wo")
         for n in names:
-            out.append((f"{prefix}.mlp.experts.expert_{{e}}.{n}.weight", getattr(ffn.experts, n),
-                        "experts"))
+            out.append(
+                (
+                    f"{prefix}.mlp.experts.expert_{{e}}.{n}.weight",
+                    getattr(ffn.experts, n),
+                    "experts",
+                )
+            )
         return out
     mlp = style
     if weights is not None:
@@ -203,10 +231,16 @@ def _weight_map(model, weights=None, style="DenseReluDense"):
     if model.lm_head is not None:
         out.append(("lm_head.weight", model.lm_head.kernel, "T"))
     for side, layers, bias, norm in (
-            ("encoder", model.encoder_layers, model.encoder_position_bias, model.encoder_norm),
-            ("decoder", model.decoder_layers, model.decoder_position_bias, model.decoder_norm)):
-        out.append((f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                    bias.embeddings, "id"))
+        ("encoder", model.encoder_layers, model.encoder_position_bias, model.encoder_norm),
+        ("decoder", model.decoder_layers, model.decoder_position_bias, model.decoder_norm),
+    ):
+        out.append(
+            (
+                f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                bias.embeddings,
+                "id",
+            )
+        )
         out.append((f"{side}.final_layer_norm.weight", norm.scale, "id"))
         for i, block in enumerate(layers):
             p = f"{side}.block.{i}.layer"
@@ -274,7 +308,8 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
     config_from_hf(cfg)  # fail early on an unsupported config
     weights = load_hf_weights(path)
     has_lm_head = "lm_head.weight" in weights and not np.array_equal(
-        weights["lm_head.weight"], weights.get("shared.weight"))
+        weights["lm_head.weight"], weights.get("shared.weight")
+    )
     config = config_from_hf(cfg, has_lm_head=has_lm_head, capacity=capacity, **overrides)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     model = EncoderDecoder(config, **kwargs)
@@ -284,7 +319,8 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
         if key in weights and not np.array_equal(weights[key], weights["shared.weight"]):
             raise ValueError(
                 f"{key} differs from shared.weight: separate encoder/decoder input embeddings "
-                "are not supported (T5 and Switch checkpoints share one).")
+                "are not supported (T5 and Switch checkpoints share one)."
+            )
     used = set()
     for name, variable, how in _weight_map(model, weights):
         if how == "experts":
@@ -303,8 +339,13 @@ def from_hf(path, capacity="hf", dtype=None, **overrides):
             raise ValueError(f"{name}: shape {value.shape} does not fit {tuple(variable.shape)}.")
         variable.assign(value.astype(variable.dtype))
     ignorable = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
-    unused = sorted(k for k in weights if k not in used and k not in ignorable
-                    and "EncDecAttention.relative_attention_bias" not in k)
+    unused = sorted(
+        k
+        for k in weights
+        if k not in used
+        and k not in ignorable
+        and "EncDecAttention.relative_attention_bias" not in k
+    )
     if unused:
         raise ValueError(f"checkpoint weights not used by the model: {unused[:5]}...")
     return model
@@ -317,21 +358,29 @@ def _hf_step_for(layers, num_layers):
             return step
     raise ValueError(
         f"sparse layers {layers} cannot be expressed with HF's `sparse_step` rule "
-        "(`i % step == 1 or step == 1`); HF cannot load this placement.")
+        "(`i % step == 1 or step == 1`); HF cannot load this placement."
+    )
 
 
 def config_to_hf(config, expert_capacity=None):
     """HF `config.json` dict for a `T5Config` (inverse of `config_from_hf`)."""
     act = config.activation
     out = dict(
-        vocab_size=config.vocab_size, d_model=config.d_model, d_kv=config.head_dim,
-        d_ff=config.d_ff, num_layers=config.num_encoder_layers,
-        num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
+        vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        d_kv=config.head_dim,
+        d_ff=config.d_ff,
+        num_layers=config.num_encoder_layers,
+        num_decoder_layers=config.num_decoder_layers,
+        num_heads=config.num_heads,
         relative_attention_num_buckets=config.relative_attention_num_buckets,
         relative_attention_max_distance=config.relative_attention_max_distance,
-        dropout_rate=config.dropout_rate, layer_norm_epsilon=config.layer_norm_epsilon,
-        pad_token_id=config.pad_id, eos_token_id=config.eos_id,
-        decoder_start_token_id=config.decoder_start_id, is_encoder_decoder=True,
+        dropout_rate=config.dropout_rate,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        pad_token_id=config.pad_id,
+        eos_token_id=config.eos_id,
+        decoder_start_token_id=config.decoder_start_id,
+        is_encoder_decoder=True,
     )
     enc = config.resolved_encoder_sparse_layers()
     dec = config.resolved_decoder_sparse_layers()
@@ -340,18 +389,25 @@ def config_to_hf(config, expert_capacity=None):
         # `scale_decoder_outputs` (written explicitly) and always ties; an untied
         # model's own `lm_head.weight` differs from `shared.weight`, so HF keeps
         # it (as for T5 v1.1 checkpoints, whose config says False, as here).
-        out.update(model_type="t5", architectures=["T5ForConditionalGeneration"],
-                   feed_forward_proj="gated-gelu" if act == "gated-gelu" else act,
-                   tie_word_embeddings=bool(config.tie_word_embeddings),
-                   scale_decoder_outputs=config.scales_decoder_outputs)
+        out.update(
+            model_type="t5",
+            architectures=["T5ForConditionalGeneration"],
+            feed_forward_proj="gated-gelu" if act == "gated-gelu" else act,
+            tie_word_embeddings=bool(config.tie_word_embeddings),
+            scale_decoder_outputs=config.scales_decoder_outputs,
+        )
         return out
     specs = config.used_sparse_ffn_specs()
-    if (any(spec != specs[0] for spec in specs)
-            or specs[0]["class_name"] != "keras_moe>SwitchFeedForward"
-            or act.startswith("gated-")
-            or config.sparse_option("activation") != act):
-        raise ValueError("only Switch models with ungated experts (the same `SwitchFeedForward` "
-                         "in both stacks, with the model's activation) can be exported to HF.")
+    if (
+        any(spec != specs[0] for spec in specs)
+        or specs[0]["class_name"] != "keras_moe>SwitchFeedForward"
+        or act.startswith("gated-")
+        or config.sparse_option("activation") != act
+    ):
+        raise ValueError(
+            "only Switch models with ungated experts (the same `SwitchFeedForward` "
+            "in both stacks, with the model's activation) can be exported to HF."
+        )
     if config.tie_word_embeddings != config.scales_decoder_outputs:
         raise ValueError("HF SwitchTransformers scales the output iff embeddings are tied.")
     if config.sparse_option("d_ff") != config.d_ff:
@@ -363,15 +419,19 @@ def config_to_hf(config, expert_capacity=None):
     out.update(
         model_type="switch_transformers",
         architectures=["SwitchTransformersForConditionalGeneration"],
-        dense_act_fn={"gelu": "gelu_new"}.get(act, act), num_experts=config.num_experts,
-        expert_capacity=int(expert_capacity), encoder_sparse_step=enc_step,
+        dense_act_fn={"gelu": "gelu_new"}.get(act, act),
+        num_experts=config.num_experts,
+        expert_capacity=int(expert_capacity),
+        encoder_sparse_step=enc_step,
         decoder_sparse_step=dec_step,
-        num_sparse_encoder_layers=len(enc), num_sparse_decoder_layers=len(dec),
+        num_sparse_encoder_layers=len(enc),
+        num_sparse_decoder_layers=len(dec),
         router_bias=config.sparse_option("router_bias"),
         router_jitter_noise=config.sparse_option("jitter_noise"),
         router_aux_loss_coef=config.sparse_option("aux_loss_factor"),
         router_z_loss_coef=config.sparse_option("z_loss_factor"),
-        router_dtype="float32", tie_word_embeddings=config.tie_word_embeddings,
+        router_dtype="float32",
+        tie_word_embeddings=config.tie_word_embeddings,
     )
     return out
 
@@ -419,8 +479,7 @@ def to_hf(model, path, expert_capacity=None):
     style = "mlp" if cfg["model_type"] == "switch_transformers" else "DenseReluDense"
     tensors = {}
     for name, variable, how in _weight_map(model, None, style):
-        value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable,
-                           np.float32)
+        value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable, np.float32)
         if how == "experts":
             for e in range(model.config.num_experts):
                 tensors[name.format(e=e)] = np.ascontiguousarray(value[e].T)

@@ -25,7 +25,16 @@ from keras_moe.distill.init_from_teacher import (
 )
 
 __all__ = [
-    "Distiller", "EXPERT_INITS", "build_distiller", "dense_student_config", "distillation_loss",
-    "hard_loss", "init_student_from_teacher", "kl_to_teacher", "load_teacher",
-    "relative_paths", "resolve_checkpoint", "soft_loss",
+    "Distiller",
+    "EXPERT_INITS",
+    "build_distiller",
+    "dense_student_config",
+    "distillation_loss",
+    "hard_loss",
+    "init_student_from_teacher",
+    "kl_to_teacher",
+    "load_teacher",
+    "relative_paths",
+    "resolve_checkpoint",
+    "soft_loss",
 ]

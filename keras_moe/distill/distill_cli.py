@@ -28,8 +28,10 @@ def save_student(distiller, model_dir):
     tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-student.weights.h5")
     distiller.student.save_weights(tmp, overwrite=True)
     os.replace(tmp, path)
-    atomic_write_text(os.path.join(model_dir, "student_config.json"),
-                      json.dumps(distiller.student.config.to_dict(), indent=1))
+    atomic_write_text(
+        os.path.join(model_dir, "student_config.json"),
+        json.dumps(distiller.student.config.to_dict(), indent=1),
+    )
     return path
 
 
@@ -44,8 +46,10 @@ def _distill(args):
     from keras_moe.training import train_configurables, trainer
 
     summary = train_configurables.train(
-        args.model_dir, model=build_distiller,
-        write_config=train_configurables.write_operative_config)
+        args.model_dir,
+        model=build_distiller,
+        write_config=train_configurables.write_operative_config,
+    )
     # The model that trained, not another one built from the same factory (an
     # INIT_CHECKPOINT's source is built by it too).
     student_path = save_student(summary.model, os.path.abspath(args.model_dir))

@@ -9,5 +9,8 @@ import keras_moe.training.train_configurables  # noqa: F401  (train, make_optimi
 from keras_moe.distill import distiller_builder
 
 build_distiller = gin.external_configurable(
-    distiller_builder.build_distiller, name="build_distiller", module="keras_moe.distill",
-                                            denylist=["teacher"])
+    distiller_builder.build_distiller,
+    name="build_distiller",
+    module="keras_moe.distill",
+    denylist=["teacher"],
+)

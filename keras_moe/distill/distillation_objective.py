@@ -27,8 +27,9 @@ from keras_moe.validation import is_number
 def check_alpha(alpha):
     """Raises ValueError unless `alpha` is a number in [0, 1]."""
     if not is_number(alpha) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"`alpha` (weight of the soft, teacher term) must be a number in "
-                         f"[0, 1], got {alpha!r}.")
+        raise ValueError(
+            f"`alpha` (weight of the soft, teacher term) must be a number in [0, 1], got {alpha!r}."
+        )
     return float(alpha)
 
 
@@ -66,8 +67,9 @@ def hard_loss(labels, student_logits, sample_weight=None):
     return _weighted_mean(-picked, _weights(labels, sample_weight))
 
 
-def soft_loss(teacher_logits, student_logits, sample_weight=None, temperature=1.0,
-              scale_soft_loss=True):
+def soft_loss(
+    teacher_logits, student_logits, sample_weight=None, temperature=1.0, scale_soft_loss=True
+):
     """Weighted mean cross-entropy from `softmax(teacher / T)` to `softmax(student / T)`.
 
     Args:
@@ -87,7 +89,7 @@ def soft_loss(teacher_logits, student_logits, sample_weight=None, temperature=1.
     p_teacher = ops.softmax(teacher / temperature, axis=-1)
     logq = ops.log_softmax(ops.cast(student_logits, "float32") / temperature, axis=-1)
     ce = -ops.sum(p_teacher * logq, axis=-1)
-    scale = temperature ** 2 if scale_soft_loss else 1.0
+    scale = temperature**2 if scale_soft_loss else 1.0
     return scale * _weighted_mean(ce, _weights(ce, sample_weight))
 
 
@@ -107,8 +109,15 @@ def kl_to_teacher(teacher_logits, student_logits, sample_weight=None, temperatur
     return _weighted_mean(kl, _weights(kl, sample_weight))
 
 
-def distillation_loss(labels, student_logits, teacher_logits, sample_weight=None, alpha=0.25,
-                      temperature=1.0, scale_soft_loss=True):
+def distillation_loss(
+    labels,
+    student_logits,
+    teacher_logits,
+    sample_weight=None,
+    alpha=0.25,
+    temperature=1.0,
+    scale_soft_loss=True,
+):
     """`(1 - alpha) * hard_loss + alpha * soft_loss` (see the module docstring).
 
     Args:

@@ -12,8 +12,10 @@ def _vocab_size(model, role):
     config = getattr(model, "config", None)
     size = getattr(config, "vocab_size", None)
     if size is None:
-        raise ValueError(f"`{role}` must be a keras_moe EncoderDecoder (with a `config` holding "
-                         f"`vocab_size`), got {type(model).__name__}.")
+        raise ValueError(
+            f"`{role}` must be a keras_moe EncoderDecoder (with a `config` holding "
+            f"`vocab_size`), got {type(model).__name__}."
+        )
     return size
 
 
@@ -77,8 +79,9 @@ class Distiller(DistributedBuildMixin, keras.Model):
     >>> shutil.rmtree(folder)
     """
 
-    def __init__(self, teacher, student, alpha=0.25, temperature=1.0, scale_soft_loss=True,
-                 **kwargs):
+    def __init__(
+        self, teacher, student, alpha=0.25, temperature=1.0, scale_soft_loss=True, **kwargs
+    ):
         super().__init__(**kwargs)
         self.alpha = losses_lib.check_alpha(alpha)
         self.temperature = losses_lib.check_temperature(temperature)
@@ -92,7 +95,8 @@ class Distiller(DistributedBuildMixin, keras.Model):
         if teacher_vocab != student_vocab:
             raise ValueError(
                 f"`student` vocab_size ({student_vocab}) must equal the `teacher`'s "
-                f"({teacher_vocab}): the soft targets are distributions over one vocabulary.")
+                f"({teacher_vocab}): the soft targets are distributions over one vocabulary."
+            )
         self.teacher = teacher
         self.student = student
         self.teacher.trainable = False
@@ -122,8 +126,10 @@ class Distiller(DistributedBuildMixin, keras.Model):
             if sample_weight is None:
                 sample_weight = x.get("decoder_loss_weights")
         if y is None:
-            raise ValueError("Distiller needs targets: pass (inputs, targets, weights) or a dict "
-                             "with `decoder_target_tokens`.")
+            raise ValueError(
+                "Distiller needs targets: pass (inputs, targets, weights) or a dict "
+                "with `decoder_target_tokens`."
+            )
         if sample_weight is None:
             sample_weight = ops.not_equal(y, self.student.config.pad_id)
         return y, ops.cast(sample_weight, "float32")
@@ -134,8 +140,14 @@ class Distiller(DistributedBuildMixin, keras.Model):
             y_pred = self(x, training=training)
         teacher = self.teacher_logits(x)
         loss, hard, soft = losses_lib.distillation_loss(
-            y, y_pred, teacher, sample_weight, alpha=self.alpha, temperature=self.temperature,
-            scale_soft_loss=self.scale_soft_loss)
+            y,
+            y_pred,
+            teacher,
+            sample_weight,
+            alpha=self.alpha,
+            temperature=self.temperature,
+            scale_soft_loss=self.scale_soft_loss,
+        )
         kl = losses_lib.kl_to_teacher(teacher, y_pred, sample_weight, self.temperature)
         # Under tf.distribute each replica returns its share of the global
         # token mean (the replicas' gradients are summed), as the T5 loss does;
@@ -162,7 +174,8 @@ class Distiller(DistributedBuildMixin, keras.Model):
         The loss is this class's `compute_loss`, so no `loss` is given.
         """
         kwargs = seq2seq_objective.compile_defaults(
-            learning_rate=learning_rate, optimizer=optimizer, jit_compile=jit_compile)
+            learning_rate=learning_rate, optimizer=optimizer, jit_compile=jit_compile
+        )
         kwargs.pop("loss")
         return kwargs
 
@@ -174,8 +187,10 @@ class Distiller(DistributedBuildMixin, keras.Model):
         return {
             "teacher": keras.saving.serialize_keras_object(self.teacher),
             "student": keras.saving.serialize_keras_object(self.student),
-            "alpha": self.alpha, "temperature": self.temperature,
-            "scale_soft_loss": self.scale_soft_loss, "name": self.name,
+            "alpha": self.alpha,
+            "temperature": self.temperature,
+            "scale_soft_loss": self.scale_soft_loss,
+            "name": self.name,
         }
 
     @classmethod

@@ -46,22 +46,35 @@ def load_teacher(teacher_checkpoint, teacher_config=None):
         log(f"teacher: Hugging Face checkpoint {teacher_checkpoint}", source=LOG_SOURCE)
         return from_hf(teacher_checkpoint)
     if teacher_config is None:
-        raise ValueError("`teacher_config` is required with a keras_moe `teacher_checkpoint` "
-                         f"({teacher_checkpoint!r}): the architecture it was trained with.")
+        raise ValueError(
+            "`teacher_config` is required with a keras_moe `teacher_checkpoint` "
+            f"({teacher_checkpoint!r}): the architecture it was trained with."
+        )
     weights = resolve_checkpoint(teacher_checkpoint, "teacher_checkpoint")
     teacher = models.model_builder.build_model(teacher_config)
     try:
         teacher.load_weights(weights)
     except (ValueError, KeyError, OSError) as e:
-        raise ValueError(f"`teacher_checkpoint` {weights} does not fit `teacher_config` "
-                         f"(bind the gin model file it was trained with): {e}") from None
+        raise ValueError(
+            f"`teacher_checkpoint` {weights} does not fit `teacher_config` "
+            f"(bind the gin model file it was trained with): {e}"
+        ) from None
     log(f"teacher: {weights}", source=LOG_SOURCE)
     return teacher
 
 
-def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config=None,
-                    alpha=0.25, temperature=1.0, scale_soft_loss=True, init_student=True,
-                    expert_init="none", teacher=None, student_overrides=None):
+def build_distiller(
+    teacher_checkpoint=None,
+    teacher_config=None,
+    student_config=None,
+    alpha=0.25,
+    temperature=1.0,
+    scale_soft_loss=True,
+    init_student=True,
+    expert_init="none",
+    teacher=None,
+    student_overrides=None,
+):
     """Builds a `Distiller` (gin-configurable as `build_distiller`).
 
     Args:
@@ -116,8 +129,12 @@ def build_distiller(teacher_checkpoint=None, teacher_config=None, student_config
     student = models.model_builder.build_model(student_config)
     if init_student:
         report = init_student_from_teacher(student, teacher, expert_init=expert_init)
-        log(f"student initialised from the teacher: {len(report['copied'])} variables copied, "
+        log(
+            f"student initialised from the teacher: {len(report['copied'])} variables copied, "
             f"{len(report['from_experts'])} from experts ({expert_init}), "
-            f"{len(report['fresh'])} fresh", source=LOG_SOURCE)
-    return Distiller(teacher, student, alpha=alpha, temperature=temperature,
-                     scale_soft_loss=scale_soft_loss)
+            f"{len(report['fresh'])} fresh",
+            source=LOG_SOURCE,
+        )
+    return Distiller(
+        teacher, student, alpha=alpha, temperature=temperature, scale_soft_loss=scale_soft_loss
+    )

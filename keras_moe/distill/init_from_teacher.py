@@ -37,9 +37,15 @@ def dense_student_config(teacher_config, **overrides):
     ...     sparse_ffn=SwitchFeedForward(num_experts=8, d_ff=2048))).is_sparse
     False
     """
-    changes = dict(sparse_ffn=None, encoder_sparse_ffn=None, decoder_sparse_ffn=None,
-                   encoder_sparse_step=0, decoder_sparse_step=0,
-                   encoder_sparse_layers=None, decoder_sparse_layers=None)
+    changes = dict(
+        sparse_ffn=None,
+        encoder_sparse_ffn=None,
+        decoder_sparse_ffn=None,
+        encoder_sparse_step=0,
+        decoder_sparse_step=0,
+        encoder_sparse_layers=None,
+        decoder_sparse_layers=None,
+    )
     changes.update(overrides)
     return dataclasses.replace(teacher_config, **changes)
 
@@ -100,7 +106,8 @@ def init_student_from_teacher(student, teacher, expert_init="none"):
                 raise ValueError(
                     f"student variable {path!r} has shape {tuple(var.shape)} but the teacher's "
                     f"has {tuple(source.shape)}; the student must keep the teacher's d_model, "
-                    "heads, d_kv, d_ff and vocab_size for its shared weights to be copied.")
+                    "heads, d_kv, d_ff and vocab_size for its shared weights to be copied."
+                )
             var.assign(ops.cast(source.value, var.dtype))
             report["copied"].append(path)
             continue
@@ -113,7 +120,8 @@ def init_student_from_teacher(student, teacher, expert_init="none"):
             raise ValueError(
                 f"`expert_init={expert_init!r}`: student variable {path!r} has shape "
                 f"{tuple(var.shape)}, the teacher's experts {tuple(experts.shape)}; set the "
-                "student's d_ff (and activation) to the experts' or use expert_init='none'.")
+                "student's d_ff (and activation) to the experts' or use expert_init='none'."
+            )
         else:
             report["fresh"].append(path)
     return report

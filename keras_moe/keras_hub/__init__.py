@@ -10,7 +10,8 @@ try:
     import keras_hub  # noqa: F401
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "keras_moe.keras_hub needs keras-hub: pip install \"keras-moe[keras-hub]\"") from error
+        'keras_moe.keras_hub needs keras-hub: pip install "keras-moe[keras-hub]"'
+    ) from error
 
 from keras_moe.keras_hub.presets import from_preset
 from keras_moe.keras_hub.sparse_block import SparseMoeBlock

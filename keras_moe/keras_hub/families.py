@@ -82,39 +82,55 @@ def _interleaved(gate_up):
 def _read_mixtral(block) -> BlockWeights:
     bank = block.expert_bank
     return BlockWeights(
-        router_args=dict(num_experts=block.num_experts, k=block.top_k, normalize_top_k=True,
-                         jitter_noise=float(block.router_jitter_noise)),
-        experts_args=dict(num_experts=block.num_experts, d_ff=block.intermediate_dim,
-                          activation="gated-silu"),
+        router_args=dict(
+            num_experts=block.num_experts,
+            k=block.top_k,
+            normalize_top_k=True,
+            jitter_noise=float(block.router_jitter_noise),
+        ),
+        experts_args=dict(
+            num_experts=block.num_experts, d_ff=block.intermediate_dim, activation="gated-silu"
+        ),
         router=dict(kernel=_value(block._sparse_feedforward_gate_dense.kernel)),
-        experts=dict(wi_0=_value(bank._expert_feedforward_gate_dense),
-                     wi_1=_value(bank._expert_feedforward_intermediate_dense),
-                     wo=_value(bank._expert_feedforward_output_dense)),
-        aux_loss_factor=float(block.router_aux_loss_coef))
+        experts=dict(
+            wi_0=_value(bank._expert_feedforward_gate_dense),
+            wi_1=_value(bank._expert_feedforward_intermediate_dense),
+            wo=_value(bank._expert_feedforward_output_dense),
+        ),
+        aux_loss_factor=float(block.router_aux_loss_coef),
+    )
 
 
 def _read_qwen3(block) -> BlockWeights:
     bank = block.expert_bank
     gate, up = _halves(_value(bank._expert_feedforward_gate_dense))
     return BlockWeights(
-        router_args=dict(num_experts=block.num_experts, k=block.top_k,
-                         normalize_top_k=bool(block.norm_top_k_prob)),
-        experts_args=dict(num_experts=block.num_experts, d_ff=block.intermediate_dim,
-                          activation="gated-silu"),
+        router_args=dict(
+            num_experts=block.num_experts,
+            k=block.top_k,
+            normalize_top_k=bool(block.norm_top_k_prob),
+        ),
+        experts_args=dict(
+            num_experts=block.num_experts, d_ff=block.intermediate_dim, activation="gated-silu"
+        ),
         router=dict(kernel=_value(block._sparse_feedforward_gate_dense.kernel)),
         experts=dict(wi_0=gate, wi_1=up, wo=_value(bank._expert_feedforward_output_dense)),
-        aux_loss_factor=float(block.router_aux_loss_coefficient))
+        aux_loss_factor=float(block.router_aux_loss_coefficient),
+    )
 
 
 def _read_qwen(block) -> BlockWeights:
     weights = _read_qwen3(block)
     mlp = block.shared_expert_dense
-    weights.shared_args = dict(d_ff=block.intermediate_dim_shared, activation="gated-silu",
-                               gate=True)
-    weights.shared = dict(wi_0=_value(mlp._feedforward_gate_dense.kernel),
-                          wi_1=_value(mlp._feedforward_intermediate_dense.kernel),
-                          wo=_value(mlp._feedforward_output_dense.kernel),
-                          gate_kernel=_value(block.shared_expert_gate_dense.kernel))
+    weights.shared_args = dict(
+        d_ff=block.intermediate_dim_shared, activation="gated-silu", gate=True
+    )
+    weights.shared = dict(
+        wi_0=_value(mlp._feedforward_gate_dense.kernel),
+        wi_1=_value(mlp._feedforward_intermediate_dense.kernel),
+        wo=_value(mlp._feedforward_output_dense.kernel),
+        gate_kernel=_value(block.shared_expert_gate_dense.kernel),
+    )
     return weights
 
 
@@ -124,33 +140,67 @@ def _read_gpt_oss(block) -> BlockWeights:
     gate_bias, up_bias = _interleaved(_value(experts.gate_up_proj_bias))
     return BlockWeights(
         # Softmax over the k best logits = the k best softmax scores renormalised.
-        router_args=dict(num_experts=block.num_experts, k=block.top_k, normalize_top_k=True,
-                         use_bias=True),
-        experts_args=dict(num_experts=block.num_experts, d_ff=block.intermediate_dim,
-                          activation="clamped-swiglu", use_bias=True,
-                          swiglu_alpha=float(experts.alpha), swiglu_limit=float(experts.limit)),
-        router=dict(kernel=_value(block.router.router_dense.kernel),
-                    bias=_value(block.router.router_dense.bias)),
-        experts=dict(wi_0=gate, wi_1=up, bi_0=gate_bias, bi_1=up_bias,
-                     wo=_value(experts.down_proj), bo=_value(experts.down_proj_bias)),
+        router_args=dict(
+            num_experts=block.num_experts, k=block.top_k, normalize_top_k=True, use_bias=True
+        ),
+        experts_args=dict(
+            num_experts=block.num_experts,
+            d_ff=block.intermediate_dim,
+            activation="clamped-swiglu",
+            use_bias=True,
+            swiglu_alpha=float(experts.alpha),
+            swiglu_limit=float(experts.limit),
+        ),
+        router=dict(
+            kernel=_value(block.router.router_dense.kernel),
+            bias=_value(block.router.router_dense.bias),
+        ),
+        experts=dict(
+            wi_0=gate,
+            wi_1=up,
+            bi_0=gate_bias,
+            bi_1=up_bias,
+            wo=_value(experts.down_proj),
+            bo=_value(experts.down_proj_bias),
+        ),
         # keras-hub's gpt-oss block has no load-balancing loss.
-        aux_loss_factor=0.0)
+        aux_loss_factor=0.0,
+    )
 
 
 FAMILIES = (
-    Family("Mixtral", "keras_hub.src.models.mixtral.mixtral_decoder", "MixtralSparseMoeBlock",
-           "_sparse_moe_block", _read_mixtral),
-    Family("QwenMoe", "keras_hub.src.models.qwen_moe.qwen_moe_decoder", "QwenSparseMoeBlock",
-           "mlp", _read_qwen),
-    Family("Qwen3Moe", "keras_hub.src.models.qwen3_moe.qwen3_moe_decoder",
-           "Qwen3SparseMoeBlock", "mlp", _read_qwen3),
-    Family("GptOss", "keras_hub.src.models.gpt_oss.gpt_oss_decoder", "GptOssSparseMoeBlock",
-           "sparse_moe_block", _read_gpt_oss),
+    Family(
+        "Mixtral",
+        "keras_hub.src.models.mixtral.mixtral_decoder",
+        "MixtralSparseMoeBlock",
+        "_sparse_moe_block",
+        _read_mixtral,
+    ),
+    Family(
+        "QwenMoe",
+        "keras_hub.src.models.qwen_moe.qwen_moe_decoder",
+        "QwenSparseMoeBlock",
+        "mlp",
+        _read_qwen,
+    ),
+    Family(
+        "Qwen3Moe",
+        "keras_hub.src.models.qwen3_moe.qwen3_moe_decoder",
+        "Qwen3SparseMoeBlock",
+        "mlp",
+        _read_qwen3,
+    ),
+    Family(
+        "GptOss",
+        "keras_hub.src.models.gpt_oss.gpt_oss_decoder",
+        "GptOssSparseMoeBlock",
+        "sparse_moe_block",
+        _read_gpt_oss,
+    ),
 )
 # keras-hub MoE families whose blocks do not map onto keras_moe's layers (yet), and why.
 UNSUPPORTED = {
     "Qwen3_5Moe": "its MoE block is not mapped yet",
     "Gemma4": "its router normalises the input (RMSNorm with a per-dimension scale) and "
-              "scales each expert's output, which TopKRouter and FeedForwardExperts do not",
+    "scales each expert's output, which TopKRouter and FeedForwardExperts do not",
 }
-

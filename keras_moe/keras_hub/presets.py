@@ -73,8 +73,11 @@ class _PlainGptOssExperts(SafetensorLoader):
                 plain = super().get_tensor(hf_weight_key.removesuffix(suffix))
                 experts, inputs, outputs = plain.shape
                 blocks = -(-inputs // _MXFP4_VALUES_PER_BLOCK)
-                shape = (experts, outputs, blocks, 16) if suffix == "_blocks" else (
-                    experts, outputs, blocks)
+                shape = (
+                    (experts, outputs, blocks, 16)
+                    if suffix == "_blocks"
+                    else (experts, outputs, blocks)
+                )
                 return np.zeros(shape, "uint8")
         return super().get_tensor(hf_weight_key)
 
@@ -95,7 +98,8 @@ class _PlainGptOssExperts(SafetensorLoader):
         for i, bank in enumerate(banks):
             for name in _PLAIN_EXPERT_TENSORS:
                 getattr(bank, name).assign(
-                    super().get_tensor(f"model.layers.{i}.mlp.experts.{name}"))
+                    super().get_tensor(f"model.layers.{i}.mlp.experts.{name}")
+                )
 
 
 def _has_tensor(preset: str, key: str) -> bool:
@@ -114,8 +118,11 @@ class _TransformersLoader(TransformersPresetLoader):
         super().__init__(preset, with_both_spellings(config))
 
     def load_backbone(self, cls: type, load_weights: bool, **kwargs: Any) -> Any:
-        plain = (load_weights and self.config["model_type"] == "gpt_oss"
-                 and _has_tensor(self.preset, "model.layers.0.mlp.experts.gate_up_proj"))
+        plain = (
+            load_weights
+            and self.config["model_type"] == "gpt_oss"
+            and _has_tensor(self.preset, "model.layers.0.mlp.experts.gate_up_proj")
+        )
         if not plain:
             return super().load_backbone(cls, load_weights, **kwargs)
         backbone = super().load_backbone(cls, False, **kwargs)
@@ -124,12 +131,20 @@ class _TransformersLoader(TransformersPresetLoader):
         return backbone
 
 
-def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
-                sparse: bool = True, dispatch: str = "dropless",
-                aux_loss_factor: float | None = None,
-                bias_update_rate: float = 0.0, train_capacity_factor: float = 1.25,
-                eval_capacity_factor: float = 2.0, track_metrics: bool = True,
-                dropless_buffer_factor: float | None = None, **kwargs: Any) -> Any:
+def from_preset(
+    preset: str,
+    cls: type | None = None,
+    load_weights: bool = True,
+    sparse: bool = True,
+    dispatch: str = "dropless",
+    aux_loss_factor: float | None = None,
+    bias_update_rate: float = 0.0,
+    train_capacity_factor: float = 1.25,
+    eval_capacity_factor: float = 2.0,
+    track_metrics: bool = True,
+    dropless_buffer_factor: float | None = None,
+    **kwargs: Any,
+) -> Any:
     """Loads a keras-hub MoE model from a preset and returns it sparse (`keras_moe.sparsify`).
 
     Args:
@@ -163,8 +178,14 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
     >>> type(model).__name__
     'SparseMixtralBackbone'
     """
-    check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-                  eval_capacity_factor, dropless_buffer_factor)
+    check_options(
+        dispatch,
+        aux_loss_factor,
+        bias_update_rate,
+        train_capacity_factor,
+        eval_capacity_factor,
+        dropless_buffer_factor,
+    )
     cls = cls or keras_hub.models.CausalLM
     loader = preset_utils.get_preset_loader(preset)
     if isinstance(loader, TransformersPresetLoader):
@@ -172,20 +193,29 @@ def from_preset(preset: str, cls: type | None = None, load_weights: bool = True,
     backbone_cls = loader.check_backbone_class()
     if issubclass(cls, keras_hub.models.Backbone):
         if not issubclass(backbone_cls, cls):
-            raise ValueError(f"`cls` {cls.__name__} does not match the preset's backbone "
-                             f"{backbone_cls.__name__}.")
+            raise ValueError(
+                f"`cls` {cls.__name__} does not match the preset's backbone "
+                f"{backbone_cls.__name__}."
+            )
         model = loader.load_backbone(backbone_cls, load_weights, **kwargs)
     elif issubclass(cls, keras_hub.models.CausalLM):
         if cls.backbone_cls != backbone_cls:
             cls = preset_utils.find_subclass(preset, cls, backbone_cls)
         model = loader.load_task(cls, load_weights, True, **kwargs)
     else:
-        raise ValueError("`cls` must be a keras-hub Backbone or CausalLM class, got "
-                         f"{getattr(cls, '__name__', cls)!r}.")
+        raise ValueError(
+            "`cls` must be a keras-hub Backbone or CausalLM class, got "
+            f"{getattr(cls, '__name__', cls)!r}."
+        )
     if is_sparse(model) or not sparse:  # a preset saved sparse, or the dense model asked for
         return model
-    return sparsify(model, dispatch=dispatch, aux_loss_factor=aux_loss_factor,
-                    bias_update_rate=bias_update_rate,
-                    train_capacity_factor=train_capacity_factor,
-                    eval_capacity_factor=eval_capacity_factor, track_metrics=track_metrics,
-                    dropless_buffer_factor=dropless_buffer_factor)
+    return sparsify(
+        model,
+        dispatch=dispatch,
+        aux_loss_factor=aux_loss_factor,
+        bias_update_rate=bias_update_rate,
+        train_capacity_factor=train_capacity_factor,
+        eval_capacity_factor=eval_capacity_factor,
+        track_metrics=track_metrics,
+        dropless_buffer_factor=dropless_buffer_factor,
+    )

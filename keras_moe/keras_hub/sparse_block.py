@@ -80,20 +80,28 @@ class SparseMoeBlock(keras.layers.Layer):
         self.moe.build(input_shape)
         self.built = True
 
-    def call(self, hidden_states: Tensor, attention_mask: Tensor | None = None,
-             training: bool | None = None) -> tuple[Tensor, Tensor]:
-        outputs = self.moe(hidden_states, mask=token_mask(attention_mask, hidden_states),
-                           training=training)
+    def call(
+        self,
+        hidden_states: Tensor,
+        attention_mask: Tensor | None = None,
+        training: bool | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        outputs = self.moe(
+            hidden_states, mask=token_mask(attention_mask, hidden_states), training=training
+        )
         # A graph drops this projection when the caller does not use the logits.
         router_logits = self.moe.router(hidden_states)
         return outputs, ops.reshape(router_logits, (-1, self.num_experts))
 
-    def compute_output_spec(self, hidden_states: Any, attention_mask: Any = None,
-                            training: bool | None = None) -> tuple[Any, Any]:
+    def compute_output_spec(
+        self, hidden_states: Any, attention_mask: Any = None, training: bool | None = None
+    ) -> tuple[Any, Any]:
         shape = hidden_states.shape
         tokens = None if None in shape[:2] else shape[0] * shape[1]
-        return (keras.KerasTensor(shape, dtype=self.compute_dtype),
-                keras.KerasTensor((tokens, self.num_experts), dtype="float32"))
+        return (
+            keras.KerasTensor(shape, dtype=self.compute_dtype),
+            keras.KerasTensor((tokens, self.num_experts), dtype="float32"),
+        )
 
     def get_config(self) -> dict[str, Any]:
         config = keras.layers.Layer.get_config(self)

@@ -41,7 +41,8 @@ def _make_sparse_block_class(family: families_lib.Family) -> type:
     # A subclass of the family's block too: keras-hub's Qwen decoders pass the
     # attention mask and `training` only to an instance of their block class.
     return keras.saving.register_keras_serializable(package="keras_moe")(
-        type(f"Sparse{family.name}Block", (SparseMoeBlock, _block_class(family)), {}))
+        type(f"Sparse{family.name}Block", (SparseMoeBlock, _block_class(family)), {})
+    )
 
 
 def _make_sparse_backbone_class(family: families_lib.Family, base: type) -> type:
@@ -56,20 +57,32 @@ def _make_sparse_backbone_class(family: families_lib.Family, base: type) -> type
         options = config.pop(_OPTIONS_KEY, {})
         return sparsify(base.from_config(config), **options)
 
-    doc = (f"keras-hub's `{base.__name__}` with keras_moe MoE blocks (`keras_moe.sparsify`); "
-           "it saves and loads as sparse.")
-    return keras.saving.register_keras_serializable(package="keras_moe")(type(
-        f"Sparse{base.__name__}", (base,),
-        {"get_config": get_config, "from_config": from_config, "__doc__": doc}))
+    doc = (
+        f"keras-hub's `{base.__name__}` with keras_moe MoE blocks (`keras_moe.sparsify`); "
+        "it saves and loads as sparse."
+    )
+    return keras.saving.register_keras_serializable(package="keras_moe")(
+        type(
+            f"Sparse{base.__name__}",
+            (base,),
+            {"get_config": get_config, "from_config": from_config, "__doc__": doc},
+        )
+    )
 
 
 def _make_sparse_task_class(base: type, backbone_cls: type) -> type:
-    doc = (f"keras-hub's `{base.__name__}` over a sparsified backbone, with router metrics "
-           "in `fit` and `evaluate` on every backend.")
+    doc = (
+        f"keras-hub's `{base.__name__}` over a sparsified backbone, with router metrics "
+        "in `fit` and `evaluate` on every backend."
+    )
     # `backbone_cls`: keras-hub's `from_preset` finds this class for a preset saved sparse.
-    return keras.saving.register_keras_serializable(package="keras_moe")(type(
-        f"Sparse{base.__name__}", (RouterMetricsMixin, base),
-        {"__doc__": doc, "backbone_cls": backbone_cls}))
+    return keras.saving.register_keras_serializable(package="keras_moe")(
+        type(
+            f"Sparse{base.__name__}",
+            (RouterMetricsMixin, base),
+            {"__doc__": doc, "backbone_cls": backbone_cls},
+        )
+    )
 
 
 class _Registry:
@@ -90,33 +103,50 @@ class _Registry:
             task = _keras_hub_class(f"{family.name}CausalLM")
             if task is not None:
                 self.sparse_task[task] = _make_sparse_task_class(
-                    task, self.sparse_backbone[backbone])
+                    task, self.sparse_backbone[backbone]
+                )
 
 
 REGISTRY = _Registry()
 
 
-def check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-                  eval_capacity_factor, dropless_buffer_factor=None):
+def check_options(
+    dispatch,
+    aux_loss_factor,
+    bias_update_rate,
+    train_capacity_factor,
+    eval_capacity_factor,
+    dropless_buffer_factor=None,
+):
     if dispatch not in dispatch_lib.DISPATCH_MODES:
         raise ValueError(
-            f"`dispatch` must be one of {dispatch_lib.DISPATCH_MODES}, got {dispatch!r}.")
+            f"`dispatch` must be one of {dispatch_lib.DISPATCH_MODES}, got {dispatch!r}."
+        )
     if aux_loss_factor is not None and (not is_number(aux_loss_factor) or aux_loss_factor < 0):
-        raise ValueError(f"`aux_loss_factor` must be None (the family's own coefficient) or "
-                         f"a number >= 0, got {aux_loss_factor!r}.")
+        raise ValueError(
+            f"`aux_loss_factor` must be None (the family's own coefficient) or "
+            f"a number >= 0, got {aux_loss_factor!r}."
+        )
     if not is_number(bias_update_rate) or bias_update_rate < 0:
         raise ValueError(f"`bias_update_rate` must be a number >= 0, got {bias_update_rate!r}.")
-    for name, value in (("train_capacity_factor", train_capacity_factor),
-                        ("eval_capacity_factor", eval_capacity_factor)):
+    for name, value in (
+        ("train_capacity_factor", train_capacity_factor),
+        ("eval_capacity_factor", eval_capacity_factor),
+    ):
         if not is_number(value) or not value > 0:
             raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
     if dropless_buffer_factor is not None and dispatch != "dropless":
-        raise ValueError("`dropless_buffer_factor` sizes dropless dispatch's receive buffers; "
-                         f"it needs dispatch='dropless', got dispatch={dispatch!r}.")
-    if dropless_buffer_factor is not None and (not is_number(dropless_buffer_factor)
-                                               or not dropless_buffer_factor > 0):
-        raise ValueError("`dropless_buffer_factor` must be None or a number > 0, got "
-                         f"{dropless_buffer_factor!r}.")
+        raise ValueError(
+            "`dropless_buffer_factor` sizes dropless dispatch's receive buffers; "
+            f"it needs dispatch='dropless', got dispatch={dispatch!r}."
+        )
+    if dropless_buffer_factor is not None and (
+        not is_number(dropless_buffer_factor) or not dropless_buffer_factor > 0
+    ):
+        raise ValueError(
+            "`dropless_buffer_factor` must be None or a number > 0, got "
+            f"{dropless_buffer_factor!r}."
+        )
 
 
 def _describe(model: Any) -> str:
@@ -125,22 +155,29 @@ def _describe(model: Any) -> str:
 
 def _backbone_family(backbone: Any, given: Any) -> families_lib.Family:
     if type(backbone) in REGISTRY.sparse_backbone.values():
-        raise ValueError(f"`model` is already sparse ({type(backbone).__name__}): "
-                         "`keras_moe.sparsify` takes a keras-hub MoE model once.")
+        raise ValueError(
+            f"`model` is already sparse ({type(backbone).__name__}): "
+            "`keras_moe.sparsify` takes a keras-hub MoE model once."
+        )
     family = REGISTRY.by_backbone.get(type(backbone))
     if family is not None:
         return family
     name = type(backbone).__name__.removesuffix("Backbone")
     if name in families_lib.UNSUPPORTED:
-        raise ValueError(f"`model` is keras-hub's {name} family, which `keras_moe.sparsify` "
-                         f"does not support: {families_lib.UNSUPPORTED[name]}.")
+        raise ValueError(
+            f"`model` is keras-hub's {name} family, which `keras_moe.sparsify` "
+            f"does not support: {families_lib.UNSUPPORTED[name]}."
+        )
     supported = ", ".join(f.name for f in REGISTRY.by_backbone.values())
-    raise ValueError(f"`model` must be a keras-hub MoE Backbone or CausalLM of a supported "
-                     f"family ({supported}), got {_describe(given)}.")
+    raise ValueError(
+        f"`model` must be a keras-hub MoE Backbone or CausalLM of a supported "
+        f"family ({supported}), got {_describe(given)}."
+    )
 
 
-def _new_moe_layer(weights: families_lib.BlockWeights, options: dict[str, Any],
-                   dtype: Any, metrics_prefix: str) -> MoeLayer:
+def _new_moe_layer(
+    weights: families_lib.BlockWeights, options: dict[str, Any], dtype: Any, metrics_prefix: str
+) -> MoeLayer:
     router_args = dict(weights.router_args)
     if options["bias_update_rate"] > 0:
         router_args.update(selection_bias=True, bias_update_rate=options["bias_update_rate"])
@@ -148,18 +185,26 @@ def _new_moe_layer(weights: families_lib.BlockWeights, options: dict[str, Any],
     experts = FeedForwardExperts(**weights.experts_args, name="experts", dtype=dtype)
     shared = None
     if weights.shared_args is not None:
-        shared = SharedExpertFeedForward(**weights.shared_args, name="shared_expert",
-                                         dtype=dtype)
+        shared = SharedExpertFeedForward(**weights.shared_args, name="shared_expert", dtype=dtype)
     aux = options["aux_loss_factor"]
     return MoeLayer(
-        router, experts, shared_experts=shared, dispatch=options["dispatch"],
+        router,
+        experts,
+        shared_experts=shared,
+        dispatch=options["dispatch"],
         train_capacity_factor=options["train_capacity_factor"],
         eval_capacity_factor=options["eval_capacity_factor"],
         aux_loss_factor=weights.aux_loss_factor if aux is None else aux,
         dropless_buffer_factor=options["dropless_buffer_factor"],
-        balance_loss="global", z_loss_factor=0.0, losses_in_inference=False, causal=True,
-        track_metrics=options["track_metrics"], metrics_prefix=metrics_prefix,
-        name="moe", dtype=dtype)
+        balance_loss="global",
+        z_loss_factor=0.0,
+        losses_in_inference=False,
+        causal=True,
+        track_metrics=options["track_metrics"],
+        metrics_prefix=metrics_prefix,
+        name="moe",
+        dtype=dtype,
+    )
 
 
 def _assign(layer: keras.layers.Layer, values: dict[str, Any]) -> None:
@@ -168,8 +213,9 @@ def _assign(layer: keras.layers.Layer, values: dict[str, Any]) -> None:
             getattr(layer, name).assign(value)
 
 
-def _replace_block(decoder: keras.layers.Layer, family: families_lib.Family,
-                   options: dict[str, Any]) -> bool:
+def _replace_block(
+    decoder: keras.layers.Layer, family: families_lib.Family, options: dict[str, Any]
+) -> bool:
     old = getattr(decoder, family.block_attribute, None)
     if not isinstance(old, _block_class(family)):
         return False  # a dense FFN layer (Qwen's mlp_only_layers, decoder_sparse_step)
@@ -192,10 +238,16 @@ def _replace_block(decoder: keras.layers.Layer, family: families_lib.Family,
     return True
 
 
-def sparsify(model: Any, dispatch: dispatch_lib.DispatchMode = "dropless",
-             aux_loss_factor: float | None = None, bias_update_rate: float = 0.0,
-             train_capacity_factor: float = 1.25, eval_capacity_factor: float = 2.0,
-             track_metrics: bool = True, dropless_buffer_factor: float | None = None) -> Any:
+def sparsify(
+    model: Any,
+    dispatch: dispatch_lib.DispatchMode = "dropless",
+    aux_loss_factor: float | None = None,
+    bias_update_rate: float = 0.0,
+    train_capacity_factor: float = 1.25,
+    eval_capacity_factor: float = 2.0,
+    track_metrics: bool = True,
+    dropless_buffer_factor: float | None = None,
+) -> Any:
     """Replaces a keras-hub MoE model's MoE blocks by keras_moe layers, in place.
 
     Each MoE block of the backbone becomes a `SparseMoeBlock`: a `MoeLayer` with
@@ -252,18 +304,29 @@ def sparsify(model: Any, dispatch: dispatch_lib.DispatchMode = "dropless",
     >>> bool(np.allclose(backbone(inputs), dense_outputs, atol=1e-5))
     True
     """
-    check_options(dispatch, aux_loss_factor, bias_update_rate, train_capacity_factor,
-                  eval_capacity_factor, dropless_buffer_factor)
-    options = dict(dispatch=dispatch, aux_loss_factor=aux_loss_factor,
-                   dropless_buffer_factor=dropless_buffer_factor,
-                   bias_update_rate=float(bias_update_rate),
-                   train_capacity_factor=float(train_capacity_factor),
-                   eval_capacity_factor=float(eval_capacity_factor),
-                   track_metrics=bool(track_metrics))
+    check_options(
+        dispatch,
+        aux_loss_factor,
+        bias_update_rate,
+        train_capacity_factor,
+        eval_capacity_factor,
+        dropless_buffer_factor,
+    )
+    options = dict(
+        dispatch=dispatch,
+        aux_loss_factor=aux_loss_factor,
+        dropless_buffer_factor=dropless_buffer_factor,
+        bias_update_rate=float(bias_update_rate),
+        train_capacity_factor=float(train_capacity_factor),
+        eval_capacity_factor=float(eval_capacity_factor),
+        track_metrics=bool(track_metrics),
+    )
     is_task = isinstance(model, keras_hub.models.CausalLM)
     if not is_task and not isinstance(model, keras_hub.models.Backbone):
-        raise ValueError("`model` must be a keras-hub Backbone or CausalLM of an MoE family, "
-                         f"got {_describe(model)}.")
+        raise ValueError(
+            "`model` must be a keras-hub Backbone or CausalLM of an MoE family, "
+            f"got {_describe(model)}."
+        )
     backbone = model.backbone if is_task else model
     family = _backbone_family(backbone, model)
     decoders = list(getattr(backbone, "transformer_layers", []))

@@ -77,8 +77,9 @@ class Adafactor(keras.optimizers.Adafactor):
             r_value, c_value = ops.maximum(r, epsilon_1), ops.maximum(c, epsilon_1)
             row_mean = ops.mean(r_value, axis=-1, keepdims=True)
             row_factor = ops.rsqrt(r_value) * ops.sqrt(row_mean)
-            update = (gradient * ops.expand_dims(row_factor, -1)
-                      * ops.expand_dims(ops.rsqrt(c_value), -2))
+            update = (
+                gradient * ops.expand_dims(row_factor, -1) * ops.expand_dims(ops.rsqrt(c_value), -2)
+            )
             # Keras keeps the factored estimate in `v`; kept for its checkpoints.
             self.assign(v, ops.expand_dims(r_value / row_mean, -1) * ops.expand_dims(c_value, -2))
         else:

@@ -65,12 +65,14 @@ class T5Attention(keras.layers.Layer):
             return keras.initializers.RandomNormal(stddev=(self.init_scale / fan_in) ** 0.5)
 
         # T5 folds the 1/sqrt(d_kv) attention scaling into the query's init.
-        self.query = self.add_weight(name="query", shape=(d, inner),
-                                     initializer=normal(d * self.d_kv))
+        self.query = self.add_weight(
+            name="query", shape=(d, inner), initializer=normal(d * self.d_kv)
+        )
         self.key = self.add_weight(name="key", shape=(d, inner), initializer=normal(d))
         self.value = self.add_weight(name="value", shape=(d, inner), initializer=normal(d))
-        self.output_kernel = self.add_weight(name="output", shape=(inner, d),
-                                             initializer=normal(inner))
+        self.output_kernel = self.add_weight(
+            name="output", shape=(inner, d), initializer=normal(inner)
+        )
         self.built = True
 
     def _heads(self, x):
@@ -103,8 +105,10 @@ class T5Attention(keras.layers.Layer):
             k, v = cache
         else:
             start = [0, 0, cache_index, 0]
-            k, v = (ops.slice_update(old, start, ops.cast(new, old.dtype))
-                    for old, new in zip(cache, self.compute_kv_cache(x), strict=False))
+            k, v = (
+                ops.slice_update(old, start, ops.cast(new, old.dtype))
+                for old, new in zip(cache, self.compute_kv_cache(x), strict=False)
+            )
         scores = ops.einsum("bhqd,bhkd->bhqk", ops.cast(q, "float32"), ops.cast(k, "float32"))
         weights = self._attention_weights(scores, bias, training)
         context = ops.einsum("bhqk,bhkd->bhqd", weights, ops.cast(v, self.compute_dtype))
@@ -124,6 +128,11 @@ class T5Attention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, d_kv=self.d_kv, dropout_rate=self.dropout_rate,
-                      init_scale=self.init_scale, seed=self.seed)
+        config.update(
+            num_heads=self.num_heads,
+            d_kv=self.d_kv,
+            dropout_rate=self.dropout_rate,
+            init_scale=self.init_scale,
+            seed=self.seed,
+        )
         return config

@@ -33,8 +33,10 @@ def _as_ffn(ffn):
         ffn = {k: v for k, v in ffn.items() if k != "build_config"}
         ffn = keras.saving.deserialize_keras_object(ffn)
     if not isinstance(ffn, keras.layers.Layer):
-        raise ValueError("`ffn` must be a Keras layer (e.g. `DenseFeedForward` or a MoE "
-                         f"layer) or its serialized config, got {type(ffn).__name__}.")
+        raise ValueError(
+            "`ffn` must be a Keras layer (e.g. `DenseFeedForward` or a MoE "
+            f"layer) or its serialized config, got {type(ffn).__name__}."
+        )
     return ffn
 
 
@@ -58,8 +60,16 @@ class _Block(keras.layers.Layer):
 
     _side = None
 
-    def __init__(self, d_model: int, num_heads: int, d_kv: int, dropout_rate: float = 0.0,
-                 layer_norm_epsilon: float = 1e-6, init_scale: float = 1.0, **kwargs):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_kv: int,
+        dropout_rate: float = 0.0,
+        layer_norm_epsilon: float = 1e-6,
+        init_scale: float = 1.0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.num_heads = num_heads
@@ -69,9 +79,12 @@ class _Block(keras.layers.Layer):
         self.init_scale = init_scale
 
     def _norm_and_attention(self, name):
-        return (RMSNorm(self.layer_norm_epsilon, name=f"{name}_norm"),
-                T5Attention(self.num_heads, self.d_kv, self.dropout_rate,
-                            init_scale=self.init_scale, name=name))
+        return (
+            RMSNorm(self.layer_norm_epsilon, name=f"{name}_norm"),
+            T5Attention(
+                self.num_heads, self.d_kv, self.dropout_rate, init_scale=self.init_scale, name=name
+            ),
+        )
 
     def _add_ffn(self, ffn):
         # Set after the attention sublayers: the weights keep their order.
@@ -96,10 +109,15 @@ class _Block(keras.layers.Layer):
 
     def get_config(self) -> Dict[str, Any]:
         base = super().get_config()
-        base.update(d_model=self.d_model, num_heads=self.num_heads, d_kv=self.d_kv,
-                    dropout_rate=self.dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
-                    init_scale=self.init_scale,
-                    ffn=_serialize_ffn(self.ffn))
+        base.update(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_kv=self.d_kv,
+            dropout_rate=self.dropout_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            init_scale=self.init_scale,
+            ffn=_serialize_ffn(self.ffn),
+        )
         return base
 
     @classmethod
@@ -112,8 +130,9 @@ class _Block(keras.layers.Layer):
     def _ffn_branch(self, x, token_mask, training, independent_routing=None):
         h = self.ffn_norm(x)
         if self.is_sparse:
-            h = self.ffn(h, mask=token_mask, training=training,
-                         independent_routing=independent_routing)
+            h = self.ffn(
+                h, mask=token_mask, training=training, independent_routing=independent_routing
+            )
         else:
             h = self.ffn(h, training=training)
         return x + self.dropout(h, training=training)
@@ -147,11 +166,26 @@ class EncoderBlock(_Block):
 
     _side = "encoder"
 
-    def __init__(self, d_model: int, num_heads: int, d_kv: int, ffn: FfnArg,
-                 dropout_rate: float = 0.0, layer_norm_epsilon: float = 1e-6,
-                 init_scale: float = 1.0, **kwargs):
-        super().__init__(d_model, num_heads, d_kv, dropout_rate=dropout_rate,
-                         layer_norm_epsilon=layer_norm_epsilon, init_scale=init_scale, **kwargs)
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_kv: int,
+        ffn: FfnArg,
+        dropout_rate: float = 0.0,
+        layer_norm_epsilon: float = 1e-6,
+        init_scale: float = 1.0,
+        **kwargs,
+    ):
+        super().__init__(
+            d_model,
+            num_heads,
+            d_kv,
+            dropout_rate=dropout_rate,
+            layer_norm_epsilon=layer_norm_epsilon,
+            init_scale=init_scale,
+            **kwargs,
+        )
         self.attention_norm, self.attention = self._norm_and_attention("attention")
         self._add_ffn(ffn)
 
@@ -196,26 +230,59 @@ class DecoderBlock(_Block):
 
     _side = "decoder"
 
-    def __init__(self, d_model: int, num_heads: int, d_kv: int, ffn: FfnArg,
-                 dropout_rate: float = 0.0, layer_norm_epsilon: float = 1e-6,
-                 init_scale: float = 1.0, **kwargs):
-        super().__init__(d_model, num_heads, d_kv, dropout_rate=dropout_rate,
-                         layer_norm_epsilon=layer_norm_epsilon, init_scale=init_scale, **kwargs)
-        self.self_attention_norm, self.self_attention = self._norm_and_attention(
-            "self_attention")
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_kv: int,
+        ffn: FfnArg,
+        dropout_rate: float = 0.0,
+        layer_norm_epsilon: float = 1e-6,
+        init_scale: float = 1.0,
+        **kwargs,
+    ):
+        super().__init__(
+            d_model,
+            num_heads,
+            d_kv,
+            dropout_rate=dropout_rate,
+            layer_norm_epsilon=layer_norm_epsilon,
+            init_scale=init_scale,
+            **kwargs,
+        )
+        self.self_attention_norm, self.self_attention = self._norm_and_attention("self_attention")
         self.cross_attention_norm, self.cross_attention = self._norm_and_attention(
-            "cross_attention")
+            "cross_attention"
+        )
         self._add_ffn(ffn)
         if self.is_sparse and not self.ffn.causal:
-            raise ValueError("a DecoderBlock's MoE `ffn` must be causal (made with "
-                             "causal=True), got causal=False.")
+            raise ValueError(
+                "a DecoderBlock's MoE `ffn` must be causal (made with "
+                "causal=True), got causal=False."
+            )
 
     def sublayers(self):
-        return (self.self_attention_norm, self.self_attention, self.cross_attention_norm,
-                self.cross_attention, self.ffn_norm, self.ffn)
+        return (
+            self.self_attention_norm,
+            self.self_attention,
+            self.cross_attention_norm,
+            self.cross_attention,
+            self.ffn_norm,
+            self.ffn,
+        )
 
-    def call(self, x, self_bias, encoder_outputs, cross_bias, token_mask=None, cache=None,
-             cache_index=None, training=None, independent_routing=None):
+    def call(
+        self,
+        x,
+        self_bias,
+        encoder_outputs,
+        cross_bias,
+        token_mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+        independent_routing=None,
+    ):
         """`cache`: None or dict(self=(k, v), cross=(k, v)); returns (x, new_cache) with a cache.
         `independent_routing`: the MoE FFN routes each sequence apart (`MoeLayer`; None:
         as the thread's `keras_moe.route_each_sequence()` scope says)."""
@@ -223,15 +290,15 @@ class DecoderBlock(_Block):
         if cache is None:
             h = self.self_attention(h, bias=self_bias, training=training)
         else:
-            h, self_kv = self.self_attention(h, bias=self_bias, cache=cache["self"],
-                                             cache_index=cache_index, training=training)
+            h, self_kv = self.self_attention(
+                h, bias=self_bias, cache=cache["self"], cache_index=cache_index, training=training
+            )
         x = x + self.dropout(h, training=training)
         h = self.cross_attention_norm(x)
         if cache is None:
             h = self.cross_attention(h, kv=encoder_outputs, bias=cross_bias, training=training)
         else:
-            h, _ = self.cross_attention(h, bias=cross_bias, cache=cache["cross"],
-                                        training=training)
+            h, _ = self.cross_attention(h, bias=cross_bias, cache=cache["cross"], training=training)
         x = x + self.dropout(h, training=training)
         x = self._ffn_branch(x, token_mask, training, independent_routing)
         if cache is None:

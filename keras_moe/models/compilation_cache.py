@@ -82,8 +82,11 @@ def use_persistent_cache() -> str | None:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as error:  # e.g. a read-only home: compile as before, say why once
-        warnings.warn(f"keras_moe: no persistent JAX compilation cache at {path!r} ({error}); "
-                      f"set {ENV_VARIABLE} to a writable directory, or to 'off'.", stacklevel=2)
+        warnings.warn(
+            f"keras_moe: no persistent JAX compilation cache at {path!r} ({error}); "
+            f"set {ENV_VARIABLE} to a writable directory, or to 'off'.",
+            stacklevel=2,
+        )
         return None
     jax.config.update("jax_compilation_cache_dir", path)
     return path

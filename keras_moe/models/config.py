@@ -27,6 +27,7 @@ from keras_moe.validation import check_int, is_int, is_number
 
 SIDES = ("encoder", "decoder")
 
+
 def sparse_layers_from_step(num_layers, sparse_step):
     """Our placement rule: layer i is sparse iff `i % step == step - 1`."""
     if not sparse_step:
@@ -140,9 +141,16 @@ class T5Config:
     decoder_start_id: int = 0
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
-                     "num_decoder_layers", "relative_attention_num_buckets",
-                     "relative_attention_max_distance"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "d_ff",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+        ):
             check_int(name, getattr(self, name), 1)
         if self.d_kv is None:
             if self.d_model % self.num_heads:
@@ -172,7 +180,8 @@ class T5Config:
         for i in layers:
             if not is_int(i) or not 0 <= i < num:
                 raise ValueError(
-                    f"`{name}` entries must be layer indices in [0, {num}), got {i!r}.")
+                    f"`{name}` entries must be layer indices in [0, {num}), got {i!r}."
+                )
         if len(set(layers)) != len(layers):
             raise ValueError(f"`{name}` has duplicate layer indices: {layers}.")
         setattr(self, name, tuple(sorted(layers)))
@@ -190,7 +199,8 @@ class T5Config:
             if self._sparse_layers(side) and self.sparse_ffn_spec(side) is None:
                 raise ValueError(
                     f"`sparse_ffn` (or `{name}`) must be given when the {side} has sparse "
-                    "layers (sparse steps or sparse layer lists), got None.")
+                    "layers (sparse steps or sparse layer lists), got None."
+                )
 
     def _sparse_layers(self, side):
         if side == "encoder":
@@ -225,8 +235,11 @@ class T5Config:
     def make_sparse_ffn(self, side: str, name: str, metrics_prefix: Optional[str] = None):
         """A new sparse FFN layer for `side` ("encoder" / "decoder")."""
         return self.sparse_ffn_view(side).make_layer(
-            name, causal=side == "decoder", track_metrics=self.track_router_metrics,
-            metrics_prefix=metrics_prefix)
+            name,
+            causal=side == "decoder",
+            track_metrics=self.track_router_metrics,
+            metrics_prefix=metrics_prefix,
+        )
 
     @property
     def is_sparse(self) -> bool:
@@ -321,12 +334,17 @@ def upgrade_flat_moe_fields(values):
     flat = [name for name in sparse_ffn_lib.FLAT_FIELDS if name in values]
     if not flat:
         return values
-    given = [f"{side}sparse_ffn" for side in ("", "encoder_", "decoder_")
-             if values.get(f"{side}sparse_ffn") is not None]
+    given = [
+        f"{side}sparse_ffn"
+        for side in ("", "encoder_", "decoder_")
+        if values.get(f"{side}sparse_ffn") is not None
+    ]
     if given:
-        raise ValueError(f"the config has both `{given[0]}` and the flat MoE fields {flat} "
-                         "that `sparse_ffn` replaced; give the sparse FFN's arguments in its "
-                         "spec only.")
+        raise ValueError(
+            f"the config has both `{given[0]}` and the flat MoE fields {flat} "
+            "that `sparse_ffn` replaced; give the sparse FFN's arguments in its "
+            "spec only."
+        )
     if _has_sparse_layers(values):
         values["sparse_ffn"] = sparse_ffn_lib.spec_from_flat_fields(values)
     else:
@@ -353,9 +371,11 @@ def count_params(config):
     bias = config.relative_attention_num_buckets * h
     enc_sparse = set(config.resolved_encoder_sparse_layers())
     dec_sparse = set(config.resolved_decoder_sparse_layers())
-    sparse_ffn = {side: spec and sparse_ffn_lib.count_sparse_ffn_params(spec, d)
-                  for side in ("encoder", "decoder")
-                  for spec in [config.sparse_ffn_spec(side)]}
+    sparse_ffn = {
+        side: spec and sparse_ffn_lib.count_sparse_ffn_params(spec, d)
+        for side in ("encoder", "decoder")
+        for spec in [config.sparse_ffn_spec(side)]
+    }
     total += bias + d  # encoder position bias + final norm
     for i in range(config.num_encoder_layers):
         total += attention + 2 * d + (sparse_ffn["encoder"] if i in enc_sparse else dense_ffn)

@@ -35,7 +35,7 @@ def pad_input_tokens(sequences, length):
     tokens = np.zeros((len(sequences), length), np.int32)
     for row, ids in enumerate(sequences):
         ids = list(ids)[:length]
-        tokens[row, :len(ids)] = ids
+        tokens[row, : len(ids)] = ids
     return tokens
 
 
@@ -66,8 +66,12 @@ def _reorder(caches, index):
     out = []
     for cache in caches:
         k, v = cache["self"]
-        out.append({"self": (ops.take(k, index, axis=0), ops.take(v, index, axis=0)),
-                    "cross": cache["cross"]})
+        out.append(
+            {
+                "self": (ops.take(k, index, axis=0), ops.take(v, index, axis=0)),
+                "cross": cache["cross"],
+            }
+        )
     return out
 
 
@@ -83,8 +87,9 @@ class _ReferenceBeams:
     """Beam-search bookkeeping in float64 NumPy: `num_beams` live hypotheses and
     the `num_beams` best finished ones per example (see `search.search`)."""
 
-    def __init__(self, batch, beams, max_length, length_penalty, eos, start_id,
-                 length_normalizer="gnmt"):
+    def __init__(
+        self, batch, beams, max_length, length_penalty, eos, start_id, length_normalizer="gnmt"
+    ):
         self.beams, self.max_length, self.alpha, self.eos = beams, max_length, length_penalty, eos
         self.kind = length_normalizer
         self.stopped = np.zeros(batch, bool)  # done examples take no new hypotheses
@@ -98,7 +103,7 @@ class _ReferenceBeams:
         """`logp [B, K, V]` of the live beams; returns the parents' rows `[B*K]`."""
         batch, k, vocab = logp.shape
         cand = (self.scores[..., None] + logp).reshape(batch, k * vocab)
-        order = np.argsort(-cand, axis=-1, kind="stable")[:, :2 * k]
+        order = np.argsort(-cand, axis=-1, kind="stable")[:, : 2 * k]
         parents, new_seqs, new_scores = [], [], []
         for b in range(batch):
             live = []
@@ -109,7 +114,8 @@ class _ReferenceBeams:
                     if rank < k and not self.stopped[b]:
                         length = len(seq) - 1  # EOS included, start token not
                         self.finished[b].append(
-                            (cand[b, index] / self.normalizer(length), cand[b, index], seq))
+                            (cand[b, index] / self.normalizer(length), cand[b, index], seq)
+                        )
                 elif len(live) < k:
                     live.append((beam, seq, cand[b, index]))
             self.finished[b] = sorted(self.finished[b], key=lambda f: -f[0])[:k]
@@ -131,8 +137,7 @@ class _ReferenceBeams:
             if self.kind == "hf":  # HF's early_stopping=False: the best live beam as it is
                 bound = best / self.normalizer(length)
             else:  # the best any live beam can still rank, at any length up to max_length
-                bound = max(best / self.normalizer(self.max_length),
-                            best / self.normalizer(length))
+                bound = max(best / self.normalizer(self.max_length), best / self.normalizer(length))
             if len(finished) == self.beams and finished[-1][0] >= bound:
                 self.stopped[b] = True
         return bool(self.stopped.all())
@@ -144,12 +149,21 @@ class _ReferenceBeams:
         tokens = np.zeros((len(self.finished), length), np.int32)
         scores = np.zeros(len(self.finished))
         for b, finished in enumerate(self.finished):
-            live = [] if self.stopped[b] else [
-                (self.scores[b, i] / self.normalizer(length), self.scores[b, i], self.seqs[b, i])
-                for i in range(self.beams)]
+            live = (
+                []
+                if self.stopped[b]
+                else [
+                    (
+                        self.scores[b, i] / self.normalizer(length),
+                        self.scores[b, i],
+                        self.seqs[b, i],
+                    )
+                    for i in range(self.beams)
+                ]
+            )
             pool = finished + live  # finished first: they win ties
             _, scores[b], seq = max(pool, key=lambda h: h[0])  # max keeps the first of ties
-            tokens[b, :len(seq) - 1] = seq[1:]
+            tokens[b, : len(seq) - 1] = seq[1:]
         return tokens, scores
 
 
@@ -178,22 +192,25 @@ def input_token_ids(encoder_input_tokens, vocab_size):
             "`generate` was given text without a vocabulary to tokenize it: call "
             "`model.generate(texts, vocabulary=keras_moe.tasks.get_vocabulary())` (or the "
             "checkpoint's SentencePiece .model path), which returns text, or give token ids, "
-            "int [batch, length].")
+            "int [batch, length]."
+        )
     try:
         values = np.asarray(ops.convert_to_numpy(encoder_input_tokens))
     except Exception as e:  # ragged lists and other non-arrays
         raise ValueError(
             "`encoder_input_tokens` must be int token ids [batch, length] (0-padded to one "
-            f"length), got {type(encoder_input_tokens).__name__}: {e}") from None
+            f"length), got {type(encoder_input_tokens).__name__}: {e}"
+        ) from None
     if values.ndim != 2:
         raise ValueError(
             "`encoder_input_tokens` must be int token ids [batch, length], got shape "
-            f"{values.shape}" + (" (one sequence: pass `ids[None]`)." if values.ndim == 1
-                                 else "."))
+            f"{values.shape}" + (" (one sequence: pass `ids[None]`)." if values.ndim == 1 else ".")
+        )
     if values.dtype.kind not in "iub" and values.size and not np.all(values == np.round(values)):
         raise ValueError(
             f"`encoder_input_tokens` must be integer token ids, got {values.dtype} values "
-            "that are not whole numbers.")
+            "that are not whole numbers."
+        )
     if values.size:
         bad = np.argwhere((values < 0) | (values >= vocab_size))
         if len(bad):
@@ -201,12 +218,14 @@ def input_token_ids(encoder_input_tokens, vocab_size):
             raise ValueError(
                 f"`encoder_input_tokens` holds token id {int(values[where])} (at "
                 f"{list(where)}), outside [0, vocab_size) with vocab_size={vocab_size}: the "
-                "ids must come from the model's vocabulary.")
+                "ids must come from the model's vocabulary."
+            )
     return values.astype(np.int32)
 
 
-def beam_arguments(method: str | None, num_beams: int | None,
-                   beam_size: int | None) -> tuple[str, int]:
+def beam_arguments(
+    method: str | None, num_beams: int | None, beam_size: int | None
+) -> tuple[str, int]:
     """`(method, num_beams)` from `generate`'s `method`, `num_beams` and the CLI's
     `beam_size` (1: greedy, N > 1: N beams); refuses settings that disagree.
 
@@ -223,21 +242,35 @@ def beam_arguments(method: str | None, num_beams: int | None,
             raise ValueError(f"`beam_size` must be an integer >= 1, got {beam_size!r}.")
         wanted = "greedy" if beam_size == 1 else "beam"
         if method is not None and method != wanted:
-            raise ValueError(f"`beam_size={beam_size}` asks for {wanted} search but "
-                             f"`method={method!r}`: give one of them.")
+            raise ValueError(
+                f"`beam_size={beam_size}` asks for {wanted} search but "
+                f"`method={method!r}`: give one of them."
+            )
         if num_beams is not None and num_beams != beam_size:
-            raise ValueError(f"`beam_size={beam_size}` and `num_beams={num_beams}` disagree: "
-                             "give one of them.")
+            raise ValueError(
+                f"`beam_size={beam_size}` and `num_beams={num_beams}` disagree: give one of them."
+            )
         return wanted, beam_size
     if method is None:
         method = "beam" if num_beams is not None and num_beams > 1 else "greedy"
     return method, 4 if num_beams is None else num_beams
 
 
-def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_beams=4,
-             length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
-             compiled=True, jit_compile=False, independent_routing=True,
-             length_normalizer="gnmt"):
+def generate(
+    model,
+    encoder_input_tokens,
+    max_length=64,
+    method="greedy",
+    num_beams=4,
+    length_penalty=0.0,
+    use_cache=True,
+    eos_id=None,
+    return_scores=False,
+    compiled=True,
+    jit_compile=False,
+    independent_routing=True,
+    length_normalizer="gnmt",
+):
     """Decodes output token ids for a batch of inputs.
 
     Args:
@@ -293,19 +326,37 @@ def generate(model, encoder_input_tokens, max_length=64, method="greedy", num_be
     eos = model.config.eos_id if eos_id is None else eos_id
     enc = input_token_ids(encoder_input_tokens, model.config.vocab_size)
     if compiled and use_cache:
-        run = compiled_search(model, max_length, beams, length_penalty, eos, jit_compile,
-                              independent_routing, length_normalizer)
+        run = compiled_search(
+            model,
+            max_length,
+            beams,
+            length_penalty,
+            eos,
+            jit_compile,
+            independent_routing,
+            length_normalizer,
+        )
         tokens, scores, steps = (ops.convert_to_numpy(t) for t in run(enc))
-        tokens = np.asarray(tokens)[:, :int(steps)]
+        tokens = np.asarray(tokens)[:, : int(steps)]
         if return_scores:
             return tokens, np.asarray(scores, np.float64)
         return tokens
     if beams == 1:
-        tokens, scores = _greedy_reference(model, enc, max_length, use_cache, eos,
-                                           independent_routing)
+        tokens, scores = _greedy_reference(
+            model, enc, max_length, use_cache, eos, independent_routing
+        )
     else:
-        tokens, scores = _beam_reference(model, enc, max_length, beams, length_penalty,
-                                         use_cache, eos, independent_routing, length_normalizer)
+        tokens, scores = _beam_reference(
+            model,
+            enc,
+            max_length,
+            beams,
+            length_penalty,
+            use_cache,
+            eos,
+            independent_routing,
+            length_normalizer,
+        )
     if return_scores:
         return tokens, scores
     return tokens
@@ -316,8 +367,9 @@ def _step_log_probs(model, seqs, step, caches, enc_out, enc_mask, independent_ro
     if caches is not None:
         logits, caches = model.decode_step(seqs[:, -1], step, caches, enc_mask)
     else:
-        logits = model.decode(seqs, enc_out, enc_mask, training=False,
-                              independent_routing=independent_routing)[:, -1]
+        logits = model.decode(
+            seqs, enc_out, enc_mask, training=False, independent_routing=independent_routing
+        )[:, -1]
     return _log_softmax(np.asarray(ops.convert_to_numpy(logits))), caches
 
 
@@ -329,8 +381,9 @@ def _greedy_reference(model, enc, max_length, use_cache, eos, independent_routin
     scores = np.zeros(len(enc))
     finished = np.zeros(len(enc), bool)
     for t in range(max_length):
-        logp, caches = _step_log_probs(model, seqs, t, caches, enc_out, enc_mask,
-                                       independent_routing)
+        logp, caches = _step_log_probs(
+            model, seqs, t, caches, enc_out, enc_mask, independent_routing
+        )
         token = np.argmax(logp, axis=-1)
         scores = np.where(finished, scores, scores + logp[np.arange(len(enc)), token])
         token = np.where(finished, config.pad_id, token).astype(np.int32)
@@ -341,11 +394,23 @@ def _greedy_reference(model, enc, max_length, use_cache, eos, independent_routin
     return seqs[:, 1:], scores
 
 
-def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eos,
-                    independent_routing, length_normalizer="gnmt"):
+def _beam_reference(
+    model,
+    enc,
+    max_length,
+    beams,
+    length_penalty,
+    use_cache,
+    eos,
+    independent_routing,
+    length_normalizer="gnmt",
+):
     config = model.config
-    enc_out, enc_mask = model.encode(enc, training=False,  # once per input
-                                     independent_routing=independent_routing)
+    enc_out, enc_mask = model.encode(
+        enc,
+        training=False,  # once per input
+        independent_routing=independent_routing,
+    )
     caches = model.init_cache(enc_out, max_length) if use_cache else None
     if caches is not None:
         from keras_moe.models.search import repeat_caches
@@ -353,12 +418,14 @@ def _beam_reference(model, enc, max_length, beams, length_penalty, use_cache, eo
         caches = repeat_caches(caches, beams)
     enc_out = ops.repeat(enc_out, beams, axis=0)
     enc_mask = ops.repeat(enc_mask, beams, axis=0)
-    state = _ReferenceBeams(len(enc), beams, max_length, length_penalty, eos,
-                            config.decoder_start_id, length_normalizer)
+    state = _ReferenceBeams(
+        len(enc), beams, max_length, length_penalty, eos, config.decoder_start_id, length_normalizer
+    )
     for t in range(max_length):
         flat = state.seqs.reshape(len(enc) * beams, -1)
-        logp, caches = _step_log_probs(model, flat, t, caches, enc_out, enc_mask,
-                                       independent_routing)
+        logp, caches = _step_log_probs(
+            model, flat, t, caches, enc_out, enc_mask, independent_routing
+        )
         parents = state.step(logp.reshape(len(enc), beams, -1))
         if caches is not None:
             caches = _reorder(caches, parents)

@@ -43,11 +43,11 @@ def _symbolic_batch(epoch_iterator):
     if not specs or not all(type(s) is tf.TensorSpec and s.shape.rank for s in specs):
         return None
     return tf.nest.map_structure(
-        lambda s: keras.KerasTensor((None,) + tuple(s.shape[1:]), s.dtype.name), spec)
+        lambda s: keras.KerasTensor((None,) + tuple(s.shape[1:]), s.dtype.name), spec
+    )
 
 
 class _BuildMixin:
-
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = getattr(self, "_distribute_strategy", None)
         if iterator is not None and data_batch is None and strategy is not None:
@@ -63,8 +63,10 @@ class _BuildMixin:
 def _multi_worker(strategy):
     import tensorflow as tf
 
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode())
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and strategy.extended._in_multi_worker_mode()
+    )
 
 
 def _vectorize_logs(model, logs):

@@ -37,17 +37,29 @@ def block_args(config: T5Config) -> Dict[str, Any]:
     Args:
         config: the model's `T5Config`.
     """
-    return dict(d_model=config.d_model, num_heads=config.num_heads, d_kv=config.head_dim,
-                dropout_rate=config.dropout_rate, layer_norm_epsilon=config.layer_norm_epsilon,
-                init_scale=config.init_scale)
+    return dict(
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        d_kv=config.head_dim,
+        dropout_rate=config.dropout_rate,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        init_scale=config.init_scale,
+    )
 
 
 def dense_ffn_factory(config: T5Config) -> FfnFactory:
     """The factory of `config`'s dense FFN (`DenseFeedForward`)."""
+
     def make(name: str = "ffn", metrics_prefix: Optional[str] = None) -> keras.layers.Layer:
         del metrics_prefix  # a dense FFN logs no router metrics
-        return DenseFeedForward(config.d_ff, config.activation, config.dropout_rate,
-                                init_scale=config.init_scale, name=name)
+        return DenseFeedForward(
+            config.d_ff,
+            config.activation,
+            config.dropout_rate,
+            init_scale=config.init_scale,
+            name=name,
+        )
+
     return make
 
 
@@ -58,9 +70,13 @@ def sparse_ffn_factory(config: T5Config, side: str) -> Optional[FfnFactory]:
         return None
 
     def make(name: str = "ffn", metrics_prefix: Optional[str] = None) -> keras.layers.Layer:
-        return view.make_layer(name, causal=side == "decoder",
-                               track_metrics=config.track_router_metrics,
-                               metrics_prefix=metrics_prefix)
+        return view.make_layer(
+            name,
+            causal=side == "decoder",
+            track_metrics=config.track_router_metrics,
+            metrics_prefix=metrics_prefix,
+        )
+
     return make
 
 
@@ -80,13 +96,16 @@ class FfnFactories:
 
     @classmethod
     def from_config(cls, config: T5Config) -> "FfnFactories":
-        return cls(dense=dense_ffn_factory(config),
-                   sparse={side: sparse_ffn_factory(config, side) for side in SIDES},
-                   sparse_layers={"encoder": config.resolved_encoder_sparse_layers(),
-                                  "decoder": config.resolved_decoder_sparse_layers()})
+        return cls(
+            dense=dense_ffn_factory(config),
+            sparse={side: sparse_ffn_factory(config, side) for side in SIDES},
+            sparse_layers={
+                "encoder": config.resolved_encoder_sparse_layers(),
+                "decoder": config.resolved_decoder_sparse_layers(),
+            },
+        )
 
-    def make(self, side: str, index: int, block_name: Optional[str] = None
-             ) -> keras.layers.Layer:
+    def make(self, side: str, index: int, block_name: Optional[str] = None) -> keras.layers.Layer:
         """The FFN (named "ffn") of layer `index` of `side` ("encoder" / "decoder");
         a sparse one logs its metrics as `<block_name>/ffn/...`."""
         if side not in SIDES:

@@ -28,12 +28,23 @@ from keras_moe.models import config as config_lib
 from keras_moe.models import sparse_ffn as sparse_ffn_lib
 
 # The sparse FFN layer's argument that each flat field became.
-LAYER_ARGUMENTS = {**{name: name for name in sparse_ffn_lib.FLAT_FIELDS if name != "moe_type"},
-                   "expert_d_ff": "d_ff", "expert_activation": "activation"}
+LAYER_ARGUMENTS = {
+    **{name: name for name in sparse_ffn_lib.FLAT_FIELDS if name != "moe_type"},
+    "expert_d_ff": "d_ff",
+    "expert_activation": "activation",
+}
 # The T5Config fields the translation reads besides the flat ones.
-_READ = ("d_ff", "activation", "init_scale", "num_encoder_layers", "num_decoder_layers",
-         "encoder_sparse_step", "decoder_sparse_step", "encoder_sparse_layers",
-         "decoder_sparse_layers")
+_READ = (
+    "d_ff",
+    "activation",
+    "init_scale",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "encoder_sparse_step",
+    "decoder_sparse_step",
+    "encoder_sparse_layers",
+    "decoder_sparse_layers",
+)
 _SPARSE_FFNS = ("sparse_ffn", "encoder_sparse_ffn", "decoder_sparse_ffn")
 
 
@@ -66,8 +77,9 @@ def _resolved(value):
     import gin.config
 
     for _ in range(100):  # macros of macros; gin refuses cycles when they are read
-        if not (isinstance(value, gin.config.ConfigurableReference)
-                and value.selector == "gin.macro"):
+        if not (
+            isinstance(value, gin.config.ConfigurableReference) and value.selector == "gin.macro"
+        ):
             break
         value = compat.gin_macro_value(value.scoped_selector.rsplit("/", 1)[0])
     return value
@@ -86,9 +98,11 @@ def _layer_name(value):
 
 def _replacement(field, layer):
     if field == "moe_type":
-        return (f"the layer class bound to `T5Config.sparse_ffn` is the MoE type: "
-                f"bind `T5Config.sparse_ffn = @{layer}` (SwitchFeedForward: top-1, "
-                "GShardFeedForward: top-2) instead")
+        return (
+            f"the layer class bound to `T5Config.sparse_ffn` is the MoE type: "
+            f"bind `T5Config.sparse_ffn = @{layer}` (SwitchFeedForward: top-1, "
+            "GShardFeedForward: top-2) instead"
+        )
     return f"bind `{layer}.{LAYER_ARGUMENTS[field]} = ...` instead"
 
 
@@ -107,27 +121,39 @@ def apply(bindings):
         prefix = f"{scope}/" if scope else ""
         first = sorted(flat, key=lambda name: (name != "moe_type", name))[0]
         what = f"`{prefix}T5Config.{first}` is no longer a field of T5Config: "
-        layers = [value for name in _SPARSE_FFNS for found, value in [_bound(scope, name)]
-                  if found and value is not None]
+        layers = [
+            value
+            for name in _SPARSE_FFNS
+            for found, value in [_bound(scope, name)]
+            if found and value is not None
+        ]
         if layers:
             layer = _layer_name(_resolved(layers[0]))
             raise GinConfigError(
                 what + f"the model's sparse layer is {layer} (T5Config.sparse_ffn), which "
-                f"owns its arguments; {_replacement(first, layer)}.")
+                f"owns its arguments; {_replacement(first, layer)}."
+            )
         if "moe_type" not in flat:
             raise GinConfigError(
                 what + "the sparse layer owns its arguments: bind `T5Config.sparse_ffn = "
                 f"@SwitchFeedForward` (or @GShardFeedForward) and "
                 f"`SwitchFeedForward.{LAYER_ARGUMENTS[first]} = ...` instead (a gin file "
                 "from before the sparse-FFN spec, which also binds T5Config.moe_type, is "
-                "translated).")
-        values = {name: _resolved(value) for name in _READ
-                  for found, value in [_bound(scope, name)] if found}
+                "translated)."
+            )
+        values = {
+            name: _resolved(value)
+            for name in _READ
+            for found, value in [_bound(scope, name)]
+            if found
+        }
         values.update({name: _resolved(value) for name, value in flat.items()})
         try:
             spec = config_lib.upgrade_flat_moe_fields(values)["sparse_ffn"]
         except (TypeError, ValueError) as e:
-            raise GinConfigError(f"the T5Config MoE fields {sorted(flat)} (a gin file from "
-                                 f"before the sparse-FFN spec) make no sparse FFN: {e}") from None
+            raise GinConfigError(
+                f"the T5Config MoE fields {sorted(flat)} (a gin file from "
+                f"before the sparse-FFN spec) make no sparse FFN: {e}"
+            ) from None
         if spec is not None:
             gin.bind_parameter(f"{prefix}T5Config.sparse_ffn", spec)

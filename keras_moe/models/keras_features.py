@@ -1,7 +1,13 @@
 """seqio `EncDecFeatureConverter` features -> Keras `(x, y, sample_weight)`."""
 
-MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
-                  "encoder_positions", "decoder_segment_ids", "decoder_positions")
+MODEL_FEATURES = (
+    "encoder_input_tokens",
+    "decoder_input_tokens",
+    "encoder_segment_ids",
+    "encoder_positions",
+    "decoder_segment_ids",
+    "decoder_positions",
+)
 
 
 def seqio_to_keras(features):

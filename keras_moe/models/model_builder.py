@@ -34,4 +34,3 @@ def build_model(config=None, compile=False, learning_rate=1e-3, **overrides):
     if compile:
         model.compile(**model.compile_defaults(learning_rate=learning_rate))
     return model
-

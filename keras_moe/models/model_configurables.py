@@ -20,15 +20,25 @@ import keras_moe
 from keras_moe.models import config as config_lib
 from keras_moe.models import model_builder
 
-T5Config = gin.external_configurable(config_lib.T5Config, name="T5Config",
-                                     module="keras_moe.models")
-build_model = gin.external_configurable(model_builder.build_model, name="build_model",
-                                        module="keras_moe.models")
+T5Config = gin.external_configurable(
+    config_lib.T5Config, name="T5Config", module="keras_moe.models"
+)
+build_model = gin.external_configurable(
+    model_builder.build_model, name="build_model", module="keras_moe.models"
+)
 
-_LAYERS = (keras_moe.SwitchFeedForward, keras_moe.GShardFeedForward, keras_moe.TopKFeedForward,
-           keras_moe.MoeLayer, keras_moe.FeedForwardExperts, keras_moe.SharedExpertFeedForward,
-           keras_moe.SwitchRouter, keras_moe.Top2Router,
-           keras_moe.TopKRouter, keras_moe.ExpertChoiceRouter)
+_LAYERS = (
+    keras_moe.SwitchFeedForward,
+    keras_moe.GShardFeedForward,
+    keras_moe.TopKFeedForward,
+    keras_moe.MoeLayer,
+    keras_moe.FeedForwardExperts,
+    keras_moe.SharedExpertFeedForward,
+    keras_moe.SwitchRouter,
+    keras_moe.Top2Router,
+    keras_moe.TopKRouter,
+    keras_moe.ExpertChoiceRouter,
+)
 for _layer in _LAYERS:
     gin.external_configurable(_layer, module="keras_moe")
 
@@ -38,4 +48,5 @@ for _layer in _LAYERS:
 # that no call read configures nothing (`keras_moe.gin_unread`).
 # `build_model` is left out: the job calls it later.
 MODEL_SELECTORS = ("keras_moe.models.T5Config",) + tuple(
-    f"keras_moe.{layer.__name__}" for layer in _LAYERS)
+    f"keras_moe.{layer.__name__}" for layer in _LAYERS
+)

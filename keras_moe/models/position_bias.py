@@ -6,8 +6,9 @@ import keras
 from keras import ops
 
 
-def relative_position_bucket(relative_position, bidirectional=True, num_buckets=32,
-                             max_distance=128):
+def relative_position_bucket(
+    relative_position, bidirectional=True, num_buckets=32, max_distance=128
+):
     """Maps `memory_position - query_position` to a bucket id (Mesh TF / T5).
 
     Half of the buckets hold exact small distances, the rest grow
@@ -69,8 +70,7 @@ class RelativePositionBias(keras.layers.Layer):
     (1, 4, 5, 5)
     """
 
-    def __init__(self, num_heads, num_buckets=32, max_distance=128, bidirectional=True,
-                 **kwargs):
+    def __init__(self, num_heads, num_buckets=32, max_distance=128, bidirectional=True, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.num_buckets = num_buckets
@@ -79,15 +79,18 @@ class RelativePositionBias(keras.layers.Layer):
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
-            name="embeddings", shape=(self.num_buckets, self.num_heads),
+            name="embeddings",
+            shape=(self.num_buckets, self.num_heads),
             initializer=keras.initializers.RandomNormal(stddev=1.0),
         )
         self.built = True
 
     def call(self, query_positions, key_positions):
         """Positions `[B or 1, Lq]`, `[B or 1, Lk]` -> bias `[B or 1, H, Lq, Lk]` (float32)."""
-        relative = (ops.cast(key_positions, "int32")[:, None, :]
-                    - ops.cast(query_positions, "int32")[:, :, None])
+        relative = (
+            ops.cast(key_positions, "int32")[:, None, :]
+            - ops.cast(query_positions, "int32")[:, :, None]
+        )
         buckets = relative_position_bucket(
             relative, self.bidirectional, self.num_buckets, self.max_distance
         )
@@ -96,11 +99,21 @@ class RelativePositionBias(keras.layers.Layer):
 
     def compute_output_spec(self, query_positions, key_positions):
         return keras.KerasTensor(
-            (query_positions.shape[0], self.num_heads, query_positions.shape[1],
-             key_positions.shape[1]), dtype="float32")
+            (
+                query_positions.shape[0],
+                self.num_heads,
+                query_positions.shape[1],
+                key_positions.shape[1],
+            ),
+            dtype="float32",
+        )
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, num_buckets=self.num_buckets,
-                      max_distance=self.max_distance, bidirectional=self.bidirectional)
+        config.update(
+            num_heads=self.num_heads,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            bidirectional=self.bidirectional,
+        )
         return config

@@ -15,16 +15,20 @@ from typing import Any
 
 import keras
 
-ROUTER_COLUMNS = (("dropped_fraction", "dropped", "{:.1%}"),
-                  ("load_imbalance", "imbalance", "{:.2f}"),
-                  ("max_violation", "MaxVio", "{:.2f}"),
-                  ("router_confidence", "confidence", "{:.3f}"),
-                  ("output_rms_ratio", "out/in rms", "{:.3f}"))
+ROUTER_COLUMNS = (
+    ("dropped_fraction", "dropped", "{:.1%}"),
+    ("load_imbalance", "imbalance", "{:.2f}"),
+    ("max_violation", "MaxVio", "{:.2f}"),
+    ("router_confidence", "confidence", "{:.3f}"),
+    ("output_rms_ratio", "out/in rms", "{:.3f}"),
+)
 STATISTICS = {stat for stat, _, _ in ROUTER_COLUMNS}
-ROUTER_LEGEND = ("dropped: tokens no expert took (capacity); imbalance: the busiest expert's "
-                 "share of first choices x experts (1 = even); MaxVio: the busiest expert's "
-                 "selections over the mean, minus 1 (0 = even); confidence: mean top router "
-                 "probability; out/in rms: the MoE branch's output over its input")
+ROUTER_LEGEND = (
+    "dropped: tokens no expert took (capacity); imbalance: the busiest expert's "
+    "share of first choices x experts (1 = even); MaxVio: the busiest expert's "
+    "selections over the mean, minus 1 (0 = even); confidence: mean top router "
+    "probability; out/in rms: the MoE branch's output over its input"
+)
 
 
 def short_logs(logs: dict | None, learning_rate: float | None = None) -> dict:
@@ -55,7 +59,7 @@ def router_table(scalars: dict[str, Any], indent: str = "  ", legend: bool = Fal
     layers = {}
     for key, value in scalars.items():
         if key.startswith("moe/") and key.count("/") >= 2:
-            layer, stat = key[len("moe/"):].rsplit("/", 1)
+            layer, stat = key[len("moe/") :].rsplit("/", 1)
         elif "/" in key and not key.startswith("val_") and key.rsplit("/", 1)[1] in STATISTICS:
             layer, stat = key.rsplit("/", 1)
         else:
@@ -69,18 +73,27 @@ def router_table(scalars: dict[str, Any], indent: str = "  ", legend: bool = Fal
     rows = [header]
     for name in names:
         stats = layers[name]
-        rows.append([f"{name:<{width}}"] + [
-            fmt.format(float(stats[stat])) if stat in stats else "-"
-            for stat, _, fmt in ROUTER_COLUMNS])
+        rows.append(
+            [f"{name:<{width}}"]
+            + [
+                fmt.format(float(stats[stat])) if stat in stats else "-"
+                for stat, _, fmt in ROUTER_COLUMNS
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []
     for row in rows:
         cells = [row[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False)]
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False)
+        ]
         lines.append(indent + "  ".join(cells).rstrip())
     if legend:
-        lines += textwrap.wrap("(" + ROUTER_LEGEND + ")", width=96, initial_indent=indent,
-                               subsequent_indent=indent + " ")
+        lines += textwrap.wrap(
+            "(" + ROUTER_LEGEND + ")",
+            width=96,
+            initial_indent=indent,
+            subsequent_indent=indent + " ",
+        )
     return "\n".join(lines)
 
 
@@ -146,8 +159,11 @@ class CompactFitMixin:
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) <= 5:  # `callbacks` is fit's sixth argument
             kwargs["callbacks"] = with_compact_progbar(kwargs.get("callbacks"))
-        if len(args) <= 8 and "shuffle" not in kwargs and _is_tf_dataset(
-                args[0] if args else kwargs.get("x")):
+        if (
+            len(args) <= 8
+            and "shuffle" not in kwargs
+            and _is_tf_dataset(args[0] if args else kwargs.get("x"))
+        ):
             kwargs["shuffle"] = False
         with warnings.catch_warnings():
             if kwargs.get("steps_per_epoch") is None and len(args) <= 12:

@@ -13,8 +13,11 @@ from typing import Any
 
 from keras_moe.routing_scope import route_each_sequence, routing_each_sequence
 
-_FUNCTIONS = {"fit": ("train_function", "test_function"), "evaluate": ("test_function",),
-              "predict": ("predict_function",)}
+_FUNCTIONS = {
+    "fit": ("train_function", "test_function"),
+    "evaluate": ("test_function",),
+    "predict": ("predict_function",),
+}
 
 
 EVAL_ROUTINGS = ("groups", "sequence")
@@ -36,8 +39,9 @@ class RoutingScopeMixin:
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.eval_routing not in EVAL_ROUTINGS:
-            raise ValueError(f"`eval_routing` must be one of {EVAL_ROUTINGS}, "
-                             f"got {self.eval_routing!r}.")
+            raise ValueError(
+                f"`eval_routing` must be one of {EVAL_ROUTINGS}, got {self.eval_routing!r}."
+            )
         if self.eval_routing == "sequence":
             with route_each_sequence():
                 return super().test_step(*args, **kwargs)

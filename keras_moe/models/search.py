@@ -38,8 +38,9 @@ LENGTH_NORMALIZERS = ("gnmt", "hf")
 def check_length_normalizer(length_normalizer):
     """Raises ValueError naming `length_normalizer` unless it is "gnmt" or "hf"."""
     if not isinstance(length_normalizer, str) or length_normalizer not in LENGTH_NORMALIZERS:
-        raise ValueError(f"`length_normalizer` must be one of {LENGTH_NORMALIZERS}, "
-                         f"got {length_normalizer!r}.")
+        raise ValueError(
+            f"`length_normalizer` must be one of {LENGTH_NORMALIZERS}, got {length_normalizer!r}."
+        )
 
 
 def length_divisor(length, length_penalty, length_normalizer="gnmt"):
@@ -57,7 +58,7 @@ def length_divisor(length, length_penalty, length_normalizer="gnmt"):
         return 1.0
     length = ops.cast(length, "float32")
     if length_normalizer == "hf":
-        return length ** length_penalty
+        return length**length_penalty
     return ((5.0 + length) / 6.0) ** length_penalty
 
 
@@ -69,11 +70,21 @@ def check_search_arguments(model, max_length, num_beams):
     if num_beams > 1 and 2 * num_beams > vocab:
         raise ValueError(
             f"`num_beams` ({num_beams}) must be at most half the vocabulary "
-            f"(vocab_size={vocab}): each step ranks 2 * num_beams candidates.")
+            f"(vocab_size={vocab}): each step ranks 2 * num_beams candidates."
+        )
 
 
-def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=0.0,
-           eos_id=None, length_normalizer="gnmt", *, independent_routing=True):
+def search(
+    model,
+    encoder_input_tokens,
+    max_length,
+    num_beams=1,
+    length_penalty=0.0,
+    eos_id=None,
+    length_normalizer="gnmt",
+    *,
+    independent_routing=True,
+):
     """Greedy search (one beam) or beam search, traceable by `tf.function` and `jax.jit`.
 
     Beam search keeps `num_beams` live hypotheses and, beside them, the
@@ -131,28 +142,53 @@ def search(model, encoder_input_tokens, max_length, num_beams=1, length_penalty=
     check_length_normalizer(length_normalizer)
     eos = model.config.eos_id if eos_id is None else eos_id
     tokens = ops.cast(encoder_input_tokens, "int32")
-    encoder_outputs, encoder_mask = model.encode(tokens, training=False,
-                                                 independent_routing=independent_routing)
+    encoder_outputs, encoder_mask = model.encode(
+        tokens, training=False, independent_routing=independent_routing
+    )
     caches = model.init_cache(encoder_outputs, max_length)
     if num_beams > 1:  # every beam of an input shares its encoding
         caches = repeat_caches(caches, num_beams)
         encoder_mask = ops.repeat(encoder_mask, num_beams, axis=0)
     loop = _GreedyLoop if num_beams == 1 else _BeamLoop
-    return loop(model, caches, encoder_mask, ops.shape(tokens)[0], max_length, num_beams,
-                length_penalty, eos, length_normalizer).run()
+    return loop(
+        model,
+        caches,
+        encoder_mask,
+        ops.shape(tokens)[0],
+        max_length,
+        num_beams,
+        length_penalty,
+        eos,
+        length_normalizer,
+    ).run()
 
 
 def repeat_caches(caches, beams):
     """Decoding caches of B inputs -> of B * beams rows, each input's rows together."""
-    return [{part: tuple(ops.repeat(t, beams, axis=0) for t in cache[part])
-             for part in ("self", "cross")} for cache in caches]
+    return [
+        {
+            part: tuple(ops.repeat(t, beams, axis=0) for t in cache[part])
+            for part in ("self", "cross")
+        }
+        for cache in caches
+    ]
 
 
 class _Loop:
     """The while loop shared by greedy and beam search: state, cache plumbing, stop rule."""
 
-    def __init__(self, model, caches, encoder_mask, batch, max_length, beams, length_penalty,
-                 eos, length_normalizer):
+    def __init__(
+        self,
+        model,
+        caches,
+        encoder_mask,
+        batch,
+        max_length,
+        beams,
+        length_penalty,
+        eos,
+        length_normalizer,
+    ):
         self.model, self.encoder_mask = model, encoder_mask
         self.cross = [cache["cross"] for cache in caches]
         self.flat_self = tuple(t for cache in caches for t in cache["self"])
@@ -163,8 +199,9 @@ class _Loop:
         self.positions = ops.arange(max_length, dtype="int32")
 
     def step_logits(self, last, step, flat):
-        caches = [{"self": (flat[2 * i], flat[2 * i + 1]), "cross": kv}
-                  for i, kv in enumerate(self.cross)]
+        caches = [
+            {"self": (flat[2 * i], flat[2 * i + 1]), "cross": kv} for i, kv in enumerate(self.cross)
+        ]
         logits, new_caches = self.model.decode_step(last, step, caches, self.encoder_mask)
         return logits, tuple(t for cache in new_caches for t in cache["self"])
 
@@ -174,13 +211,19 @@ class _Loop:
 
     def run(self):
         n = self.num_state
-        state = (ops.convert_to_tensor(0, "int32"),
-                 ops.full((self.batch * self.beams,), self.config.decoder_start_id, "int32"),
-                 ) + self.initial_state() + self.flat_self
+        state = (
+            (
+                ops.convert_to_tensor(0, "int32"),
+                ops.full((self.batch * self.beams,), self.config.decoder_start_id, "int32"),
+            )
+            + self.initial_state()
+            + self.flat_self
+        )
 
         def cond(step, last, *rest):
-            return ops.logical_and(ops.less(step, self.max_length),
-                                   ops.logical_not(ops.all(self.done(*rest[:n]))))
+            return ops.logical_and(
+                ops.less(step, self.max_length), ops.logical_not(ops.all(self.done(*rest[:n])))
+            )
 
         def body(step, last, *rest):
             logits, flat = self.step_logits(last, step, rest[n:])
@@ -188,15 +231,18 @@ class _Loop:
             return (step + 1, last) + new_state + flat
 
         final = ops.while_loop(cond, body, state)
-        return self.result(final[0], final[2:2 + n])
+        return self.result(final[0], final[2 : 2 + n])
 
 
 class _GreedyLoop(_Loop):
     num_state = 3  # seqs [B, T], scores [B], finished [B]
 
     def initial_state(self):
-        return (ops.zeros((self.batch, self.max_length), "int32"),
-                ops.zeros((self.batch,), "float32"), ops.zeros((self.batch,), "bool"))
+        return (
+            ops.zeros((self.batch, self.max_length), "int32"),
+            ops.zeros((self.batch,), "float32"),
+            ops.zeros((self.batch,), "bool"),
+        )
 
     def done(self, seqs, scores, finished):
         return finished
@@ -205,8 +251,9 @@ class _GreedyLoop(_Loop):
         seqs, scores, finished = state
         # argmax and one logsumexp instead of a log-softmax over the vocabulary
         token = ops.cast(ops.argmax(logits, axis=-1), "int32")
-        logp = (ops.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-                - ops.logsumexp(logits, axis=-1))
+        logp = ops.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - ops.logsumexp(
+            logits, axis=-1
+        )
         token = ops.where(finished, self.config.pad_id, token)
         scores = ops.where(finished, scores, scores + logp)
         finished = ops.logical_or(finished, ops.equal(token, self.eos))
@@ -227,8 +274,14 @@ class _BeamLoop(_Loop):
         b, k, t = self.batch, self.beams, self.max_length
         only_first = ops.where(ops.equal(ops.arange(k), 0), 0.0, float("-inf"))
         empty = ops.full((b, k), float("-inf"), "float32")
-        return (ops.zeros((b, k, t), "int32"), ops.zeros((b, k), "float32") + only_first,
-                ops.zeros((b, k, t), "int32"), empty, empty, ops.zeros((b,), "bool"))
+        return (
+            ops.zeros((b, k, t), "int32"),
+            ops.zeros((b, k), "float32") + only_first,
+            ops.zeros((b, k, t), "int32"),
+            empty,
+            empty,
+            ops.zeros((b,), "bool"),
+        )
 
     def done(self, *state):
         return state[-1]
@@ -259,29 +312,33 @@ class _BeamLoop(_Loop):
         cand_scores, order = ops.top_k(candidates, 2 * k)
         beam, token = order // vocab, ops.cast(order % vocab, "int32")
         rows = ops.reshape(ops.arange(b)[:, None] * k + beam, (-1,))
-        cand_seqs = ops.reshape(ops.take(ops.reshape(seqs, (b * k, t)), rows, axis=0),
-                                (b, 2 * k, t))
+        cand_seqs = ops.reshape(
+            ops.take(ops.reshape(seqs, (b * k, t)), rows, axis=0), (b, 2 * k, t)
+        )
         cand_seqs = self.write(cand_seqs, step, token)
         is_eos = ops.equal(token, self.eos)
 
         # Finished: EOS among the first k candidates of an example not done,
         # merged with the earlier ones.
-        first_k = ops.logical_and(ops.less(ops.arange(2 * k), k)[None, :],
-                                  ops.logical_not(done)[:, None])
+        first_k = ops.logical_and(
+            ops.less(ops.arange(2 * k), k)[None, :], ops.logical_not(done)[:, None]
+        )
         new_scores = ops.where(ops.logical_and(is_eos, first_k), cand_scores, float("-inf"))
         new_ranks = new_scores / self.divisor(step + 1)
-        finished_ranks, pick = ops.top_k(
-            ops.concatenate([finished_ranks, new_ranks], axis=1), k)
+        finished_ranks, pick = ops.top_k(ops.concatenate([finished_ranks, new_ranks], axis=1), k)
         finished_scores = ops.take_along_axis(
-            ops.concatenate([finished_scores, new_scores], axis=1), pick, axis=1)
+            ops.concatenate([finished_scores, new_scores], axis=1), pick, axis=1
+        )
         finished_seqs = ops.take_along_axis(
-            ops.concatenate([finished_seqs, cand_seqs], axis=1), pick[..., None], axis=1)
+            ops.concatenate([finished_seqs, cand_seqs], axis=1), pick[..., None], axis=1
+        )
 
         # Live: the best k candidates that did not emit EOS (at most k of 2k did).
         scores, pick = ops.top_k(ops.where(is_eos, float("-inf"), cand_scores), k)
         seqs = ops.take_along_axis(cand_seqs, pick[..., None], axis=1)
         cache_rows = ops.reshape(
-            ops.arange(b)[:, None] * k + ops.take_along_axis(beam, pick, axis=1), (-1,))
+            ops.arange(b)[:, None] * k + ops.take_along_axis(beam, pick, axis=1), (-1,)
+        )
         flat = tuple(ops.take(c, cache_rows, axis=0) for c in flat)
         last = ops.reshape(ops.take_along_axis(token, pick, axis=1), (-1,))
         # Done stays done ("hf"'s bound can rise again as the length grows).
@@ -299,8 +356,16 @@ class _BeamLoop(_Loop):
         return tokens, ops.take_along_axis(all_scores, best, axis=1)[:, 0], steps
 
 
-def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=None,
-                    jit_compile=False, independent_routing=True, length_normalizer="gnmt"):
+def compiled_search(
+    model,
+    max_length,
+    num_beams=1,
+    length_penalty=0.0,
+    eos_id=None,
+    jit_compile=False,
+    independent_routing=True,
+    length_normalizer="gnmt",
+):
     """`search` compiled for the backend, cached per model and options.
 
     The function takes int `[B, L]` encoder tokens and returns `search`'s
@@ -337,8 +402,15 @@ def compiled_search(model, max_length, num_beams=1, length_penalty=0.0, eos_id=N
     """
     check_search_arguments(model, max_length, num_beams)
     check_length_normalizer(length_normalizer)
-    key = (max_length, num_beams, float(length_penalty), eos_id, length_normalizer,
-           bool(jit_compile), bool(independent_routing))
+    key = (
+        max_length,
+        num_beams,
+        float(length_penalty),
+        eos_id,
+        length_normalizer,
+        bool(jit_compile),
+        bool(independent_routing),
+    )
     functions = model.__dict__.get(_CACHE_ATTRIBUTE)
     if functions is None:
         functions = {}
@@ -366,8 +438,7 @@ def _compile(model, key):
     *options, jit_compile, independent_routing = key  # options: `search`'s, in order
 
     def run(tokens):
-        return stateless_search(model, tokens, *options,
-                                independent_routing=independent_routing)
+        return stateless_search(model, tokens, *options, independent_routing=independent_routing)
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
@@ -382,8 +453,11 @@ def _compile(model, key):
                 # autograph=False: the search's control flow is keras.ops already,
                 # and converting it took a quarter of the trace.
                 by_length[length] = tf.function(
-                    run, jit_compile=jit_compile, autograph=False,
-                    input_signature=[tf.TensorSpec([None, length], tf.int32)])
+                    run,
+                    jit_compile=jit_compile,
+                    autograph=False,
+                    input_signature=[tf.TensorSpec([None, length], tf.int32)],
+                )
             return by_length[length](tokens)
 
         return call
@@ -395,11 +469,16 @@ def _compile(model, key):
         use_persistent_cache()  # a later process reads this compilation from disk
 
         def stateless(values, tokens):
-            return stateless_search(model, tokens, *options,
-                                    state_mapping=zip(model.variables, values, strict=False),
-                                    independent_routing=independent_routing)
+            return stateless_search(
+                model,
+                tokens,
+                *options,
+                state_mapping=zip(model.variables, values, strict=False),
+                independent_routing=independent_routing,
+            )
 
         jitted = jax.jit(stateless)
-        return lambda tokens: jitted([v.value for v in model.variables],
-                                     ops.convert_to_tensor(tokens, "int32"))
+        return lambda tokens: jitted(
+            [v.value for v in model.variables], ops.convert_to_tensor(tokens, "int32")
+        )
     return run  # other backends: the same loop, run eagerly

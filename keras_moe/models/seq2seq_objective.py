@@ -62,8 +62,7 @@ class TokenCrossEntropy(keras.losses.Loss):
     1.6094
     """
 
-    def __init__(self, name="token_cross_entropy", reduction="mean_with_sample_weight",
-                 dtype=None):
+    def __init__(self, name="token_cross_entropy", reduction="mean_with_sample_weight", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
 
     def call(self, y_true, y_pred):
@@ -176,6 +175,8 @@ def compile_defaults(learning_rate=1e-3, optimizer=None, jit_compile="auto"):
         optimizer=optimizer,
         loss=token_cross_entropy(),
         jit_compile=jit_compile,
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                          NegLogPerplexity()],
+        weighted_metrics=[
+            keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+            NegLogPerplexity(),
+        ],
     )

@@ -44,13 +44,23 @@ def _sentencepiece_model(vocabulary):
     if model is None:
         raise ValueError(
             "`vocabulary` must be a seqio.SentencePieceVocabulary or the path of a "
-            f"SentencePiece `.model` file, got {type(vocabulary).__name__}.")
+            f"SentencePiece `.model` file, got {type(vocabulary).__name__}."
+        )
     return model
 
 
-def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_length=64,
-                       method="greedy", num_beams=4, length_penalty=0.0, eos_id=None,
-                       length_normalizer="gnmt"):
+def export_for_serving(
+    model,
+    path,
+    vocabulary=None,
+    max_input_length=64,
+    max_length=64,
+    method="greedy",
+    num_beams=4,
+    length_penalty=0.0,
+    eos_id=None,
+    length_normalizer="gnmt",
+):
     """Writes `model`'s search as a SavedModel with token and text signatures.
 
     Args:
@@ -90,7 +100,8 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
         raise ValueError(
             "export_for_serving writes a TensorFlow SavedModel and needs "
             f"KERAS_BACKEND=tensorflow, got {keras.backend.backend()!r}; save the "
-            "weights and export from a TensorFlow process.")
+            "weights and export from a TensorFlow process."
+        )
     check_int("max_input_length", max_input_length)
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
@@ -104,17 +115,22 @@ def export_for_serving(model, path, vocabulary=None, max_input_length=64, max_le
 
     def generate_ids(encoder_input_tokens):
         inputs = _fit_to_length(encoder_input_tokens, max_input_length, config.pad_id, eos_id)
-        tokens, scores, _ = stateless_search(model, inputs, max_length, beams, length_penalty,
-                                             eos_id, length_normalizer)
+        tokens, scores, _ = stateless_search(
+            model, inputs, max_length, beams, length_penalty, eos_id, length_normalizer
+        )
         return {"output_tokens": tokens, "scores": scores}
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint("generate_ids", generate_ids, input_signature=[
-        tf.TensorSpec([None, None], tf.int32, name="encoder_input_tokens")])
+    archive.add_endpoint(
+        "generate_ids",
+        generate_ids,
+        input_signature=[tf.TensorSpec([None, None], tf.int32, name="encoder_input_tokens")],
+    )
     if vocabulary is not None:
-        _add_text_endpoint(archive, vocabulary, generate_ids, max_input_length, config.pad_id,
-                           eos_id)
+        _add_text_endpoint(
+            archive, vocabulary, generate_ids, max_input_length, config.pad_id, eos_id
+        )
     archive.write_out(path, verbose=False)
     return path
 
@@ -139,12 +155,13 @@ def _add_text_endpoint(archive, vocabulary, generate_ids, max_input_length, pad_
     import tensorflow_text
 
     tokenizer = tensorflow_text.SentencepieceTokenizer(
-        model=_sentencepiece_model(vocabulary), out_type=tf.int32)
+        model=_sentencepiece_model(vocabulary), out_type=tf.int32
+    )
     pieces = int(tokenizer.vocab_size())
     archive.track(tokenizer)
 
     def generate_text(inputs):
-        ids = tokenizer.tokenize(inputs)[:, :max_input_length - 1]
+        ids = tokenizer.tokenize(inputs)[:, : max_input_length - 1]
         eos = tf.fill([ids.nrows(), 1], tf.constant(eos_id, tf.int32))
         ids = tf.concat([ids, eos], axis=1).to_tensor(default_value=pad_id)
         out = generate_ids(ids)["output_tokens"]
@@ -152,8 +169,11 @@ def _add_text_endpoint(archive, vocabulary, generate_ids, max_input_length, pad_
         keep = before_eos & tf.not_equal(out, pad_id) & tf.less(out, pieces)
         return {"outputs": tokenizer.detokenize(tf.ragged.boolean_mask(out, keep))}
 
-    archive.add_endpoint("generate_text", generate_text, input_signature=[
-        tf.TensorSpec([None], tf.string, name="inputs")])
+    archive.add_endpoint(
+        "generate_text",
+        generate_text,
+        input_signature=[tf.TensorSpec([None], tf.string, name="inputs")],
+    )
 
 
 def decode_with_vocabulary(model, texts, vocabulary, max_input_length=64, **generate_kwargs):
@@ -182,7 +202,9 @@ def decode_with_vocabulary(model, texts, vocabulary, max_input_length=64, **gene
     from keras_moe.models.decoding import pad_input_tokens, strip_ids
 
     eos = model.config.eos_id
-    ids = [list(vocabulary.encode(text))[:max_input_length - 1] + [eos] for text in texts]
+    ids = [list(vocabulary.encode(text))[: max_input_length - 1] + [eos] for text in texts]
     out = model.generate(pad_input_tokens(ids, max_input_length), **generate_kwargs)
-    return [vocabulary.decode(strip_ids(ops.convert_to_numpy(row), eos, model.config.pad_id))
-            for row in out]
+    return [
+        vocabulary.decode(strip_ids(ops.convert_to_numpy(row), eos, model.config.pad_id))
+        for row in out
+    ]

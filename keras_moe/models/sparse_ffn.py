@@ -54,20 +54,22 @@ from keras_moe.validation import is_int
 MODEL_DECIDED = {
     "name": "the model names each layer after its place (encoder_layer_1/ffn)",
     "dtype": "the layers follow the model's dtype policy (train.dtype_policy; the router "
-             "keeps float32 by its own router_dtype)",
+    "keeps float32 by its own router_dtype)",
     "trainable": "freeze layers of the built model instead (layer.trainable = False)",
     "causal": "the decoder's MoE layers are causal and the encoder's are not",
     "track_metrics": "bind T5Config.track_router_metrics instead",
     "metrics_prefix": "each layer's metrics are named after its place "
-                      "(encoder_layer_1/ffn/dropped_fraction)",
+    "(encoder_layer_1/ffn/dropped_fraction)",
     "return_metrics": "the model reads the statistics through its metrics",
 }
 
 
 def model_decided_error(name: str, where: str) -> str:
     """The message refusing the model-decided argument `name` given by `where`."""
-    return (f"{where}: `{name}` of a model's MoE layers is set by the model, not by its "
-            f"sparse FFN: {MODEL_DECIDED[name]}. Remove it.")
+    return (
+        f"{where}: `{name}` of a model's MoE layers is set by the model, not by its "
+        f"sparse FFN: {MODEL_DECIDED[name]}. Remove it."
+    )
 
 
 def _refuse_given(kwargs, where):
@@ -79,21 +81,39 @@ def _refuse_given(kwargs, where):
 def _refuse_set_on(layer):
     """A template layer (or a factory's) with a model-decided argument away from its
     default: the model would drop it silently."""
-    given = [name for name, differs in (
-        ("trainable", layer.trainable is not True), ("causal", layer.causal),
-        ("metrics_prefix", layer.metrics_prefix is not None),
-        ("return_metrics", layer.return_metrics),
-        ("dtype", layer.dtype_policy.name != keras.config.dtype_policy().name)) if differs]
+    given = [
+        name
+        for name, differs in (
+            ("trainable", layer.trainable is not True),
+            ("causal", layer.causal),
+            ("metrics_prefix", layer.metrics_prefix is not None),
+            ("return_metrics", layer.return_metrics),
+            ("dtype", layer.dtype_policy.name != keras.config.dtype_policy().name),
+        )
+        if differs
+    ]
     if given:
         raise TypeError(model_decided_error(given[0], f"`sparse_ffn` {type(layer).__name__}"))
+
 
 # T5Config's MoE fields before the spec, and their defaults then: old
 # checkpoints' configs hold these (see `spec_from_flat_fields`).
 FLAT_FIELDS = dict(
-    moe_type=None, num_experts=0, expert_d_ff=None, expert_activation=None,
-    train_capacity_factor=1.25, eval_capacity_factor=2.0, min_expert_capacity=4,
-    group_size="batch", jitter_noise=0.0, expert_dropout_rate=0.0, router_init_scale=None,
-    aux_loss_factor=1e-2, z_loss_factor=1e-3, dispatch="auto", router_bias=False,
+    moe_type=None,
+    num_experts=0,
+    expert_d_ff=None,
+    expert_activation=None,
+    train_capacity_factor=1.25,
+    eval_capacity_factor=2.0,
+    min_expert_capacity=4,
+    group_size="batch",
+    jitter_noise=0.0,
+    expert_dropout_rate=0.0,
+    router_init_scale=None,
+    aux_loss_factor=1e-2,
+    z_loss_factor=1e-3,
+    dispatch="auto",
+    router_bias=False,
     router_dtype="float32",
 )
 
@@ -103,10 +123,12 @@ SpecValue = Union[Dict[str, Any], MoeLayer, Callable[..., MoeLayer], type]
 
 def _layer_class(class_name):
     layer_class = keras.saving.get_registered_object(class_name)
-    if layer_class is None or not (isinstance(layer_class, type)
-                                   and issubclass(layer_class, MoeLayer)):
-        raise ValueError(f"`sparse_ffn` must name a registered keras_moe MoeLayer class, "
-                         f"got {class_name!r}.")
+    if layer_class is None or not (
+        isinstance(layer_class, type) and issubclass(layer_class, MoeLayer)
+    ):
+        raise ValueError(
+            f"`sparse_ffn` must name a registered keras_moe MoeLayer class, got {class_name!r}."
+        )
     return layer_class
 
 
@@ -128,8 +150,7 @@ def _constructor_parameters(layer_class):
     for klass in layer_class.__mro__:
         if "__init__" in vars(klass):
             for name, param in inspect.signature(klass.__init__).parameters.items():
-                if name != "self" and param.kind not in (param.VAR_KEYWORD,
-                                                         param.VAR_POSITIONAL):
+                if name != "self" and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
                     params.setdefault(name, param)
         if klass is MoeLayer:
             break
@@ -160,8 +181,10 @@ class SparseFfnSpec:
         """The view of `{"class_name": ..., "config": ...}` (see `normalize_spec`)."""
         if not isinstance(spec, dict) or set(spec) != {"class_name", "config"}:
             keys = sorted(spec) if isinstance(spec, dict) else type(spec).__name__
-            raise ValueError("a `sparse_ffn` dict must have exactly the keys 'class_name' and "
-                             f"'config', got {keys}.")
+            raise ValueError(
+                "a `sparse_ffn` dict must have exactly the keys 'class_name' and "
+                f"'config', got {keys}."
+            )
         return cls(spec["class_name"], spec["config"])
 
     def to_dict(self) -> Dict[str, Any]:
@@ -214,7 +237,8 @@ class SparseFfnSpec:
         router = self.config.get("router")
         if isinstance(router, dict):
             return keras.saving.get_registered_object(
-                router.get("registered_name") or router.get("class_name"))
+                router.get("registered_name") or router.get("class_name")
+            )
         return getattr(self.layer_class, "router_class", None)
 
     def check(self, causal: bool = False) -> None:
@@ -233,12 +257,19 @@ class SparseFfnSpec:
         params = _constructor_parameters(layer_class)
         unknown = sorted(set(self.config) - set(params))
         if unknown:
-            raise TypeError(f"`sparse_ffn`: {name} takes no argument `{unknown[0]}` "
-                            f"(it takes {sorted(params)}).")
+            raise TypeError(
+                f"`sparse_ffn`: {name} takes no argument `{unknown[0]}` "
+                f"(it takes {sorted(params)})."
+            )
         own = inspect.signature(layer_class.__init__).parameters.values()
-        missing = [p.name for p in own if p.name != "self" and p.default is p.empty
-                   and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-                   and p.name not in self.config]
+        missing = [
+            p.name
+            for p in own
+            if p.name != "self"
+            and p.default is p.empty
+            and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            and p.name not in self.config
+        ]
         if missing:
             raise TypeError(f"`sparse_ffn`: {name} needs the argument `{missing[0]}`.")
         sparse_ffn_checks.check_arguments(name, self.config)
@@ -247,35 +278,51 @@ class SparseFfnSpec:
         per_token = self.get("k", per_token)
         num_experts = self.get("num_experts", None)
         if num_experts is not None and (not is_int(num_experts) or num_experts < per_token):
-            raise ValueError(f"`sparse_ffn`: `num_experts` must be an integer >= {per_token} "
-                             f"for {name}, got {num_experts!r}.")
+            raise ValueError(
+                f"`sparse_ffn`: `num_experts` must be an integer >= {per_token} "
+                f"for {name}, got {num_experts!r}."
+            )
         d_ff = self.get("d_ff", None)
         if d_ff is not None and (not is_int(d_ff) or d_ff < 1):
             raise ValueError(f"`sparse_ffn`: `d_ff` must be an integer >= 1, got {d_ff!r}.")
         activation = self.get("activation", None)
         if activation is not None and activation not in ACTIVATIONS:
-            raise ValueError(f"`sparse_ffn`: `activation` must be one of {ACTIVATIONS}, got "
-                             f"{activation!r}.")
+            raise ValueError(
+                f"`sparse_ffn`: `activation` must be one of {ACTIVATIONS}, got {activation!r}."
+            )
         if causal and self.get("batch_prioritized_routing", False):
-            raise ValueError("`sparse_ffn`: `batch_prioritized_routing=True` ranks tokens by "
-                             "the whole batch and cannot be used in a causal layer "
-                             "(causal=True, the decoder's).")
+            raise ValueError(
+                "`sparse_ffn`: `batch_prioritized_routing=True` ranks tokens by "
+                "the whole batch and cannot be used in a causal layer "
+                "(causal=True, the decoder's)."
+            )
         if causal and router_class is not None and not router_class.is_causal_safe:
-            raise ValueError(f"`sparse_ffn`: {router_class.__name__} routes a token by later "
-                             "tokens and cannot be used in a causal layer (causal=True, the "
-                             "decoder's); use a token-choice router there.")
+            raise ValueError(
+                f"`sparse_ffn`: {router_class.__name__} routes a token by later "
+                "tokens and cannot be used in a causal layer (causal=True, the "
+                "decoder's); use a token-choice router there."
+            )
 
-    def make_layer(self, name: str, causal: bool = False, track_metrics: bool = False,
-                   metrics_prefix: Optional[str] = None) -> MoeLayer:
+    def make_layer(
+        self,
+        name: str,
+        causal: bool = False,
+        track_metrics: bool = False,
+        metrics_prefix: Optional[str] = None,
+    ) -> MoeLayer:
         """A new layer of the spec, named `name`."""
         config = copy.deepcopy(_strip(self.config))
-        if isinstance(config.get("group_size"), int) and not isinstance(config["group_size"],
-                                                                         bool):
+        if isinstance(config.get("group_size"), int) and not isinstance(config["group_size"], bool):
             config["pad_to_group_size"] = True
         # The constructor itself (not `from_config`, which hides its errors in a
         # TypeError that repeats the whole config).
-        return self.layer_class(**config, name=name, causal=causal, track_metrics=track_metrics,
-                                metrics_prefix=metrics_prefix)
+        return self.layer_class(
+            **config,
+            name=name,
+            causal=causal,
+            track_metrics=track_metrics,
+            metrics_prefix=metrics_prefix,
+        )
 
 
 def normalize_spec(value: SpecValue, causal: bool = False) -> Dict[str, Any]:
@@ -294,8 +341,7 @@ def normalize_spec(value: SpecValue, causal: bool = False) -> Dict[str, Any]:
     try:
         spec = SparseFfnSpec.from_dict(_describe_value(value))
         spec.check(causal)
-        return {"class_name": spec.class_name,
-                "config": _canonical(spec.layer_class, spec.config)}
+        return {"class_name": spec.class_name, "config": _canonical(spec.layer_class, spec.config)}
     except (ValueError, TypeError) as error:
         if str(error).startswith("`sparse_ffn`"):
             raise
@@ -318,19 +364,26 @@ def _canonical(layer_class, config):
     template's `get_config`, a dict): every argument of the class's own
     constructor, its default where not given; the arguments it passes on to
     `MoeLayer` only where they differ from their default."""
-    own = {p.name: p.default
-           for p in inspect.signature(layer_class.__init__).parameters.values()
-           if p.default is not p.empty and p.name not in MODEL_DECIDED}
+    own = {
+        p.name: p.default
+        for p in inspect.signature(layer_class.__init__).parameters.values()
+        if p.default is not p.empty and p.name not in MODEL_DECIDED
+    }
     inherited = _constructor_parameters(layer_class)
     out = dict(own, **config)
-    return {k: v for k, v in out.items()
-            if k in own or k not in inherited or not _same(v, inherited[k].default)}
+    return {
+        k: v
+        for k, v in out.items()
+        if k in own or k not in inherited or not _same(v, inherited[k].default)
+    }
 
 
 def _is_registered_class(value):
-    return (isinstance(value, type) and issubclass(value, MoeLayer) and
-            keras.saving.get_registered_object(keras.saving.get_registered_name(value))
-            is value)
+    return (
+        isinstance(value, type)
+        and issubclass(value, MoeLayer)
+        and keras.saving.get_registered_object(keras.saving.get_registered_name(value)) is value
+    )
 
 
 def _plain(value):
@@ -344,8 +397,10 @@ def _describe_value(value):
         return value
     if isinstance(value, MoeLayer):
         if value.built:
-            raise ValueError("`sparse_ffn` must be an unbuilt template layer (its weights are "
-                             "never used); got a built one.")
+            raise ValueError(
+                "`sparse_ffn` must be an unbuilt template layer (its weights are "
+                "never used); got a built one."
+            )
         _refuse_set_on(value)
         return _describe(value)
     func, args, kwargs = value, (), {}
@@ -354,37 +409,52 @@ def _describe_value(value):
     if _is_registered_class(func):
         params = list(_constructor_parameters(func))
         if len(args) > len(params):
-            raise TypeError(f"`sparse_ffn`: {func.__name__} takes at most {len(params)} "
-                            f"positional arguments, got {len(args)}.")
+            raise TypeError(
+                f"`sparse_ffn`: {func.__name__} takes at most {len(params)} "
+                f"positional arguments, got {len(args)}."
+            )
         for name, arg in zip(params, args, strict=False):
             if name in kwargs:
                 raise TypeError(f"`sparse_ffn`: `{name}` is given twice.")
             kwargs[name] = arg
         _refuse_given(kwargs, f"`sparse_ffn` {func.__name__}")
-        return {"class_name": keras.saving.get_registered_name(func),
-                "config": _strip({k: _plain(v) for k, v in kwargs.items()})}
+        return {
+            "class_name": keras.saving.get_registered_name(func),
+            "config": _strip({k: _plain(v) for k, v in kwargs.items()}),
+        }
     if callable(value):
         with compat.without_backend_state():
             layer = value(track_metrics=False)
         if not isinstance(layer, MoeLayer):
-            raise ValueError("`sparse_ffn` must make a keras_moe MoeLayer, got "
-                             f"{type(layer).__name__}.")
+            raise ValueError(
+                f"`sparse_ffn` must make a keras_moe MoeLayer, got {type(layer).__name__}."
+            )
         _refuse_set_on(layer)
         return _describe(layer)
-    raise ValueError("`sparse_ffn` must be a MoeLayer, a callable making one, or a spec "
-                     f"dict, got {type(value).__name__}.")
+    raise ValueError(
+        "`sparse_ffn` must be a MoeLayer, a callable making one, or a spec "
+        f"dict, got {type(value).__name__}."
+    )
 
 
 def _describe(layer):
-    return {"class_name": keras.saving.get_registered_name(type(layer)),
-            "config": _strip(layer.get_config())}
+    return {
+        "class_name": keras.saving.get_registered_name(type(layer)),
+        "config": _strip(layer.get_config()),
+    }
 
 
-def make_layer(spec: Dict[str, Any], name: str, causal: bool = False,
-               track_metrics: bool = False, metrics_prefix: Optional[str] = None) -> MoeLayer:
+def make_layer(
+    spec: Dict[str, Any],
+    name: str,
+    causal: bool = False,
+    track_metrics: bool = False,
+    metrics_prefix: Optional[str] = None,
+) -> MoeLayer:
     """A new layer of the spec dict `spec` (see `SparseFfnSpec.make_layer`)."""
     return SparseFfnSpec.from_dict(spec).make_layer(
-        name, causal=causal, track_metrics=track_metrics, metrics_prefix=metrics_prefix)
+        name, causal=causal, track_metrics=track_metrics, metrics_prefix=metrics_prefix
+    )
 
 
 def spec_from_flat_fields(values: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -397,19 +467,37 @@ def spec_from_flat_fields(values: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     flat = {name: values.pop(name, default) for name, default in FLAT_FIELDS.items()}
     if flat["moe_type"] is None:
         return None
-    class_name = {"switch": "keras_moe>SwitchFeedForward",
-                  "gshard": "keras_moe>GShardFeedForward"}.get(flat["moe_type"])
+    class_name = {
+        "switch": "keras_moe>SwitchFeedForward",
+        "gshard": "keras_moe>GShardFeedForward",
+    }.get(flat["moe_type"])
     if class_name is None:
-        raise ValueError(f"`moe_type` must be None, 'switch' or 'gshard', got "
-                         f"{flat['moe_type']!r}.")
+        raise ValueError(
+            f"`moe_type` must be None, 'switch' or 'gshard', got {flat['moe_type']!r}."
+        )
     config = dict(
-        num_experts=flat["num_experts"], d_ff=flat["expert_d_ff"] or values.get("d_ff", 2048),
+        num_experts=flat["num_experts"],
+        d_ff=flat["expert_d_ff"] or values.get("d_ff", 2048),
         activation=flat["expert_activation"] or values.get("activation", "gated-gelu"),
         init_scale=values.get("init_scale", 1.0),
-        **{name: flat[name] for name in (
-            "train_capacity_factor", "eval_capacity_factor", "min_expert_capacity",
-            "group_size", "jitter_noise", "expert_dropout_rate", "router_init_scale",
-            "aux_loss_factor", "z_loss_factor", "dispatch", "router_bias", "router_dtype")})
+        **{
+            name: flat[name]
+            for name in (
+                "train_capacity_factor",
+                "eval_capacity_factor",
+                "min_expert_capacity",
+                "group_size",
+                "jitter_noise",
+                "expert_dropout_rate",
+                "router_init_scale",
+                "aux_loss_factor",
+                "z_loss_factor",
+                "dispatch",
+                "router_bias",
+                "router_dtype",
+            )
+        },
+    )
     return {"class_name": class_name, "config": config}
 
 
@@ -422,8 +510,12 @@ def count_sparse_ffn_params(spec: Dict[str, Any], d_model: int) -> int:
     if bias is None:
         bias = view.get("use_bias", False)
     selection_bias = view.get("selection_bias", False)
-    routed = num_experts * (3 if gated else 2) * d_model * d_ff + d_model * num_experts + (
-        num_experts if bias else 0) + (num_experts if selection_bias else 0)
+    routed = (
+        num_experts * (3 if gated else 2) * d_model * d_ff
+        + d_model * num_experts
+        + (num_experts if bias else 0)
+        + (num_experts if selection_bias else 0)
+    )
     return routed + _count_shared_params(view, d_model, gated)
 
 

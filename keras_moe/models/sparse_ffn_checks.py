@@ -27,6 +27,7 @@ def _number(low: float, high: float | None = None, low_open: bool = False):
             return None
         bound = f"> {low}" if low_open else f">= {low}"
         return f"must be a number {bound}" + ("" if high is None else f" and < {high}")
+
     return check
 
 
@@ -82,5 +83,4 @@ def check_arguments(layer_name: str, arguments: dict[str, Any]) -> None:
         check = CHECKS.get(name)
         problem = check(name, value) if check else None
         if problem:
-            raise ValueError(f"`sparse_ffn`: `{name}` {problem} for {layer_name}, "
-                             f"got {value!r}.")
+            raise ValueError(f"`sparse_ffn`: `{name}` {problem} for {layer_name}, got {value!r}.")

@@ -17,7 +17,8 @@ def is_text(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return value.dtype.kind in "USO"
     return isinstance(value, (str, bytes)) or (
-        isinstance(value, (list, tuple)) and len(value) > 0 and any(is_text(v) for v in value))
+        isinstance(value, (list, tuple)) and len(value) > 0 and any(is_text(v) for v in value)
+    )
 
 
 def load_vocabulary(vocabulary: Any) -> Any:
@@ -35,12 +36,14 @@ def load_vocabulary(vocabulary: Any) -> Any:
     if not (hasattr(vocabulary, "encode") and hasattr(vocabulary, "decode")):
         raise ValueError(
             "`vocabulary` must be a seqio vocabulary (e.g. keras_moe.tasks.get_vocabulary()) "
-            f"or the path of a SentencePiece .model file, got {type(vocabulary).__name__}.")
+            f"or the path of a SentencePiece .model file, got {type(vocabulary).__name__}."
+        )
     return vocabulary
 
 
-def encode_texts(texts: Sequence[str], vocabulary: Any, eos_id: int = 1,
-                 pad_id: int = 0) -> np.ndarray:
+def encode_texts(
+    texts: Sequence[str], vocabulary: Any, eos_id: int = 1, pad_id: int = 0
+) -> np.ndarray:
     """Token ids `[len(texts), longest + 1]`: each text's pieces, then EOS, then padding.
 
     Example:
@@ -56,12 +59,13 @@ def encode_texts(texts: Sequence[str], vocabulary: Any, eos_id: int = 1,
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         if not isinstance(text, str):
-            raise ValueError(f"`inputs` as text must be a list of strings; item {i} is "
-                             f"{type(text).__name__}.")
+            raise ValueError(
+                f"`inputs` as text must be a list of strings; item {i} is {type(text).__name__}."
+            )
         ids.append(list(vocabulary.encode(text)) + [eos_id])
     out = np.full((len(ids), max(len(x) for x in ids)), pad_id, np.int32)
     for row, pieces in zip(out, ids, strict=True):
-        row[:len(pieces)] = pieces
+        row[: len(pieces)] = pieces
     return out
 
 
@@ -77,6 +81,6 @@ def decode_tokens(tokens: np.ndarray, vocabulary: Any, eos_id: int = 1) -> list[
     texts = []
     for row in np.asarray(tokens).tolist():
         if eos_id in row:
-            row = row[:row.index(eos_id)]
+            row = row[: row.index(eos_id)]
         texts.append(vocabulary.decode([int(i) for i in row]))
     return texts

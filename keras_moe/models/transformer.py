@@ -34,16 +34,21 @@ def check_token_ids(tokens, vocab_size: int, name: str):
     here; in a TF graph (`fit`) a `tf.debugging` assert raises
     `InvalidArgumentError` with the same message (XLA drops asserts).
     """
-    message = (f"`{name}` holds token ids outside [0, vocab_size) with vocab_size="
-               f"{vocab_size}: the data's vocabulary does not match the model's "
-               "`T5Config.vocab_size`.")
+    message = (
+        f"`{name}` holds token ids outside [0, vocab_size) with vocab_size="
+        f"{vocab_size}: the data's vocabulary does not match the model's "
+        "`T5Config.vocab_size`."
+    )
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         if not tf.executing_eagerly():
-            checks = [tf.debugging.assert_less(tokens, tf.constant(vocab_size, tokens.dtype),
-                                               message=message),
-                      tf.debugging.assert_non_negative(tokens, message=message)]
+            checks = [
+                tf.debugging.assert_less(
+                    tokens, tf.constant(vocab_size, tokens.dtype), message=message
+                ),
+                tf.debugging.assert_non_negative(tokens, message=message),
+            ]
             with tf.control_dependencies(checks):
                 return tf.identity(tokens)
     try:
@@ -66,8 +71,9 @@ def _positions(tokens, positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
-class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, DistributedBuildMixin,
-                     keras.Model):
+class EncoderDecoder(
+    CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, DistributedBuildMixin, keras.Model
+):
     """T5.1.1-style encoder-decoder with optional Switch / GShard MoE FFN layers.
 
     Pre-norm RMS layer norms, T5 relative position bias (bidirectional in the
@@ -113,31 +119,47 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         super().__init__(**kwargs)
         self.config = c = as_config(config)
         self.token_embedding = keras.layers.Embedding(
-            c.vocab_size, c.d_model,
-            embeddings_initializer=keras.initializers.RandomNormal(stddev=c.init_scale ** 0.5),
-            name="token_embedding")
+            c.vocab_size,
+            c.d_model,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=c.init_scale**0.5),
+            name="token_embedding",
+        )
         self.encoder_position_bias = RelativePositionBias(
-            c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
-            bidirectional=True, name="encoder_position_bias")
+            c.num_heads,
+            c.relative_attention_num_buckets,
+            c.relative_attention_max_distance,
+            bidirectional=True,
+            name="encoder_position_bias",
+        )
         self.decoder_position_bias = RelativePositionBias(
-            c.num_heads, c.relative_attention_num_buckets, c.relative_attention_max_distance,
-            bidirectional=False, name="decoder_position_bias")
+            c.num_heads,
+            c.relative_attention_num_buckets,
+            c.relative_attention_max_distance,
+            bidirectional=False,
+            name="decoder_position_bias",
+        )
         ffns, args = FfnFactories.from_config(c), block_args(c)
         self.encoder_layers = [
             EncoderBlock(**args, ffn=ffns.make("encoder", i), name=f"encoder_layer_{i}")
-            for i in range(c.num_encoder_layers)]
+            for i in range(c.num_encoder_layers)
+        ]
         self.decoder_layers = [
             DecoderBlock(**args, ffn=ffns.make("decoder", i), name=f"decoder_layer_{i}")
-            for i in range(c.num_decoder_layers)]
+            for i in range(c.num_decoder_layers)
+        ]
         self.encoder_norm = RMSNorm(c.layer_norm_epsilon, name="encoder_norm")
         self.decoder_norm = RMSNorm(c.layer_norm_epsilon, name="decoder_norm")
         self.dropout = keras.layers.Dropout(c.dropout_rate)
         self.lm_head = None
         if not c.tie_word_embeddings:
             self.lm_head = keras.layers.Dense(
-                c.vocab_size, use_bias=False, name="lm_head",
+                c.vocab_size,
+                use_bias=False,
+                name="lm_head",
                 kernel_initializer=keras.initializers.RandomNormal(
-                    stddev=(c.init_scale / c.d_model) ** 0.5))
+                    stddev=(c.init_scale / c.d_model) ** 0.5
+                ),
+            )
         self._build_all()
         claim_router_metrics(self)
 
@@ -167,7 +189,8 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         attn = token_mask[:, None, None, :]
         if segment_ids is not None:
             attn = ops.logical_and(
-                attn, ops.equal(segment_ids[:, :, None], segment_ids[:, None, :])[:, None])
+                attn, ops.equal(segment_ids[:, :, None], segment_ids[:, None, :])[:, None]
+            )
         return token_mask, attn
 
     def decoder_token_mask(self, tokens, segment_ids=None):
@@ -177,8 +200,14 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         return ops.logical_or(ops.not_equal(tokens, self.config.pad_id), first)
 
     # ------------------------------------------------------------------ stacks
-    def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
-               training=None, independent_routing=None):
+    def encode(
+        self,
+        encoder_input_tokens,
+        encoder_segment_ids=None,
+        encoder_positions=None,
+        training=None,
+        independent_routing=None,
+    ):
         """Encoder outputs `[B, L, d]` and the encoder token mask `[B, L]`.
 
         `independent_routing`: the MoE layers route each sequence apart from
@@ -186,22 +215,28 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         None: inside `keras_moe.route_each_sequence()`, as True; else each MoE
         layer's own `group_size`.
         """
-        tokens = check_token_ids(ops.cast(encoder_input_tokens, "int32"), self.config.vocab_size,
-                                 "encoder_input_tokens")
+        tokens = check_token_ids(
+            ops.cast(encoder_input_tokens, "int32"), self.config.vocab_size, "encoder_input_tokens"
+        )
         token_mask, attn_mask = self.encoder_masks(tokens, encoder_segment_ids)
         positions = _positions(tokens, encoder_positions)
         bias = self.encoder_position_bias(positions, positions) + _mask_to_bias(attn_mask)
         x = self.dropout(self.token_embedding(tokens), training=training)
         for layer in self.encoder_layers:
-            x = layer(x, bias, token_mask=token_mask, training=training,
-                      independent_routing=independent_routing)
+            x = layer(
+                x,
+                bias,
+                token_mask=token_mask,
+                training=training,
+                independent_routing=independent_routing,
+            )
         x = self.dropout(self.encoder_norm(x), training=training)
         return x, token_mask
 
     def logits(self, x):
         """Decoder outputs `[..., d]` -> float32 logits `[..., vocab]`."""
         if self.config.scales_decoder_outputs:
-            x = x * (self.config.d_model ** -0.5)
+            x = x * (self.config.d_model**-0.5)
         if self.lm_head is None:
             # Explicit labels, not "...d,vd->...v": TensorFlow's einsum with an ellipsis
             # took 70x as long forward and backward ([16, 64, 64] x [8100, 64]).
@@ -211,13 +246,22 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
             out = self.lm_head(x)
         return ops.cast(out, "float32")
 
-    def decode(self, decoder_input_tokens, encoder_outputs, encoder_mask, decoder_segment_ids=None,
-               decoder_positions=None, encoder_segment_ids=None, training=None,
-               independent_routing=None):
+    def decode(
+        self,
+        decoder_input_tokens,
+        encoder_outputs,
+        encoder_mask,
+        decoder_segment_ids=None,
+        decoder_positions=None,
+        encoder_segment_ids=None,
+        training=None,
+        independent_routing=None,
+    ):
         """Teacher-forced decoder: logits `[B, L_dec, vocab]` (`independent_routing`: as
         in `encode`)."""
-        tokens = check_token_ids(ops.cast(decoder_input_tokens, "int32"), self.config.vocab_size,
-                                 "decoder_input_tokens")
+        tokens = check_token_ids(
+            ops.cast(decoder_input_tokens, "int32"), self.config.vocab_size, "decoder_input_tokens"
+        )
         length = ops.shape(tokens)[1]
         token_mask = self.decoder_token_mask(tokens, decoder_segment_ids)
         idx = ops.arange(length)
@@ -234,8 +278,15 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         cross_bias = _mask_to_bias(cross_mask)
         x = self.dropout(self.token_embedding(tokens), training=training)
         for layer in self.decoder_layers:
-            x = layer(x, self_bias, encoder_outputs, cross_bias, token_mask=token_mask,
-                      training=training, independent_routing=independent_routing)
+            x = layer(
+                x,
+                self_bias,
+                encoder_outputs,
+                cross_bias,
+                token_mask=token_mask,
+                training=training,
+                independent_routing=independent_routing,
+            )
         x = self.dropout(self.decoder_norm(x), training=training)
         return self.logits(x)
 
@@ -243,13 +294,25 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         if not isinstance(inputs, dict):
             raise ValueError(
                 "EncoderDecoder expects a dict with `encoder_input_tokens` and "
-                f"`decoder_input_tokens`, got {type(inputs).__name__}.")
+                f"`decoder_input_tokens`, got {type(inputs).__name__}."
+            )
         enc_seg = inputs.get("encoder_segment_ids")
         dec_seg = inputs.get("decoder_segment_ids")
-        enc_out, enc_mask = self.encode(inputs["encoder_input_tokens"], enc_seg,
-                                        inputs.get("encoder_positions"), training=training)
-        return self.decode(inputs["decoder_input_tokens"], enc_out, enc_mask, dec_seg,
-                           inputs.get("decoder_positions"), enc_seg, training=training)
+        enc_out, enc_mask = self.encode(
+            inputs["encoder_input_tokens"],
+            enc_seg,
+            inputs.get("encoder_positions"),
+            training=training,
+        )
+        return self.decode(
+            inputs["decoder_input_tokens"],
+            enc_out,
+            enc_mask,
+            dec_seg,
+            inputs.get("decoder_positions"),
+            enc_seg,
+            training=training,
+        )
 
     # ------------------------------------------------------------ incremental
     def init_cache(self, encoder_outputs, max_length):
@@ -260,8 +323,12 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         caches = []
         for layer in self.decoder_layers:
             zeros = ops.zeros((batch, c.num_heads, max_length, c.head_dim), encoder_outputs.dtype)
-            caches.append({"self": (zeros, zeros),
-                           "cross": layer.cross_attention.compute_kv_cache(encoder_outputs)})
+            caches.append(
+                {
+                    "self": (zeros, zeros),
+                    "cross": layer.cross_attention.compute_kv_cache(encoder_outputs),
+                }
+            )
         return caches
 
     def decode_step(self, tokens, index, caches, encoder_mask):
@@ -271,20 +338,41 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         keys = ops.arange(max_length, dtype="int32")[None, :]
         query = ops.full((1, 1), index, dtype="int32")
         self_bias = self.decoder_position_bias(query, keys) + _mask_to_bias(
-            ops.less_equal(keys, index)[:, None, None, :])
+            ops.less_equal(keys, index)[:, None, None, :]
+        )
         cross_bias = _mask_to_bias(encoder_mask[:, None, None, :])
         new_caches = []
         for layer, cache in zip(self.decoder_layers, caches, strict=False):
-            x, cache = layer(x, self_bias, None, cross_bias, token_mask=None, cache=cache,
-                             cache_index=index, training=False)
+            x, cache = layer(
+                x,
+                self_bias,
+                None,
+                cross_bias,
+                token_mask=None,
+                cache=cache,
+                cache_index=index,
+                training=False,
+            )
             new_caches.append(cache)
         return self.logits(self.decoder_norm(x))[:, 0], new_caches
 
     # ------------------------------------------------------------------ API
-    def generate(self, encoder_input_tokens, max_length=64, method=None, num_beams=None,
-                 length_penalty=0.0, use_cache=True, eos_id=None, return_scores=False,
-                 compiled=True, jit_compile=False, length_normalizer="gnmt", beam_size=None,
-                 vocabulary=None):
+    def generate(
+        self,
+        encoder_input_tokens,
+        max_length=64,
+        method=None,
+        num_beams=None,
+        length_penalty=0.0,
+        use_cache=True,
+        eos_id=None,
+        return_scores=False,
+        compiled=True,
+        jit_compile=False,
+        length_normalizer="gnmt",
+        beam_size=None,
+        vocabulary=None,
+    ):
         """Decodes token ids `[B, <= max_length]`, or text to text (see
         `keras_moe.models.decoding.generate`; `length_normalizer="hf"` ranks beams as HF
         transformers does).
@@ -311,17 +399,27 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
                 raise ValueError(
                     "`generate` got text: pass the vocabulary that tokenizes it, e.g. "
                     "`vocabulary=keras_moe.tasks.get_vocabulary()` (the local tasks' "
-                    "SentencePiece model) or a checkpoint's `spiece.model` path.")
+                    "SentencePiece model) or a checkpoint's `spiece.model` path."
+                )
             vocabulary = text_io.load_vocabulary(vocabulary)
             eos = self.config.eos_id if eos_id is None else eos_id
             encoder_input_tokens = text_io.encode_texts(
-                encoder_input_tokens, vocabulary, eos, self.config.pad_id)
-        out = decoding.generate(self, encoder_input_tokens, max_length=max_length,
-                                method=method, num_beams=num_beams,
-                                length_penalty=length_penalty, use_cache=use_cache,
-                                eos_id=eos_id, return_scores=return_scores,
-                                compiled=compiled, jit_compile=jit_compile,
-                                length_normalizer=length_normalizer)
+                encoder_input_tokens, vocabulary, eos, self.config.pad_id
+            )
+        out = decoding.generate(
+            self,
+            encoder_input_tokens,
+            max_length=max_length,
+            method=method,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            use_cache=use_cache,
+            eos_id=eos_id,
+            return_scores=return_scores,
+            compiled=compiled,
+            jit_compile=jit_compile,
+            length_normalizer=length_normalizer,
+        )
         if not text:
             return out
         tokens, scores = out if return_scores else (out, None)
@@ -348,16 +446,17 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
                 "`encoder_input_tokens` and `decoder_input_tokens` [batch, length] with a "
                 "fixed length: MoE layers size their capacity from it). To serve "
                 "decoding (token ids or text in, generated tokens out), use "
-                "`model.export_for_serving(path)`.")
-        return super().export(filepath, format=format, input_signature=input_signature,
-                              **kwargs)
+                "`model.export_for_serving(path)`."
+            )
+        return super().export(filepath, format=format, input_signature=input_signature, **kwargs)
 
     def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
         from keras_moe.models import seq2seq_objective
 
-        return seq2seq_objective.compile_defaults(learning_rate=learning_rate, optimizer=optimizer,
-                                          jit_compile=jit_compile)
+        return seq2seq_objective.compile_defaults(
+            learning_rate=learning_rate, optimizer=optimizer, jit_compile=jit_compile
+        )
 
     def _targets_from_x(self, x, y, sample_weight):
         if y is None and isinstance(x, dict) and "decoder_target_tokens" in x:
@@ -372,8 +471,9 @@ class EncoderDecoder(CompactFitMixin, RoutingScopeMixin, RouterMetricsMixin, Dis
         y, sample_weight = self._targets_from_x(x, y, sample_weight)
         if sample_weight is not None:
             sample_weight = ops.cast(sample_weight, "float32")
-        return super().compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                    training=training)
+        return super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         y, sample_weight = self._targets_from_x(x, y, sample_weight)

@@ -39,8 +39,13 @@ ROUTER_INITS = ("fresh", "zero", "replicated")
 _FFN_WEIGHTS = ("wi", "wi_0", "wi_1", "wo")
 
 
-def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: RouterInit = "fresh",
-                    noise_std: float = 0.0, seed: int | None = None) -> dict[str, list[str]]:
+def upcycle_weights(
+    sparse: keras.Model,
+    dense: keras.Model,
+    router_init: RouterInit = "fresh",
+    noise_std: float = 0.0,
+    seed: int | None = None,
+) -> dict[str, list[str]]:
     """Fills a built sparse model with a built dense model's weights, in place.
 
     Args:
@@ -92,10 +97,15 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
     for model, paths, role in ((dense, source, "dense"), (sparse, target, "sparse")):
         moe = sorted(p for p in paths if p.rpartition("/")[0].endswith(("/experts", "/router")))
         if (role == "dense") == bool(moe):
-            found = (f"has MoE layers ({moe[0].rpartition('/')[0].rpartition('/')[0]} ...)"
-                     if moe else "has no MoE layer")
-            raise ValueError(f"`{role}` {type(model).__name__} {found}: upcycling fills the "
-                             "experts of a sparse model from a dense model's FFNs.")
+            found = (
+                f"has MoE layers ({moe[0].rpartition('/')[0].rpartition('/')[0]} ...)"
+                if moe
+                else "has no MoE layer"
+            )
+            raise ValueError(
+                f"`{role}` {type(model).__name__} {found}: upcycling fills the "
+                "experts of a sparse model from a dense model's FFNs."
+            )
     report = {"copied": [], "experts": [], "routers": [], "fresh": []}
     used = set()
     for path, variable in target.items():
@@ -105,40 +115,48 @@ def upcycle_weights(sparse: keras.Model, dense: keras.Model, router_init: Router
             used.add(path)
             report["copied"].append(path)
         elif folder.endswith("/experts") and name in _FFN_WEIGHTS:
-            dense_path = f"{folder[:-len('/experts')]}/{name}"
+            dense_path = f"{folder[: -len('/experts')]}/{name}"
             if dense_path not in source:
-                raise ValueError(f"sparse weight {path!r} has no dense FFN weight "
-                                 f"{dense_path!r} to start from.")
-            variable.assign(_expert_values(source[dense_path], tuple(variable.shape), name,
-                                           path, noise_std, rng).astype(variable.dtype))
+                raise ValueError(
+                    f"sparse weight {path!r} has no dense FFN weight {dense_path!r} to start from."
+                )
+            variable.assign(
+                _expert_values(
+                    source[dense_path], tuple(variable.shape), name, path, noise_std, rng
+                ).astype(variable.dtype)
+            )
             used.add(dense_path)
             report["experts"].append(path)
         elif folder.endswith("/router"):
             if router_init == "zero":
                 variable.assign(np.zeros(variable.shape, variable.dtype))
             elif router_init == "replicated":
-                slices = _slices(folder[:-len("/router")], source, target)
+                slices = _slices(folder[: -len("/router")], source, target)
                 variable.assign(_replicated(variable.numpy(), slices, path))
             report["routers"].append(path)
         elif _in_moe_layer(path, source):
             report["fresh"].append(path)
         else:
-            raise ValueError(f"sparse weight {path!r} has no counterpart in the dense model; "
-                             "upcycle from a dense model of the same architecture.")
+            raise ValueError(
+                f"sparse weight {path!r} has no counterpart in the dense model; "
+                "upcycle from a dense model of the same architecture."
+            )
     unused = sorted(set(source) - used)
     if unused:
-        raise ValueError(f"dense weight {unused[0]!r} has no place in the sparse model "
-                         f"({len(unused)} such); the two models' layers differ.")
+        raise ValueError(
+            f"dense weight {unused[0]!r} has no place in the sparse model "
+            f"({len(unused)} such); the two models' layers differ."
+        )
     return report
 
 
-def check_upcycle_args(router_init: str, noise_std: float, prefix: str = "",
-                       error: type[Exception] = ValueError) -> None:
+def check_upcycle_args(
+    router_init: str, noise_std: float, prefix: str = "", error: type[Exception] = ValueError
+) -> None:
     """Raises `error` naming `<prefix>router_init` or `<prefix>noise_std` unless
     `router_init` is one of `ROUTER_INITS` and `noise_std` a finite number >= 0."""
     if router_init not in ROUTER_INITS:
-        raise error(f"`{prefix}router_init` must be one of {ROUTER_INITS}, "
-                    f"got {router_init!r}.")
+        raise error(f"`{prefix}router_init` must be one of {ROUTER_INITS}, got {router_init!r}.")
     if not is_number(noise_std) or not np.isfinite(noise_std) or noise_std < 0:
         raise error(f"`{prefix}noise_std` must be a number >= 0, got {noise_std!r}.")
 
@@ -152,8 +170,10 @@ def expert_slices(num_experts: int, d_ff: int, width: int) -> list[slice]:
 
 def _copy(variable, source, path):
     if tuple(source.shape) != tuple(variable.shape):
-        raise ValueError(f"weight {path!r} has shape {tuple(variable.shape)} in the sparse model "
-                         f"but {tuple(source.shape)} in the dense model.")
+        raise ValueError(
+            f"weight {path!r} has shape {tuple(variable.shape)} in the sparse model "
+            f"but {tuple(source.shape)} in the dense model."
+        )
     variable.assign(np.asarray(source.numpy(), dtype=variable.dtype))
 
 
@@ -167,7 +187,8 @@ def _expert_values(source, shape, name, path, noise_std, rng):
         raise ValueError(
             f"sparse weight {path!r} has shape {shape}; from a dense weight of shape "
             f"{tuple(value.shape)} each expert must be as wide as d_ff={d_ff} or a whole "
-            "fraction of it, with the same d_model.")
+            "fraction of it, with the same d_model."
+        )
     slices = d_ff // width
     experts = []
     for cut in expert_slices(num_experts, d_ff, width):
@@ -190,10 +211,12 @@ def _replicated(value, slices, path):
     """Router weights [..., E] where expert e takes expert (e // slices)'s column."""
     num_experts = value.shape[-1]
     if num_experts % slices:
-        raise ValueError(f"router weight {path!r} has {num_experts} experts, not a multiple of "
-                         f"the {slices} slices of the dense FFN; `router_init='replicated'` "
-                         "needs whole FFN copies.")
-    return np.repeat(value[..., :num_experts // slices], slices, axis=-1)
+        raise ValueError(
+            f"router weight {path!r} has {num_experts} experts, not a multiple of "
+            f"the {slices} slices of the dense FFN; `router_init='replicated'` "
+            "needs whole FFN copies."
+        )
+    return np.repeat(value[..., : num_experts // slices], slices, axis=-1)
 
 
 def _in_moe_layer(path, source):

@@ -30,8 +30,9 @@ def relative_paths(model: keras.Model) -> dict[str, keras.Variable]:
     variables = list(model.weights)
     paths = [v.path for v in variables]
     if len(set(paths)) != len(paths):
-        raise ValueError(f"model {model.name!r} has duplicate variable paths; cannot match "
-                         "variables by path.")
+        raise ValueError(
+            f"model {model.name!r} has duplicate variable paths; cannot match variables by path."
+        )
     prefix = ""
     if paths:
         parts = [p.split("/") for p in paths]
@@ -41,4 +42,4 @@ def relative_paths(model: keras.Model) -> dict[str, keras.Variable]:
                 break
             common.append(items[0])
         prefix = "/".join(common) + "/" if common else ""
-    return {p[len(prefix):]: v for p, v in zip(paths, variables, strict=False)}
+    return {p[len(prefix) :]: v for p, v in zip(paths, variables, strict=False)}

@@ -36,7 +36,15 @@ from keras_moe.routing.token_choice import (
 )
 
 __all__ = [
-    "ExpertChoiceRouter", "NORMALIZE_GATES", "Router", "RoutingInstructions", "SCORE_FUNCTIONS",
-    "SECOND_EXPERT_POLICIES", "SwitchRouter", "TokenChoiceRouter", "Top2Router", "TopKRouter",
+    "ExpertChoiceRouter",
+    "NORMALIZE_GATES",
+    "Router",
+    "RoutingInstructions",
+    "SCORE_FUNCTIONS",
+    "SECOND_EXPERT_POLICIES",
+    "SwitchRouter",
+    "TokenChoiceRouter",
+    "Top2Router",
+    "TopKRouter",
     "default_router_initializer",
 ]

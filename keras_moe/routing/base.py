@@ -134,10 +134,12 @@ class Router(keras.layers.Layer):
             raise ValueError(f"`jitter_noise` must be in [0, 1), got {jitter_noise!r}.")
         if score_function not in SCORE_FUNCTIONS:
             raise ValueError(
-                f"`score_function` must be one of {SCORE_FUNCTIONS}, got {score_function!r}.")
+                f"`score_function` must be one of {SCORE_FUNCTIONS}, got {score_function!r}."
+            )
         if not is_number(routed_scaling_factor) or not routed_scaling_factor > 0:
             raise ValueError(
-                f"`routed_scaling_factor` must be a number > 0, got {routed_scaling_factor!r}.")
+                f"`routed_scaling_factor` must be a number > 0, got {routed_scaling_factor!r}."
+            )
         self.score_function = score_function
         self.routed_scaling_factor = float(routed_scaling_factor)
         self.num_experts = num_experts
@@ -158,9 +160,7 @@ class Router(keras.layers.Layer):
             initializer=self.kernel_initializer,
         )
         if self.use_bias:
-            self.bias = self.add_weight(
-                name="bias", shape=(self.num_experts,), initializer="zeros"
-            )
+            self.bias = self.add_weight(name="bias", shape=(self.num_experts,), initializer="zeros")
         self.built = True
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
@@ -188,8 +188,9 @@ class Router(keras.layers.Layer):
         """Expert slots a token may fill, summed over experts (`K` for token choice)."""
         return self.num_choices()
 
-    def expert_capacity(self, group_size: int | Tensor, capacity_factor: float,
-                        min_expert_capacity: int) -> int | Tensor:
+    def expert_capacity(
+        self, group_size: int | Tensor, capacity_factor: float, min_expert_capacity: int
+    ) -> int | Tensor:
         """Slots per expert per group: `min(S, max(min, ceil(cf * K * S / E)))`, with
         `K = slots_per_token()`.
 
@@ -214,12 +215,18 @@ class Router(keras.layers.Layer):
             capacity = math.ceil(capacity_factor * k * group_size / self.num_experts)
             return min(group_size, max(int(min_expert_capacity), capacity))
         capacity = _dynamic_ceil(capacity_factor * k / self.num_experts, group_size)
-        return ops.minimum(ops.cast(group_size, "int32"),
-                           ops.maximum(int(min_expert_capacity), capacity))
+        return ops.minimum(
+            ops.cast(group_size, "int32"), ops.maximum(int(min_expert_capacity), capacity)
+        )
 
-    def route(self, logits: Tensor, token_mask: Tensor, capacity: int | Tensor,
-              training: bool | None = False,
-              group_capacity: Tensor | None = None) -> RoutingInstructions:
+    def route(
+        self,
+        logits: Tensor,
+        token_mask: Tensor,
+        capacity: int | Tensor,
+        training: bool | None = False,
+        group_capacity: Tensor | None = None,
+    ) -> RoutingInstructions:
         """Turns logits [G, S, E] into `RoutingInstructions`.
 
         Args:
@@ -238,7 +245,8 @@ class Router(keras.layers.Layer):
         scores = self.scores(logits)
         mask = ops.cast(token_mask, "float32")
         expert_index, position, kept, combine_weight, aux_loss = self.assign(
-            scores, mask, capacity, training, group_capacity=group_capacity)
+            scores, mask, capacity, training, group_capacity=group_capacity
+        )
         combine_weight = ops.cast(combine_weight, "float32") * kept
         if self.routed_scaling_factor != 1.0:
             combine_weight = combine_weight * self.routed_scaling_factor
@@ -289,8 +297,14 @@ class Router(keras.layers.Layer):
             return scores / ops.maximum(ops.sum(scores, axis=-1, keepdims=True), 1e-9)
         return scores
 
-    def assign(self, probs: Tensor, token_mask: Tensor, capacity: int | Tensor,
-               training: bool | None, group_capacity: Tensor | None = None) -> AssignResult:
+    def assign(
+        self,
+        probs: Tensor,
+        token_mask: Tensor,
+        capacity: int | Tensor,
+        training: bool | None,
+        group_capacity: Tensor | None = None,
+    ) -> AssignResult:
         """The routing decision of scores [G, S, E] and a float mask [G, S].
 
         `probs` are the router's scores (`scores()`: probabilities under the

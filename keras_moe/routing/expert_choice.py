@@ -41,8 +41,14 @@ class ExpertChoiceRouter(Router):
     def slots_per_token(self) -> int:
         return 1  # capacity ceil(cf * S / E): on average one expert per token
 
-    def assign(self, probs: Tensor, token_mask: Tensor, capacity: int | Tensor,
-               training: bool | None, group_capacity: Tensor | None = None) -> AssignResult:
+    def assign(
+        self,
+        probs: Tensor,
+        token_mask: Tensor,
+        capacity: int | Tensor,
+        training: bool | None,
+        group_capacity: Tensor | None = None,
+    ) -> AssignResult:
         mask = token_mask
         shape = ops.shape(probs)
         num_groups, group_size, num_experts = shape[0], shape[1], self.num_experts
@@ -52,8 +58,9 @@ class ExpertChoiceRouter(Router):
         _, chosen_tokens = ops.top_k(ops.transpose(scores, (0, 2, 1)), capacity)  # [G, E, C]
         group_ids = ops.reshape(ops.arange(num_groups, dtype="int32"), (-1, 1, 1))
         expert_ids = ops.reshape(ops.arange(num_experts, dtype="int32"), (1, -1, 1))
-        flat = ((group_ids * num_experts + expert_ids) * group_size
-                + ops.cast(chosen_tokens, "int32"))
+        flat = (group_ids * num_experts + expert_ids) * group_size + ops.cast(
+            chosen_tokens, "int32"
+        )
         flat = ops.reshape(flat, (-1, 1))
         slots = ops.broadcast_to(
             ops.reshape(ops.arange(capacity, dtype="float32"), (1, 1, -1)),
@@ -63,7 +70,8 @@ class ExpertChoiceRouter(Router):
         chosen = ops.scatter(flat, ops.ones((ops.shape(flat)[0],), "float32"), (total,))
         position = ops.scatter(flat, ops.reshape(slots, (-1,)), (total,))
         chosen = ops.transpose(
-            ops.reshape(chosen, (num_groups, num_experts, group_size)), (0, 2, 1))
+            ops.reshape(chosen, (num_groups, num_experts, group_size)), (0, 2, 1)
+        )
         position = ops.transpose(
             ops.reshape(position, (num_groups, num_experts, group_size)), (0, 2, 1)
         )

@@ -46,8 +46,8 @@ def group_limited_top_k(scores: Tensor, k: int, n_group: int, topk_group: int) -
         _, kept_groups = ops.top_k(ops.sum(best, axis=-1), topk_group)  # [..., topk_group]
         group_kept = ops.sum(ops.one_hot(kept_groups, n_group, dtype="float32"), axis=-2)
         expert_kept = ops.reshape(
-            ops.broadcast_to(group_kept[..., None], tuple(shape[:-1]) + (n_group, per_group)),
-            shape)
+            ops.broadcast_to(group_kept[..., None], tuple(shape[:-1]) + (n_group, per_group)), shape
+        )
         scores = ops.where(expert_kept > 0, scores, ops.full_like(scores, float("-inf")))
     _, index = ops.top_k(scores, k)
     return ops.cast(index, "int32")

@@ -107,8 +107,14 @@ class TokenChoiceRouter(Router):
 
     picks_experts_per_token = True
 
-    def assign(self, probs: Tensor, token_mask: Tensor, capacity: int | Tensor,
-               training: bool | None, group_capacity: Tensor | None = None) -> AssignResult:
+    def assign(
+        self,
+        probs: Tensor,
+        token_mask: Tensor,
+        capacity: int | Tensor,
+        training: bool | None,
+        group_capacity: Tensor | None = None,
+    ) -> AssignResult:
         if group_capacity is not None:
             capacity = ops.reshape(group_capacity, (-1, 1, 1))
         gates, expert_index = self.select(probs, token_mask, training)
@@ -124,8 +130,9 @@ class TokenChoiceRouter(Router):
     def selected_choices(self, token_mask: Tensor, kept: Tensor) -> Tensor:
         return ops.broadcast_to(token_mask[..., None], ops.shape(kept))
 
-    def select(self, scores: Tensor, token_mask: Tensor,
-               training: bool | None) -> tuple[Tensor, Tensor]:
+    def select(
+        self, scores: Tensor, token_mask: Tensor, training: bool | None
+    ) -> tuple[Tensor, Tensor]:
         """`(gates, expert_index)`, both [G, S, K]: each token's K experts, best
         first, and their scores."""
         return ops.top_k(scores, self.num_choices())
@@ -200,37 +207,46 @@ class TopKRouter(TokenChoiceRouter):
     True
     """
 
-    def __init__(self, num_experts: int, k: int = 1, normalize_top_k: bool = False,
-                 batch_prioritized_routing: bool = False, n_group: int = 1,
-                 topk_group: int | None = None, selection_bias: bool = False,
-                 bias_update_rate: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        k: int = 1,
+        normalize_top_k: bool = False,
+        batch_prioritized_routing: bool = False,
+        n_group: int = 1,
+        topk_group: int | None = None,
+        selection_bias: bool = False,
+        bias_update_rate: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(num_experts, **kwargs)
         check_int("k", k)
         if k > num_experts:
-            raise ValueError(
-                f"`k` must be <= num_experts ({num_experts}), got k={k}."
-            )
+            raise ValueError(f"`k` must be <= num_experts ({num_experts}), got k={k}.")
         check_int("n_group", n_group)
         if num_experts % n_group:
             raise ValueError(
-                f"`n_group` must divide num_experts ({num_experts}), got n_group={n_group}.")
+                f"`n_group` must divide num_experts ({num_experts}), got n_group={n_group}."
+            )
         if topk_group is None:
             topk_group = n_group
         check_int("topk_group", topk_group)
         if topk_group > n_group:
             raise ValueError(
-                f"`topk_group` must be <= n_group ({n_group}), got topk_group={topk_group}.")
+                f"`topk_group` must be <= n_group ({n_group}), got topk_group={topk_group}."
+            )
         eligible = topk_group * (num_experts // n_group)
         if k > eligible:
             raise ValueError(
                 f"`k` must be <= the experts of the kept groups, topk_group * num_experts / "
-                f"n_group = {eligible}, got k={k}.")
+                f"n_group = {eligible}, got k={k}."
+            )
         if not is_number(bias_update_rate) or bias_update_rate < 0:
-            raise ValueError(
-                f"`bias_update_rate` must be a number >= 0, got {bias_update_rate!r}.")
+            raise ValueError(f"`bias_update_rate` must be a number >= 0, got {bias_update_rate!r}.")
         if bias_update_rate > 0 and not selection_bias:
             raise ValueError(
-                f"`bias_update_rate` > 0 ({bias_update_rate}) needs `selection_bias=True`.")
+                f"`bias_update_rate` > 0 ({bias_update_rate}) needs `selection_bias=True`."
+            )
         self.k = k
         self.normalize_top_k = bool(normalize_top_k)
         self.batch_prioritized_routing = bool(batch_prioritized_routing)
@@ -245,26 +261,36 @@ class TopKRouter(TokenChoiceRouter):
             # Only the first replica's update is kept: every replica computes
             # the same one from the global counts.
             self.expert_bias = self.add_weight(
-                name="expert_bias", shape=(self.num_experts,), initializer="zeros",
-                dtype="float32", trainable=False, autocast=False,
-                aggregation="only_first_replica")
+                name="expert_bias",
+                shape=(self.num_experts,),
+                initializer="zeros",
+                dtype="float32",
+                trainable=False,
+                autocast=False,
+                aggregation="only_first_replica",
+            )
 
     def num_choices(self) -> int:
         return self.k
 
-    def select(self, scores: Tensor, token_mask: Tensor,
-               training: bool | None) -> tuple[Tensor, Tensor]:
+    def select(
+        self, scores: Tensor, token_mask: Tensor, training: bool | None
+    ) -> tuple[Tensor, Tensor]:
         if not self.selection_bias and self.topk_group == self.n_group:
             return super().select(scores, token_mask, training)
         choice_scores = scores
         if self.selection_bias:
             choice_scores = scores + ops.convert_to_tensor(self.expert_bias)
         expert_index = selection.group_limited_top_k(
-            choice_scores, self.k, self.n_group, self.topk_group)
+            choice_scores, self.k, self.n_group, self.topk_group
+        )
         if training and self.bias_update_rate > 0:
             counts = selection.expert_counts(expert_index, token_mask, self.num_experts)
-            self.expert_bias.assign(selection.balancing_bias_step(
-                ops.convert_to_tensor(self.expert_bias), counts, self.bias_update_rate))
+            self.expert_bias.assign(
+                selection.balancing_bias_step(
+                    ops.convert_to_tensor(self.expert_bias), counts, self.bias_update_rate
+                )
+            )
         return ops.take_along_axis(scores, expert_index, axis=-1), expert_index
 
     def choices_asking(self, gates: Tensor, token_mask: Tensor, training: bool | None) -> Tensor:
@@ -355,11 +381,16 @@ class Top2Router(TokenChoiceRouter):
     True
     """
 
-    def __init__(self, num_experts: int, second_expert_policy: SecondExpertPolicy = "random",
-                 eval_second_expert_policy: Literal["all", "threshold"] = "all",
-                 second_expert_threshold: float | None = None,
-                 normalize_gates: NormalizeGates = "before_capacity",
-                 batch_prioritized_routing: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        second_expert_policy: SecondExpertPolicy = "random",
+        eval_second_expert_policy: Literal["all", "threshold"] = "all",
+        second_expert_threshold: float | None = None,
+        normalize_gates: NormalizeGates = "before_capacity",
+        batch_prioritized_routing: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(num_experts, **kwargs)
         if num_experts < 2:
             raise ValueError(f"`num_experts` must be >= 2 for top-2 routing, got {num_experts}.")
@@ -423,4 +454,3 @@ class Top2Router(TokenChoiceRouter):
             batch_prioritized_routing=self.batch_prioritized_routing,
         )
         return config
-

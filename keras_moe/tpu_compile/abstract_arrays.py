@@ -61,5 +61,7 @@ def abstract_variables(variables, distribution, dtype=None):
         a list of `jax.ShapeDtypeStruct`, one per variable.
     """
     mesh = distribution.device_mesh
-    return [abstract_array(v.shape, dtype or v.dtype, mesh, distribution.get_variable_layout(v))
-            for v in variables]
+    return [
+        abstract_array(v.shape, dtype or v.dtype, mesh, distribution.get_variable_layout(v))
+        for v in variables
+    ]

@@ -47,27 +47,38 @@ def abstract_model(config, distribution, train_configurables, dtype_policy):
 
 def abstract_state(model, optimizer, distribution):
     """The train step's state as sharded abstract arrays, and each part's bytes per chip."""
-    parts = {"param": model.trainable_variables, "non_trainable": model.non_trainable_variables,
-             "optimizer": optimizer.variables, "metrics": model.metrics_variables}
+    parts = {
+        "param": model.trainable_variables,
+        "non_trainable": model.non_trainable_variables,
+        "optimizer": optimizer.variables,
+        "metrics": model.metrics_variables,
+    }
     state, sizes = [], {}
     for name, variables in parts.items():
         arrays = abstract_arrays.abstract_variables(variables, distribution)
         state.append(arrays)
-        sizes[f"{name}_bytes"] = sum(_bytes(a.sharding.shard_shape(a.shape), a.dtype)
-                                     for a in arrays)
+        sizes[f"{name}_bytes"] = sum(
+            _bytes(a.sharding.shard_shape(a.shape), a.dtype) for a in arrays
+        )
     return tuple(state), sizes
 
 
 def abstract_batch(distribution, batch_size, feature_lengths):
     """One batch `(inputs, targets, weights)` as abstract arrays laid out as the data is."""
+
     def data(shape, dtype):
-        return abstract_arrays.abstract_array(shape, dtype, distribution.device_mesh,
-                                              distribution.get_data_layout(shape))
+        return abstract_arrays.abstract_array(
+            shape, dtype, distribution.device_mesh, distribution.get_data_layout(shape)
+        )
 
     enc = (int(batch_size), int(feature_lengths["inputs"]))
     dec = (int(batch_size), int(feature_lengths["targets"]))
-    inputs = {"encoder_input_tokens": data(enc, "int32"),
-              "decoder_input_tokens": data(dec, "int32"),
-              "encoder_segment_ids": data(enc, "int32"), "encoder_positions": data(enc, "int32"),
-              "decoder_segment_ids": data(dec, "int32"), "decoder_positions": data(dec, "int32")}
+    inputs = {
+        "encoder_input_tokens": data(enc, "int32"),
+        "decoder_input_tokens": data(dec, "int32"),
+        "encoder_segment_ids": data(enc, "int32"),
+        "encoder_positions": data(enc, "int32"),
+        "decoder_segment_ids": data(dec, "int32"),
+        "decoder_positions": data(dec, "int32"),
+    }
     return inputs, data(dec, "int32"), data(dec, "float32")

@@ -37,31 +37,47 @@ _REEXEC_MARK = "KERAS_MOE_COMPILE_REEXEC"
 def build_parser(prog="keras-moe-compile"):
     from keras_moe.training.train_cli import add_gin_flags
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_gin_flags(parser)
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--topology", help="TPU slice to compile for, e.g. v5e:4x4, v4:2x2x2, "
-                                          "v5p:2x2x2, v6e:4x4, or a Cloud TPU type such as "
-                                          "v5litepod-8 or v4-32 (needs libtpu)")
-    where.add_argument("--num_cpu_devices", type=int,
-                       help="compile for this many emulated CPU devices instead (default "
-                            "without --topology: the size of the job's mesh)")
+    where.add_argument(
+        "--topology",
+        help="TPU slice to compile for, e.g. v5e:4x4, v4:2x2x2, "
+        "v5p:2x2x2, v6e:4x4, or a Cloud TPU type such as "
+        "v5litepod-8 or v4-32 (needs libtpu)",
+    )
+    where.add_argument(
+        "--num_cpu_devices",
+        type=int,
+        help="compile for this many emulated CPU devices instead (default "
+        "without --topology: the size of the job's mesh)",
+    )
     parser.add_argument("--batch_size", type=int, help="global batch (default: the job's)")
-    parser.add_argument("--inputs_length", type=int, help="default: the job's "
-                                                          "TASK_FEATURE_LENGTHS['inputs']")
-    parser.add_argument("--targets_length", type=int, help="default: the job's "
-                                                           "TASK_FEATURE_LENGTHS['targets']")
+    parser.add_argument(
+        "--inputs_length", type=int, help="default: the job's TASK_FEATURE_LENGTHS['inputs']"
+    )
+    parser.add_argument(
+        "--targets_length", type=int, help="default: the job's TASK_FEATURE_LENGTHS['targets']"
+    )
     from keras_moe.training.run.dtype_policy import DTYPE_POLICIES
 
-    parser.add_argument("--dtype_policy", choices=DTYPE_POLICIES,
-                        help="Keras dtype policy of the model (default: the job's "
-                             "train.dtype_policy, float32 when unbound); mixed_bfloat16: "
-                             "float32 weights, bfloat16 compute")
+    parser.add_argument(
+        "--dtype_policy",
+        choices=DTYPE_POLICIES,
+        help="Keras dtype policy of the model (default: the job's "
+        "train.dtype_policy, float32 when unbound); mixed_bfloat16: "
+        "float32 weights, bfloat16 compute",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--heartbeat_seconds", type=float, default=60.0,
-                        help="while the compiler runs, print the elapsed time this often "
-                             "(stderr, like the stage lines; default 60)")
+    parser.add_argument(
+        "--heartbeat_seconds",
+        type=float,
+        default=60.0,
+        help="while the compiler runs, print the elapsed time this often "
+        "(stderr, like the stage lines; default 60)",
+    )
     return parser
 
 
@@ -72,8 +88,12 @@ def _cpu_device_count(args):
     from keras_moe import gin_config
     from keras_moe.tpu_compile import compile_only
 
-    gin_config.parse_gin(args.gin_file, args.gin_bindings, allowed_imports=args.gin_allow_import,
-                         check_required=False)
+    gin_config.parse_gin(
+        args.gin_file,
+        args.gin_bindings,
+        allowed_imports=args.gin_allow_import,
+        check_required=False,
+    )
     shape = compile_only._job_mesh(compile_only.job_config())[0]
     count = 1
     for size in (shape or {}).values():
@@ -90,8 +110,12 @@ def _environment_ready(cpu_devices=None):
     and XLA:CPU emulates `cpu_devices` devices (when given)."""
     import keras
 
-    ready = (keras.backend.backend() == "jax" and os.environ.get("JAX_PLATFORMS") == "cpu"
-             and os.environ.get("TPU_SKIP_MDS_QUERY") and os.environ.get("TPU_WORKER_HOSTNAMES"))
+    ready = (
+        keras.backend.backend() == "jax"
+        and os.environ.get("JAX_PLATFORMS") == "cpu"
+        and os.environ.get("TPU_SKIP_MDS_QUERY")
+        and os.environ.get("TPU_WORKER_HOSTNAMES")
+    )
     if cpu_devices and cpu_devices > 1:
         ready = ready and _device_flag(cpu_devices) in os.environ.get("XLA_FLAGS", "").split()
     return bool(ready)
@@ -136,19 +160,25 @@ def main(argv=None):
         # backend the environment named; the compile needs KERAS_BACKEND=jax and
         # JAX_PLATFORMS=cpu from the start, so run again with them set.
         if os.environ.get(_REEXEC_MARK):
-            return _fail("could not start keras on JAX with JAX_PLATFORMS=cpu; set "
-                         "KERAS_BACKEND=jax JAX_PLATFORMS=cpu and run again.")
+            return _fail(
+                "could not start keras on JAX with JAX_PLATFORMS=cpu; set "
+                "KERAS_BACKEND=jax JAX_PLATFORMS=cpu and run again."
+            )
         env = compile_only.setup_environment(dict(os.environ))
         env["KERAS_BACKEND"] = "jax"
         env[_REEXEC_MARK] = "1"
         if cpu_devices and cpu_devices > 1:
-            flags = [f for f in env.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count")]
+            flags = [
+                f
+                for f in env.get("XLA_FLAGS", "").split()
+                if not f.startswith("--xla_force_host_platform_device_count")
+            ]
             env["XLA_FLAGS"] = " ".join(flags + [_device_flag(cpu_devices)])
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, "-m", "keras_moe.tpu_compile.compile_cli",
-                                   *argv], env)
+        os.execve(
+            sys.executable, [sys.executable, "-m", "keras_moe.tpu_compile.compile_cli", *argv], env
+        )
     compile_only.setup_environment()
     startup.quiet_startup()
     from keras_moe.tpu_compile import compile_progress
@@ -161,11 +191,16 @@ def main(argv=None):
         feature_lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
     try:
         report = compile_only.compile_train_step(
-            args.gin_file, args.gin_bindings, topology=args.topology,
-            num_cpu_devices=cpu_devices, batch_size=args.batch_size,
-            feature_lengths=feature_lengths, allowed_imports=args.gin_allow_import,
+            args.gin_file,
+            args.gin_bindings,
+            topology=args.topology,
+            num_cpu_devices=cpu_devices,
+            batch_size=args.batch_size,
+            feature_lengths=feature_lengths,
+            allowed_imports=args.gin_allow_import,
             dtype_policy=args.dtype_policy,
-            progress=compile_progress.stderr_progress("keras-moe-compile", args.heartbeat_seconds))
+            progress=compile_progress.stderr_progress("keras-moe-compile", args.heartbeat_seconds),
+        )
     except (compile_only.CompileOnlyError, GinConfigError, TrainingConfigError) as e:
         return _fail(str(e))
     if args.json:

@@ -13,10 +13,12 @@ import glob
 import os
 import re
 
-_SIZE_UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}
+_SIZE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 # "   16.00GiB( 82%);   16.00GiB;      5095424;     6; bf16[128,4,512,16], f32[...]"
-_ROW = re.compile(r"^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+)(B|KiB|MiB|GiB|TiB);\s*\d+;\s*(\d+);"
-                  r"\s*(.*)$")
+_ROW = re.compile(
+    r"^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+)(B|KiB|MiB|GiB|TiB);\s*\d+;\s*(\d+);"
+    r"\s*(.*)$"
+)
 
 
 def parse_memory_usage_report(text: str, top: int = 5) -> list:
@@ -52,8 +54,13 @@ def parse_memory_usage_report(text: str, top: int = 5) -> list:
         match = _ROW.match(line)
         if match and space == "default":
             size, unit, values, shapes = match.groups()
-            allocations.append({"bytes": int(float(size) * _SIZE_UNITS[unit]),
-                                "values": int(values), "shapes": shapes.strip()})
+            allocations.append(
+                {
+                    "bytes": int(float(size) * _SIZE_UNITS[unit]),
+                    "values": int(values),
+                    "shapes": shapes.strip(),
+                }
+            )
     allocations.sort(key=lambda a: -a["bytes"])
     return allocations[:top]
 
@@ -88,33 +95,42 @@ def memory_levers(report: dict) -> list:
     batch = int(report["batch"]["batch_size"])
     classes = report.get("sparse_ffn_classes") or ["<SparseFFN>"]
     group = " / ".join(f"{name}.group_size" for name in classes)
-    lines = [f"batch: BATCH_SIZE = {max(1, batch // 2)} (or --batch_size={max(1, batch // 2)}): "
-             "temporaries scale with the sequences per chip",
-             f"routing groups: {group} (now {report.get('group_size')!r}): smaller groups "
-             "shrink the dispatch/combine tensors [groups, tokens, experts, capacity], "
-             'e.g. "sequence" or a token count',
-             f"chips: a larger --topology (now {report.get('topology')}, {report['chips']} chips) "
-             "with the mesh_shape's product equal to its chip count"]
+    lines = [
+        f"batch: BATCH_SIZE = {max(1, batch // 2)} (or --batch_size={max(1, batch // 2)}): "
+        "temporaries scale with the sequences per chip",
+        f"routing groups: {group} (now {report.get('group_size')!r}): smaller groups "
+        "shrink the dispatch/combine tensors [groups, tokens, experts, capacity], "
+        'e.g. "sequence" or a token count',
+        f"chips: a larger --topology (now {report.get('topology')}, {report['chips']} chips) "
+        "with the mesh_shape's product equal to its chip count",
+    ]
     if report.get("dtype_policy") != "mixed_bfloat16":
-        lines.append('precision: train.dtype_policy = "mixed_bfloat16" (or '
-                     "--dtype_policy=mixed_bfloat16): bfloat16 activations, half the bytes "
-                     "of float32")
-    lines.append("rematerialisation: keras_moe has no option for it (no jax.checkpoint "
-                 "policy on its layers); the TPU compiler already recomputes some values "
-                 "on its own when memory is short")
+        lines.append(
+            'precision: train.dtype_policy = "mixed_bfloat16" (or '
+            "--dtype_policy=mixed_bfloat16): bfloat16 activations, half the bytes "
+            "of float32"
+        )
+    lines.append(
+        "rematerialisation: keras_moe has no option for it (no jax.checkpoint "
+        "policy on its layers); the TPU compiler already recomputes some values "
+        "on its own when memory is short"
+    )
     return lines
 
 
 def format_memory_advice(report: dict) -> list:
     """Lines for a step that does not fit: its largest buffers, then `memory_levers`."""
+
     def size(value):
-        return f"{value / 2 ** 30:.2f} GiB" if value >= 2 ** 30 else f"{value / 2 ** 20:.0f} MiB"
+        return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
 
     lines = []
     allocations = report.get("largest_allocations")
     if allocations:
-        lines.append("  largest HBM buffers per chip (the compiler's buffer assignment; "
-                     "values sharing a buffer over the step):")
+        lines.append(
+            "  largest HBM buffers per chip (the compiler's buffer assignment; "
+            "values sharing a buffer over the step):"
+        )
         lines.extend(f"    {size(a['bytes']):>10}  {a['shapes']}" for a in allocations)
     else:
         lines.append("  largest buffers: not known (the compiler wrote no memory-usage report)")
@@ -125,18 +141,28 @@ def format_memory_advice(report: dict) -> list:
 
 def out_of_memory_entries(message, seconds):
     """The report's entries when the compiler raised RESOURCE_EXHAUSTED: its message, no sizes."""
-    return {"error": message.strip().splitlines()[0][:2000],
-            "compile_seconds": round(seconds, 1),
-            "argument_bytes": None, "output_bytes": None, "alias_bytes": None,
-            "temp_bytes": None, "peak_bytes": None, "peak_source": None,
-            "computed_peak_bytes": None, "flops_per_chip": None, "collectives": None}
+    return {
+        "error": message.strip().splitlines()[0][:2000],
+        "compile_seconds": round(seconds, 1),
+        "argument_bytes": None,
+        "output_bytes": None,
+        "alias_bytes": None,
+        "temp_bytes": None,
+        "peak_bytes": None,
+        "peak_source": None,
+        "computed_peak_bytes": None,
+        "flops_per_chip": None,
+        "collectives": None,
+    }
 
 
 def memory_entries(compiled, on_tpu):
     """Per-chip buffer sizes of the compiled program (memory_analysis) and its peak."""
     analysis = compiled.memory_analysis()
-    sizes = {key: int(getattr(analysis, f"{key}_size_in_bytes"))
-             for key in ("argument", "output", "alias", "temp", "generated_code")}
+    sizes = {
+        key: int(getattr(analysis, f"{key}_size_in_bytes"))
+        for key in ("argument", "output", "alias", "temp", "generated_code")
+    }
     report = {f"{k}_bytes": v for k, v in sizes.items()}
     computed = sizes["argument"] + sizes["temp"] + sizes["output"] - sizes["alias"]
     report["computed_peak_bytes"] = computed

@@ -34,8 +34,10 @@ from keras_moe.tpu_compile.tpu_topology import canonical_topology
 from keras_moe.training.errors import CompileOnlyError
 
 # Variable paths of expert weights: keras_moe's experts and keras-hub's dense expert banks.
-EXPERT_WEIGHT = re.compile(r".*experts/(wi(_0|_1)?|wo|b(i(_0|_1)?|o))$"
-                           r"|.*experts/(_?expert_feedforward\w*|gate_up_proj\w*|down_proj\w*)$")
+EXPERT_WEIGHT = re.compile(
+    r".*experts/(wi(_0|_1)?|wo|b(i(_0|_1)?|o))$"
+    r"|.*experts/(_?expert_feedforward\w*|gate_up_proj\w*|down_proj\w*)$"
+)
 
 
 def _abstract_data(batch, distribution):
@@ -44,11 +46,15 @@ def _abstract_data(batch, distribution):
     def leaf(spec):
         shape, dtype = spec
         shape = tuple(int(n) for n in shape)
-        return abstract_array(shape, dtype, distribution.device_mesh,
-                              distribution.get_data_layout(shape))
+        return abstract_array(
+            shape, dtype, distribution.device_mesh, distribution.get_data_layout(shape)
+        )
 
-    return jax.tree_util.tree_map(leaf, batch, is_leaf=lambda x: (
-        isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], str)))
+    return jax.tree_util.tree_map(
+        leaf,
+        batch,
+        is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], str),
+    )
 
 
 def _build_abstract(build_model, distribution, dtype_policy, compile_args):
@@ -66,8 +72,9 @@ def _build_abstract(build_model, distribution, dtype_policy, compile_args):
         with dtype_policy_scope(dtype_policy):
             built["model"] = model = build_model()
         if not isinstance(model, keras.Model):
-            raise CompileOnlyError(f"`build_model` must return a keras.Model, got "
-                                   f"{type(model).__name__}.")
+            raise CompileOnlyError(
+                f"`build_model` must return a keras.Model, got {type(model).__name__}."
+            )
         if compile_args is not None:
             model.compile(**compile_args)
         if getattr(model, "optimizer", None) is None:
@@ -81,11 +88,15 @@ def _build_abstract(build_model, distribution, dtype_policy, compile_args):
     return model
 
 
-def compile_model_train_step(build_model: Callable[[], Any], batch: Any,
-                             topology: str | None = None, num_cpu_devices: int | None = None,
-                             mesh_shape: dict[str, int] | None = None,
-                             dtype_policy: str = "float32",
-                             compile_args: dict[str, Any] | None = None) -> dict[str, Any]:
+def compile_model_train_step(
+    build_model: Callable[[], Any],
+    batch: Any,
+    topology: str | None = None,
+    num_cpu_devices: int | None = None,
+    mesh_shape: dict[str, int] | None = None,
+    dtype_policy: str = "float32",
+    compile_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Compiles one train step of `build_model()`'s model over a device mesh; its report.
 
     Args:
@@ -129,17 +140,24 @@ def compile_model_train_step(build_model: Callable[[], Any], batch: Any,
         devices = cpu_devices(num_cpu_devices or size)
     mesh_shape = dict(mesh_shape or {"data": len(devices)})
     if int(np.prod(list(mesh_shape.values()))) != len(devices):
-        raise CompileOnlyError(f"`mesh_shape` {mesh_shape} does not have the {len(devices)} "
-                               "devices of the target: the product of its sizes must equal it.")
+        raise CompileOnlyError(
+            f"`mesh_shape` {mesh_shape} does not have the {len(devices)} "
+            "devices of the target: the product of its sizes must equal it."
+        )
     distribution = sharding.configure_mesh(mesh_shape, devices=devices)
     try:
         model = _build_abstract(build_model, distribution, dtype_policy, compile_args)
         state, sizes = abstract_state(model, model.optimizer, distribution)
         data = _abstract_data(batch, distribution)
-        report = {"chips": len(devices), "mesh": mesh_shape, "topology": topology,
-                  "parameters": int(sum(int(np.prod(v.shape))
-                                        for v in model.trainable_variables)),
-                  **sizes, "hbm_bytes": hbm, "error": None}
+        report = {
+            "chips": len(devices),
+            "mesh": mesh_shape,
+            "topology": topology,
+            "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
+            **sizes,
+            "hbm_bytes": hbm,
+            "error": None,
+        }
         start = time.time()
         lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, data)
         try:
@@ -157,21 +175,37 @@ def compile_model_train_step(build_model: Callable[[], Any], batch: Any,
     report["fits"] = _fits(report, hbm)
     cost = _cost(compiled)
     report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
-    report["bytes_accessed_per_chip"] = (float(cost["bytes accessed"])
-                                         if "bytes accessed" in cost else None)
+    report["bytes_accessed_per_chip"] = (
+        float(cost["bytes accessed"]) if "bytes accessed" in cost else None
+    )
     hlo = compiled.as_text()
     report["collectives"] = _count_collectives(hlo)
     report["collective_bytes_per_chip"] = roofline.collective_bytes(hlo, len(devices))
-    experts = [(tuple(v.shape), distribution.get_variable_layout(v)) for v in model.variables
-               if EXPERT_WEIGHT.match(v.path)]
-    shapes = [(full, abstract_array(full, "float32", distribution.device_mesh, layout)
-               .sharding.shard_shape(full)) for full, layout in experts]
+    experts = [
+        (tuple(v.shape), distribution.get_variable_layout(v))
+        for v in model.variables
+        if EXPERT_WEIGHT.match(v.path)
+    ]
+    shapes = [
+        (
+            full,
+            abstract_array(full, "float32", distribution.device_mesh, layout).sharding.shard_shape(
+                full
+            ),
+        )
+        for full, layout in experts
+    ]
     report["expert_weights"] = len(experts)
     report["expert_weight_all_gathers"] = sum(
-        1 for c in hlo_collectives.collectives(hlo, len(devices))
-        if c.kind == "all-gather" and hlo_collectives.is_weight_shape(c.dims, shapes))
+        1
+        for c in hlo_collectives.collectives(hlo, len(devices))
+        if c.kind == "all-gather" and hlo_collectives.is_weight_shape(c.dims, shapes)
+    )
     if generation is not None:
         report["roofline"] = roofline.estimate(
-            report["flops_per_chip"], report["bytes_accessed_per_chip"],
-            report["collective_bytes_per_chip"] or {}, generation)
+            report["flops_per_chip"],
+            report["bytes_accessed_per_chip"],
+            report["collective_bytes_per_chip"] or {},
+            generation,
+        )
     return report

@@ -48,9 +48,15 @@ from keras_moe.training.errors import CompileOnlyError
 from keras_moe.training.placement.mesh import check_batch_splits
 
 # "<shape> all-to-all(...)" is an instruction; "%all-to-all.3" a use of one.
-COLLECTIVES = ("all-to-all", "ragged-all-to-all", "all-gather", "all-reduce", "reduce-scatter",
-               "collective-permute")
-GIB = 2 ** 30
+COLLECTIVES = (
+    "all-to-all",
+    "ragged-all-to-all",
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "collective-permute",
+)
+GIB = 2**30
 
 
 def cpu_devices(num):
@@ -66,7 +72,8 @@ def cpu_devices(num):
         raise CompileOnlyError(
             f"{num} CPU devices wanted but jax has {len(devices)}: call compile_train_step "
             f"before jax starts its CPU backend, or set XLA_FLAGS="
-            f"--xla_force_host_platform_device_count={num} before importing jax.")
+            f"--xla_force_host_platform_device_count={num} before importing jax."
+        )
     return devices[:num]
 
 
@@ -153,10 +160,19 @@ def _dispatch_binding(config, target_platform):
     return "\n".join(f'{name}.dispatch = "einsum"' for name in names)
 
 
-def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=None,
-                       mesh_shape=None, batch_size=None, feature_lengths=None,
-                       allowed_imports=(), target_platform=None, dtype_policy=None,
-                       progress=None):
+def compile_train_step(
+    gin_files,
+    bindings=(),
+    topology=None,
+    num_cpu_devices=None,
+    mesh_shape=None,
+    batch_size=None,
+    feature_lengths=None,
+    allowed_imports=(),
+    target_platform=None,
+    dtype_policy=None,
+    progress=None,
+):
     """Compiles one train step of the gin job and reports its per-chip cost.
 
     Args:
@@ -228,23 +244,39 @@ def compile_train_step(gin_files, bindings=(), topology=None, num_cpu_devices=No
     if devices is None:
         devices = cpu_devices(_num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh))
     mesh_shape = _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh)
-    check_batch_splits(dict(mesh_shape), job_rules, batch_size,
-                       "BATCH_SIZE" if batch_size_given is None else "--batch_size")
+    check_batch_splits(
+        dict(mesh_shape),
+        job_rules,
+        batch_size,
+        "BATCH_SIZE" if batch_size_given is None else "--batch_size",
+    )
     distribution = _configure_mesh(config, devices, mesh_shape, job_rules)
     try:
-        report = _compile(config, distribution, train_configurables, batch_size, feature_lengths,
-                          on_tpu=topology is not None, dtype_policy=dtype_policy,
-                          progress=progress, where=_where(topology, devices))
+        report = _compile(
+            config,
+            distribution,
+            train_configurables,
+            batch_size,
+            feature_lengths,
+            on_tpu=topology is not None,
+            dtype_policy=dtype_policy,
+            progress=progress,
+            where=_where(topology, devices),
+        )
     finally:
         sharding.clear_mesh()
     report.update(gin_files=files, bindings=bindings, topology=topology, generation=generation)
-    report.update(_job_summary(config, devices, distribution, batch_size, feature_lengths,
-                               target_platform))
+    report.update(
+        _job_summary(config, devices, distribution, batch_size, feature_lengths, target_platform)
+    )
     report.update(target_platform=target_platform, hbm_bytes=hbm, fits=_fits(report, hbm))
     report["roofline"] = roofline.estimate(
-        report["flops_per_chip"], report.get("bytes_accessed_per_chip"),
-        report.get("collective_bytes_per_chip") or {}, generation,
-        report.get("model_flops_per_chip"))
+        report["flops_per_chip"],
+        report.get("bytes_accessed_per_chip"),
+        report.get("collective_bytes_per_chip") or {},
+        generation,
+        report.get("model_flops_per_chip"),
+    )
     return report
 
 
@@ -253,8 +285,10 @@ def _check_jax_backend():
     import keras
 
     if keras.backend.backend() != "jax":
-        raise CompileOnlyError("compile_train_step needs KERAS_BACKEND=jax (set it before "
-                               "keras is imported; see setup_environment()).")
+        raise CompileOnlyError(
+            "compile_train_step needs KERAS_BACKEND=jax (set it before "
+            "keras is imported; see setup_environment())."
+        )
 
 
 def _topology_target(topology, progress):
@@ -280,15 +314,17 @@ def _parse_job(gin_files, bindings, allowed_imports, target_platform):
 
     files = [gin_files] if isinstance(gin_files, (str, os.PathLike)) else list(gin_files)
     bindings = [bindings] if isinstance(bindings, str) else list(bindings or ())
-    config = gin_config.parse_gin(files, bindings, allowed_imports=allowed_imports,
-                                  check_required=False)
+    config = gin_config.parse_gin(
+        files, bindings, allowed_imports=allowed_imports, check_required=False
+    )
     if config is None:
         raise CompileOnlyError(f"the gin files {files} bind no model (build_model.config).")
     extra = _dispatch_binding(config, target_platform)
     if extra:
         bindings = bindings + [extra]
-        config = gin_config.parse_gin(files, bindings, allowed_imports=allowed_imports,
-                                      check_required=False)
+        config = gin_config.parse_gin(
+            files, bindings, allowed_imports=allowed_imports, check_required=False
+        )
     return files, bindings, config
 
 
@@ -300,8 +336,10 @@ def _job_batch(batch_size, feature_lengths, job):
     if feature_lengths is None and dataset is not None:
         feature_lengths = dataset.feature_lengths
     if not batch_size or not feature_lengths:
-        raise CompileOnlyError("the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
-                               "bind them or pass batch_size= and feature_lengths=.")
+        raise CompileOnlyError(
+            "the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
+            "bind them or pass batch_size= and feature_lengths=."
+        )
     return batch_size, feature_lengths
 
 
@@ -331,9 +369,10 @@ def _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh):
         raise CompileOnlyError(
             f"the mesh {dict(mesh_shape)!r} has {size} devices but {where} has "
             f"{len(devices)}: the product of its sizes must equal the chip count (e.g. "
-            f"--gin_bindings='MeshPlacement.mesh_shape = {{\"data\": 1, \"expert\": "
-            f"{len(devices)}, \"model\": 1}}', or the shorthand train.mesh_shape where the "
-            "job binds no placement).")
+            f'--gin_bindings=\'MeshPlacement.mesh_shape = {{"data": 1, "expert": '
+            f'{len(devices)}, "model": 1}}\', or the shorthand train.mesh_shape where the '
+            "job binds no placement)."
+        )
     return mesh_shape
 
 
@@ -347,8 +386,7 @@ def _configure_mesh(config, devices, mesh_shape, rules):
     if isinstance(num_experts, (list, tuple)):
         num_experts = min(num_experts)
     try:
-        return sharding.configure_mesh(mesh_shape, rules, devices=devices,
-                                       num_experts=num_experts)
+        return sharding.configure_mesh(mesh_shape, rules, devices=devices, num_experts=num_experts)
     except ValueError as e:
         raise CompileOnlyError(f"mesh_shape={dict(mesh_shape)!r}: {e}") from None
 
@@ -357,15 +395,20 @@ def _job_summary(config, devices, distribution, batch_size, feature_lengths, tar
     """The report's entries on the devices, the mesh, the batch and the model's MoE settings."""
     device_mesh = distribution.device_mesh
     mesh = dict(zip(device_mesh.axis_names, device_mesh.shape, strict=False))
-    batch = {"batch_size": int(batch_size),
-             **{k: int(v) for k, v in dict(feature_lengths).items()}}
-    return {"chips": len(devices), "device_kind": devices[0].device_kind, "mesh": mesh,
-            "batch": batch,
-            "dispatch": resolve_dispatch(config.sparse_option("dispatch"), target_platform),
-            "num_experts": config.num_experts, "vocab_size": config.vocab_size,
-            "group_size": config.sparse_option("group_size"),
-            "sparse_ffn_classes": sorted({spec["class_name"].split(">")[-1]
-                                          for spec in config.used_sparse_ffn_specs()})}
+    batch = {"batch_size": int(batch_size), **{k: int(v) for k, v in dict(feature_lengths).items()}}
+    return {
+        "chips": len(devices),
+        "device_kind": devices[0].device_kind,
+        "mesh": mesh,
+        "batch": batch,
+        "dispatch": resolve_dispatch(config.sparse_option("dispatch"), target_platform),
+        "num_experts": config.num_experts,
+        "vocab_size": config.vocab_size,
+        "group_size": config.sparse_option("group_size"),
+        "sparse_ffn_classes": sorted(
+            {spec["class_name"].split(">")[-1] for spec in config.used_sparse_ffn_specs()}
+        ),
+    }
 
 
 def _fits(report, hbm):
@@ -377,8 +420,17 @@ def _fits(report, hbm):
     return None
 
 
-def _compile(config, distribution, train_configurables, batch_size, feature_lengths,
-             on_tpu, dtype_policy="float32", progress=compile_progress.SILENT, where=""):
+def _compile(
+    config,
+    distribution,
+    train_configurables,
+    batch_size,
+    feature_lengths,
+    on_tpu,
+    dtype_policy="float32",
+    progress=compile_progress.SILENT,
+    where="",
+):
     """Lowers and compiles one train step over abstract sharded arguments; its report."""
     import jax
     import numpy as np
@@ -391,9 +443,14 @@ def _compile(config, distribution, train_configurables, batch_size, feature_leng
     batch = _abstract_batch(distribution, batch_size, feature_lengths)
     report = {
         "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
-        "param_dtype": str(model.trainable_variables[0].dtype), "dtype_policy": dtype_policy,
-        "compute_dtype": model.compute_dtype, "matmul_dtypes": None, **state_bytes,
-        "error": None, "moe_exchange": None, "largest_allocations": None,
+        "param_dtype": str(model.trainable_variables[0].dtype),
+        "dtype_policy": dtype_policy,
+        "compute_dtype": model.compute_dtype,
+        "matmul_dtypes": None,
+        **state_bytes,
+        "error": None,
+        "moe_exchange": None,
+        "largest_allocations": None,
     }
     t0 = time.time()
     token_exchange.clear_exchange_choices()
@@ -404,8 +461,10 @@ def _compile(config, distribution, train_configurables, batch_size, feature_leng
     # As written, before the compiler's own precision choices (the TPU's
     # default precision runs float32 matmuls as bfloat16 passes either way).
     report["matmul_dtypes"] = matmul_dtypes(lowered.as_text(dialect="hlo"))
-    progress.stage(f"compiling for {where} ({compile_progress.EXPECTED_COMPILE_TIME}; "
-                   f"a line every {progress.heartbeat_seconds:g} s while it runs)")
+    progress.stage(
+        f"compiling for {where} ({compile_progress.EXPECTED_COMPILE_TIME}; "
+        f"a line every {progress.heartbeat_seconds:g} s while it runs)"
+    )
     # On TPU the compiler's buffer assignment (written to the dump, also when it
     # runs out of memory) names the largest buffers.
     with tempfile.TemporaryDirectory(prefix="keras_moe_compile_") as dump:
@@ -428,8 +487,9 @@ def _compile(config, distribution, train_configurables, batch_size, feature_leng
     report.update(compile_memory.memory_entries(compiled, on_tpu))
     cost = _cost(compiled)
     report["flops_per_chip"] = float(cost["flops"]) if "flops" in cost else None
-    report["bytes_accessed_per_chip"] = (float(cost["bytes accessed"])
-                                         if "bytes accessed" in cost else None)
+    report["bytes_accessed_per_chip"] = (
+        float(cost["bytes accessed"]) if "bytes accessed" in cost else None
+    )
     hlo = compiled.as_text()
     chips = len(distribution.device_mesh.devices.flat)
     report["collectives"] = _count_collectives(hlo)
@@ -437,9 +497,17 @@ def _compile(config, distribution, train_configurables, batch_size, feature_leng
     weights = [(a.shape, a.sharding.shard_shape(a.shape)) for part in state for a in part]
     gathers = hlo_collectives.activation_all_gathers(hlo, weights, chips)
     report["activation_all_gathers"] = {
-        "count": len(gathers), "received_bytes": sum(c.received_bytes for c in gathers),
-        "largest": [{"dims": list(c.dims), "op_name": c.op_name} for c in
-                    sorted(gathers, key=lambda c: -c.result_bytes)[:3]]}
-    report["model_flops_per_chip"] = roofline.model_flops_per_step(
-        model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]) / chips
+        "count": len(gathers),
+        "received_bytes": sum(c.received_bytes for c in gathers),
+        "largest": [
+            {"dims": list(c.dims), "op_name": c.op_name}
+            for c in sorted(gathers, key=lambda c: -c.result_bytes)[:3]
+        ],
+    }
+    report["model_flops_per_chip"] = (
+        roofline.model_flops_per_step(
+            model, batch_size, feature_lengths["inputs"], feature_lengths["targets"]
+        )
+        / chips
+    )
     return report

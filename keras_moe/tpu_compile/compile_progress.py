@@ -15,8 +15,9 @@ import time
 # What a compile takes on a small (2-4 core) CPU host, measured with libtpu 0.0.42:
 # the tiny Switch model 10-30 s; Switch-Base-128 at batch 32 6-8 minutes, larger
 # batches (the C4 job's 256) and Switch-Large-128 10-25 minutes.
-EXPECTED_COMPILE_TIME = ("expect seconds for tiny models, 10-25 minutes for Switch-Base-128 "
-                         "on a CPU host of a few cores")
+EXPECTED_COMPILE_TIME = (
+    "expect seconds for tiny models, 10-25 minutes for Switch-Base-128 on a CPU host of a few cores"
+)
 
 
 def format_duration(seconds: float) -> str:
@@ -51,8 +52,7 @@ class CompileProgress:
     'compile: lowering the train step\\n'
     """
 
-    def __init__(self, stream=None, heartbeat_seconds: float = 60.0, prefix: str = "",
-                 quiet=None):
+    def __init__(self, stream=None, heartbeat_seconds: float = 60.0, prefix: str = "", quiet=None):
         if not heartbeat_seconds > 0:
             raise ValueError(f"heartbeat_seconds must be > 0, got {heartbeat_seconds!r}.")
         self.stream = stream
@@ -107,5 +107,6 @@ def stderr_progress(prog: str, heartbeat_seconds: float = 60.0) -> CompileProgre
     """
     from keras_moe import startup
 
-    return CompileProgress(sys.stderr, heartbeat_seconds, prefix=f"{prog}: ",
-                           quiet=startup.filtered_stderr)
+    return CompileProgress(
+        sys.stderr, heartbeat_seconds, prefix=f"{prog}: ", quiet=startup.filtered_stderr
+    )

@@ -8,20 +8,24 @@ fit, its biggest buffers and what to change (`compile_memory`).
 
 from keras_moe.tpu_compile import compile_memory, roofline
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def format_report(report):
     """A readable multi-line summary of `compile_train_step`'s report."""
+
     def gib(value):
         if value is None:
             return "n/a"
         if value < 0.1 * GIB:
-            return f"{value / GIB:.3f} GiB ({value / 2 ** 20:.1f} MiB)"
+            return f"{value / GIB:.3f} GiB ({value / 2**20:.1f} MiB)"
         return f"{value / GIB:.3f} GiB"
 
-    where = (f"TPU {report['topology']} ({report['chips']} chips, {report['device_kind']})"
-             if report["topology"] else f"{report['chips']} emulated CPU devices")
+    where = (
+        f"TPU {report['topology']} ({report['chips']} chips, {report['device_kind']})"
+        if report["topology"]
+        else f"{report['chips']} emulated CPU devices"
+    )
     batch = report["batch"]
     lines = [
         f"train step of {' + '.join(report['gin_files'])} on {where}",
@@ -49,24 +53,33 @@ def format_report(report):
         lines.append(f"  fits: NO - {report['error'] or 'peak exceeds HBM'}")
         lines.extend(compile_memory.format_memory_advice(report))
     if report["flops_per_chip"] is not None:
-        lines.append(f"  FLOPs per step per chip: {report['flops_per_chip']:.4g} "
-                     f"(x {report['chips']} chips = "
-                     f"{report['flops_per_chip'] * report['chips']:.4g})")
+        lines.append(
+            f"  FLOPs per step per chip: {report['flops_per_chip']:.4g} "
+            f"(x {report['chips']} chips = "
+            f"{report['flops_per_chip'] * report['chips']:.4g})"
+        )
     if report["collectives"] is not None:
-        lines.append("  collectives: " + ", ".join(
-            f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items()))
+        lines.append(
+            "  collectives: "
+            + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in report["collectives"].items())
+        )
     gathers = report.get("activation_all_gathers")
     if gathers and gathers["count"]:
-        largest = ", ".join(f"{g['dims']} ({g['op_name'] or 'no op name'})"
-                            for g in gathers["largest"])
-        lines.append(f"  activation all-gathers: {gathers['count']} (not shaped like a weight; "
-                     f"{gib(gathers['received_bytes'])} received per chip), largest: {largest}")
+        largest = ", ".join(
+            f"{g['dims']} ({g['op_name'] or 'no op name'})" for g in gathers["largest"]
+        )
+        lines.append(
+            f"  activation all-gathers: {gathers['count']} (not shaped like a weight; "
+            f"{gib(gathers['received_bytes'])} received per chip), largest: {largest}"
+        )
     if report.get("moe_exchange"):
         lines.append("  MoE expert exchange, per layer:")
         lines.extend(f"    {line}" for line in format_exchange_choices(report["moe_exchange"]))
     if report["matmul_dtypes"]:
-        lines.append("  matmuls by result type, as lowered: " + ", ".join(
-            f"{k} {v}" for k, v in report["matmul_dtypes"].items()))
+        lines.append(
+            "  matmuls by result type, as lowered: "
+            + ", ".join(f"{k} {v}" for k, v in report["matmul_dtypes"].items())
+        )
     if report.get("generation"):
         lines.extend(roofline.format_estimate(report.get("roofline")))
     lines.append(f"  compiled in {report['compile_seconds']} s")
@@ -83,8 +96,9 @@ def format_exchange_choices(choices):
     """
     lines = []
     for choice in choices:
-        exchange = {"all_to_all": "all-to-all", "gspmd": "GSPMD"}.get(choice["exchange"],
-                                                                       choice["exchange"])
+        exchange = {"all_to_all": "all-to-all", "gspmd": "GSPMD"}.get(
+            choice["exchange"], choice["exchange"]
+        )
         buffer = f", buffers {choice['buffer']}" if choice.get("buffer") else ""
         lines.append(f"{choice['layer']}: {exchange}{buffer} ({choice['reason']})")
     return lines

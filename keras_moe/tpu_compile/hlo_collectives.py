@@ -20,13 +20,35 @@ Example:
 import re
 from typing import NamedTuple
 
-KINDS = ("all-to-all", "ragged-all-to-all", "all-gather", "all-reduce", "reduce-scatter",
-         "collective-permute")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+KINDS = (
+    "all-to-all",
+    "ragged-all-to-all",
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "collective-permute",
+)
+_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.+?)\s+"
-    r"(?P<kind>" + "|".join(KINDS) + r")(?:-start)?\((?P<rest>.*)$")
+    r"(?P<kind>" + "|".join(KINDS) + r")(?:-start)?\((?P<rest>.*)$"
+)
 _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
 
 
@@ -84,19 +106,23 @@ def collectives(hlo_text, num_devices=1):
         result = shape_bytes(match.group("shape"))
         arrays = _ARRAY.findall(match.group("shape"))
         dims = tuple(int(d) for d in arrays[-1][1].split(",") if d) if arrays else ()
-        if kind in ("all-gather", "all-reduce", "collective-permute") and \
-                match.group(0).find(f"{kind}-start(") >= 0:
+        if (
+            kind in ("all-gather", "all-reduce", "collective-permute")
+            and match.group(0).find(f"{kind}-start(") >= 0
+        ):
             # The start's result is a tuple (operand, result): count the result only.
             arrays = _ARRAY.findall(match.group("shape"))
             if len(arrays) >= 2:
                 result = shape_bytes("{}[{}]".format(*arrays[-1]))
         n = _group_size(rest) or num_devices
         share = (n - 1) / n if n > 1 else 0.0
-        received = {"all-reduce": 2 * result * share, "collective-permute": float(result),
-                    "reduce-scatter": float(result * (n - 1))}.get(kind, result * share)
+        received = {
+            "all-reduce": 2 * result * share,
+            "collective-permute": float(result),
+            "reduce-scatter": float(result * (n - 1)),
+        }.get(kind, result * share)
         op_name = re.search(r'op_name="([^"]*)"', rest)
-        out.append(Collective(kind, result, n, received, op_name.group(1) if op_name else "",
-                              dims))
+        out.append(Collective(kind, result, n, received, op_name.group(1) if op_name else "", dims))
     return out
 
 
@@ -128,7 +154,8 @@ def is_weight_shape(dims, weights):
     """
     for full, shard in weights:
         if len(full) == len(dims) and all(
-                s <= d <= f and f % d == 0 for d, f, s in zip(dims, full, shard, strict=False)):
+            s <= d <= f and f % d == 0 for d, f, s in zip(dims, full, shard, strict=False)
+        ):
             return True
     return False
 
@@ -149,5 +176,8 @@ def activation_all_gathers(hlo_text, weights, num_devices=1):
     >>> [c.dims for c in activation_all_gathers(hlo, [((8, 64, 128), (4, 64, 128))])]
     [(8, 32, 64)]
     """
-    return [c for c in collectives(hlo_text, num_devices)
-            if c.kind == "all-gather" and c.dims and not is_weight_shape(c.dims, weights)]
+    return [
+        c
+        for c in collectives(hlo_text, num_devices)
+        if c.kind == "all-gather" and c.dims and not is_weight_shape(c.dims, weights)
+    ]

@@ -44,16 +44,33 @@ class ChipSpec:
 
 
 CHIPS = {
-    "v4": ChipSpec(275e12, 1200e9, 6 * 2 * 45e9,
-                   "Cloud TPU v4 docs (275 TFLOP/s, 1200 GB/s); ICI: 6 links x 45 GB/s "
-                   "each way (How to Scale Your Model, TPU chapter)"),
-    "v5e": ChipSpec(197e12, 819e9, 400e9, "Cloud TPU v5e docs (197 TFLOP/s, 819 GB/s, "
-                                          "ICI 400 GB/s bidirectional)"),
-    "v5p": ChipSpec(459e12, 2765e9, 1200e9, "Cloud TPU v5p docs (459 TFLOP/s, 2765 GB/s, "
-                                            "ICI 1200 GB/s bidirectional)"),
-    "v6e": ChipSpec(918e12, 1638e9, 800e9, "Cloud TPU v6e docs (918 TFLOP/s, 1638 GB/s, "
-                                           "ICI 800 GB/s bidirectional)"),
+    "v4": ChipSpec(
+        275e12,
+        1200e9,
+        6 * 2 * 45e9,
+        "Cloud TPU v4 docs (275 TFLOP/s, 1200 GB/s); ICI: 6 links x 45 GB/s "
+        "each way (How to Scale Your Model, TPU chapter)",
+    ),
+    "v5e": ChipSpec(
+        197e12,
+        819e9,
+        400e9,
+        "Cloud TPU v5e docs (197 TFLOP/s, 819 GB/s, ICI 400 GB/s bidirectional)",
+    ),
+    "v5p": ChipSpec(
+        459e12,
+        2765e9,
+        1200e9,
+        "Cloud TPU v5p docs (459 TFLOP/s, 2765 GB/s, ICI 1200 GB/s bidirectional)",
+    ),
+    "v6e": ChipSpec(
+        918e12,
+        1638e9,
+        800e9,
+        "Cloud TPU v6e docs (918 TFLOP/s, 1638 GB/s, ICI 800 GB/s bidirectional)",
+    ),
 }
+
 
 def collective_bytes(hlo, num_devices):
     """Bytes one chip sends per step for each kind of collective in `hlo`.
@@ -110,8 +127,10 @@ def model_flops_per_step(model, batch_size, inputs_length, targets_length):
     config = model.config
     inner = config.num_heads * config.head_dim
     flops = 0.0
-    for side, layers, tokens in (("encoder", model.encoder_layers, inputs),
-                                 ("decoder", model.decoder_layers, targets)):
+    for side, layers, tokens in (
+        ("encoder", model.encoder_layers, inputs),
+        ("decoder", model.decoder_layers, targets),
+    ):
         for block in layers:
             for variable in block.trainable_variables:
                 if len(variable.shape) < 2 or "/router/" in variable.path:
@@ -120,8 +139,10 @@ def model_flops_per_step(model, batch_size, inputs_length, targets_length):
                 for d in variable.shape:
                     size *= int(d)
                 used_by = tokens
-                if "cross_attention/key" in variable.path or \
-                        "cross_attention/value" in variable.path:
+                if (
+                    "cross_attention/key" in variable.path
+                    or "cross_attention/value" in variable.path
+                ):
                     used_by = inputs
                 if "/experts/" in variable.path:  # each token reaches k of the E experts
                     ffn = block.ffn
@@ -135,8 +156,13 @@ def model_flops_per_step(model, batch_size, inputs_length, targets_length):
     return flops
 
 
-def estimate(flops_per_chip, bytes_accessed_per_chip, sent_bytes_per_chip, generation,
-             model_flops_per_chip=None):
+def estimate(
+    flops_per_chip,
+    bytes_accessed_per_chip,
+    sent_bytes_per_chip,
+    generation,
+    model_flops_per_chip=None,
+):
     """The roofline bound of one step on a chip of `generation`.
 
     Args:
@@ -170,10 +196,16 @@ def estimate(flops_per_chip, bytes_accessed_per_chip, sent_bytes_per_chip, gener
     mfu = None
     if model_flops_per_chip is not None and bound > 0:
         mfu = model_flops_per_chip / (bound * chip.peak_flops)
-    return {"compute_seconds": times["compute"], "memory_seconds": times["memory"],
-            "ici_seconds": times["ici"], "bound_seconds": bound, "bound_by": bound_by,
-            "mfu_at_bound": mfu, "model_flops_per_chip": model_flops_per_chip,
-            "chip": dataclasses.asdict(chip)}
+    return {
+        "compute_seconds": times["compute"],
+        "memory_seconds": times["memory"],
+        "ici_seconds": times["ici"],
+        "bound_seconds": bound,
+        "bound_by": bound_by,
+        "mfu_at_bound": mfu,
+        "model_flops_per_chip": model_flops_per_chip,
+        "chip": dataclasses.asdict(chip),
+    }
 
 
 def format_estimate(roofline):
@@ -187,9 +219,13 @@ def format_estimate(roofline):
         " ms)",
     ]
     if roofline["mfu_at_bound"] is not None:
-        lines.append(f"    MFU at that bound: {roofline['mfu_at_bound']:.1%} (model FLOPs "
-                     f"{roofline['model_flops_per_chip']:.4g} per chip; the best this slice "
-                     "can reach)")
-    lines.append(f"    assumes perfect overlap, bf16 peak, bandwidth-optimal collectives; "
-                 f"{roofline['chip']['source']}")
+        lines.append(
+            f"    MFU at that bound: {roofline['mfu_at_bound']:.1%} (model FLOPs "
+            f"{roofline['model_flops_per_chip']:.4g} per chip; the best this slice "
+            "can reach)"
+        )
+    lines.append(
+        f"    assumes perfect overlap, bf16 peak, bandwidth-optimal collectives; "
+        f"{roofline['chip']['source']}"
+    )
     return lines

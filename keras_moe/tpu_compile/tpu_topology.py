@@ -23,12 +23,27 @@ GENERATIONS = {
 }
 # Topologies this module is tested with (any "<generation>:<AxB[xC]>" of a known
 # generation is accepted: 2-D for v5e/v6e, 3-D for v4/v5p, A and B 1 or even).
-KNOWN_TOPOLOGIES = ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:8x8", "v6e:2x2", "v6e:4x4",
-                    "v6e:8x8", "v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:4x4x4",
-                    "v5p:2x2x1", "v5p:2x2x2", "v5p:4x4x4")
+KNOWN_TOPOLOGIES = (
+    "v5e:2x2",
+    "v5e:2x4",
+    "v5e:4x4",
+    "v5e:8x8",
+    "v6e:2x2",
+    "v6e:4x4",
+    "v6e:8x8",
+    "v4:2x2x1",
+    "v4:2x2x2",
+    "v4:2x2x4",
+    "v4:4x4x4",
+    "v5p:2x2x1",
+    "v5p:2x2x2",
+    "v5p:4x4x4",
+)
 _TOPOLOGY_RE = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+)+)$")
-ALLOWED_FORMS = ("<generation>:AxB for v5e and v6e, <generation>:AxBxC for v4 and v5p, "
-                 "with A and B each 1 or even (a TPU host holds 2x2 chips)")
+ALLOWED_FORMS = (
+    "<generation>:AxB for v5e and v6e, <generation>:AxBxC for v4 and v5p, "
+    "with A and B each 1 or even (a TPU host holds 2x2 chips)"
+)
 
 
 def setup_environment(environ=None):
@@ -45,9 +60,13 @@ def setup_environment(environ=None):
     env = os.environ if environ is None else environ
     # ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise takes /tmp/libtpu_lockfile and a
     # second compiling process (two test workers, two CLIs) aborts; no TPU is opened.
-    defaults = {"KERAS_BACKEND": "jax", "TPU_SKIP_MDS_QUERY": "1",
-                "TPU_WORKER_HOSTNAMES": "localhost", "TF_CPP_MIN_LOG_LEVEL": "3",
-                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    defaults = {
+        "KERAS_BACKEND": "jax",
+        "TPU_SKIP_MDS_QUERY": "1",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
     for key, value in defaults.items():
         if not env.get(key):
             env[key] = value
@@ -67,10 +86,12 @@ def libtpu_missing_message():
         jax_version = version("jax")
     except Exception:  # jax itself missing
         jax_version = "<your jax version>"
-    return ("compiling for a TPU topology needs the TPU compiler (libtpu), which is not "
-            'installed: pip install "keras-moe[tpu]" '
-            f'(or pip install "jax[tpu]=={jax_version}"). '
-            "Without it, compile for emulated CPU devices (--num_cpu_devices).")
+    return (
+        "compiling for a TPU topology needs the TPU compiler (libtpu), which is not "
+        'installed: pip install "keras-moe[tpu]" '
+        f'(or pip install "jax[tpu]=={jax_version}"). '
+        "Without it, compile for emulated CPU devices (--num_cpu_devices)."
+    )
 
 
 # Cloud TPU accelerator types (`gcloud ... --accelerator-type`, tpu_scripts/): v5e and
@@ -107,9 +128,11 @@ def canonical_topology(name):
         size *= d
     if rest or size != chips or chips & (chips - 1) or chips == 2:
         unit = "chips" if _CORES_PER_CHIP[generation] == 1 else "TensorCores (2 per chip)"
-        raise CompileOnlyError(f"unknown Cloud TPU type {text!r}: {match.group(1)}-N takes N "
-                               f"{unit}, 1 or a power of two >= 4 chips (e.g. "
-                               f"{match.group(1)}-8).")
+        raise CompileOnlyError(
+            f"unknown Cloud TPU type {text!r}: {match.group(1)}-N takes N "
+            f"{unit}, 1 or a power of two >= 4 chips (e.g. "
+            f"{match.group(1)}-8)."
+        )
     return f"{generation}:{'x'.join(str(d) for d in dims)}"
 
 
@@ -129,7 +152,8 @@ def parse_topology(name):
     match = _TOPOLOGY_RE.match(name)
     bad = CompileOnlyError(
         f"unknown TPU topology {name!r}: use {ALLOWED_FORMS}; generation one of "
-        f"{sorted(GENERATIONS)}, e.g. one of {list(KNOWN_TOPOLOGIES)}.")
+        f"{sorted(GENERATIONS)}, e.g. one of {list(KNOWN_TOPOLOGIES)}."
+    )
     if not match:
         raise bad
     generation, dims = match.group(1), tuple(int(d) for d in match.group(2).split("x"))
@@ -160,12 +184,14 @@ def _topology_devices(name):
         topology = topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs)
     except Exception as e:  # jax.errors.JaxRuntimeError: INVALID_ARGUMENT
         reason = str(e).strip().splitlines()[0]
-        raise CompileOnlyError(f"libtpu refused the TPU topology {name!r} "
-                               f"({reason}): use {ALLOWED_FORMS}.") from None
+        raise CompileOnlyError(
+            f"libtpu refused the TPU topology {name!r} ({reason}): use {ALLOWED_FORMS}."
+        ) from None
     devices = tuple(topology.devices)
     if len(devices) != chips:  # pragma: no cover - a libtpu that ignores chip_config_name
-        raise CompileOnlyError(f"libtpu described {name} with {len(devices)} devices, "
-                               f"expected {chips} (one per chip).")
+        raise CompileOnlyError(
+            f"libtpu described {name} with {len(devices)} devices, expected {chips} (one per chip)."
+        )
     return devices
 
 

@@ -27,5 +27,8 @@ from keras_moe.training.run.schedules import InverseSqrtSchedule, make_optimizer
 __all__ = ["InverseSqrtSchedule", "TrainingConfigError", "make_optimizer"]
 
 for _untested in _compat.untested_versions():
-    _warnings.warn(f"untested version: {_untested}. keras_moe.compat reaches private "
-                   "internals written for keras_moe.compat.TESTED_VERSIONS.", stacklevel=2)
+    _warnings.warn(
+        f"untested version: {_untested}. keras_moe.compat reaches private "
+        "internals written for keras_moe.compat.TESTED_VERSIONS.",
+        stacklevel=2,
+    )

@@ -18,12 +18,12 @@ class NonFiniteLossError(RuntimeError):
 
     def __init__(self, step, loss, last_checkpoint=None):
         self.step, self.loss = step, loss
-        where = (f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint
-                 else "")
+        where = f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint else ""
         super().__init__(
             f"training loss became {loss} at step {step}: stopping, no checkpoint of step "
             f"{step} written{where}. Lower the learning rate, keep the router in float32 "
-            "(SwitchFeedForward.router_dtype), or check the input data.")
+            "(SwitchFeedForward.router_dtype), or check the input data."
+        )
 
 
 class CorruptCheckpointError(TrainingConfigError):
@@ -45,8 +45,11 @@ class TrainingInterrupted(Exception):
     def __init__(self, step=None, checkpoint=None):
         self.step, self.checkpoint = step, checkpoint
         at = f" at step {step}" if step is not None else ""
-        newest = (f"the newest checkpoint is {checkpoint}" if checkpoint
-                  else "no checkpoint was written yet")
+        newest = (
+            f"the newest checkpoint is {checkpoint}"
+            if checkpoint
+            else "no checkpoint was written yet"
+        )
         super().__init__(f"interrupted{at}; {newest}. Run the same command to resume.")
 
 

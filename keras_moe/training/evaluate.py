@@ -20,15 +20,23 @@ def is_translation(task_name):
     subtasks = getattr(task, "tasks", None) or [task]
     for sub in subtasks:
         for fn in getattr(sub, "metric_fns", ()) or ():
-            name = getattr(fn, "__name__", "") or getattr(getattr(fn, "func", None),
-                                                           "__name__", "")
+            name = getattr(fn, "__name__", "") or getattr(getattr(fn, "func", None), "__name__", "")
             if "bleu" in name.lower():
                 return True
     return False
 
 
-def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_decode_length=None,
-                method="greedy", num_beams=4, batch_size=16):
+def decode_bleu(
+    model,
+    task_name,
+    feature_lengths,
+    split,
+    num_examples,
+    max_decode_length=None,
+    method="greedy",
+    num_beams=4,
+    batch_size=16,
+):
     """Greedy/beam decodes `num_examples` examples and scores them with sacrebleu.
 
     Uses the tasks' own BLEU (`tasks.metrics.bleu`: intl tokenizer, exp
@@ -41,8 +49,9 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
     from keras_moe.tasks import metrics as task_metrics
 
     task = seqio.get_mixture_or_task(task_name)
-    ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,
-                          seed=0, use_cached=False)
+    ds = task.get_dataset(
+        dict(feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0, use_cached=False
+    )
     vocab = task.output_features["targets"].vocabulary
     in_vocab = task.output_features["inputs"].vocabulary
     length = feature_lengths["inputs"]
@@ -52,19 +61,24 @@ def decode_bleu(model, task_name, feature_lengths, split, num_examples, max_deco
         raise TrainingConfigError(f"task {task_name!r} split {split!r} has no examples to decode.")
     preds, refs, inputs = [], [], []
     for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
+        chunk = examples[start : start + batch_size]
         tokens = pad_input_tokens([ex["inputs"] for ex in chunk], length)
-        out = np.asarray(model.generate(tokens, max_length=max_len, method=method,
-                                        num_beams=num_beams))
+        out = np.asarray(
+            model.generate(tokens, max_length=max_len, method=method, num_beams=num_beams)
+        )
         for row, ex in enumerate(chunk):
             preds.append(vocab.decode(strip_ids(out[row])))
             ref = ex.get("targets_pretokenized")
-            refs.append(ref.decode("utf-8") if isinstance(ref, bytes) else
-                        vocab.decode(strip_ids(ex["targets"])))
+            refs.append(
+                ref.decode("utf-8")
+                if isinstance(ref, bytes)
+                else vocab.decode(strip_ids(ex["targets"]))
+            )
             inputs.append(in_vocab.decode(strip_ids(ex["inputs"])))
     bleu = task_metrics.bleu(refs, preds)["bleu"]
     return {"bleu": float(bleu), "decoded_examples": len(preds)}, list(
-        zip(inputs, preds, refs, strict=False))
+        zip(inputs, preds, refs, strict=False)
+    )
 
 
 def restore_from_run(model_dir, checkpoint=None):
@@ -81,7 +95,8 @@ def restore_from_run(model_dir, checkpoint=None):
     if dataset is None or dataset.feature_lengths is None:
         raise TrainingConfigError(
             "the gin config binds no train.dataset with its task and feature_lengths; pass "
-            "--gin_file (e.g. the run's operative_config.gin).")
+            "--gin_file (e.g. the run's operative_config.gin)."
+        )
     dataset.check()
     if checkpoint is None:
         meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
@@ -98,8 +113,9 @@ def restore_from_run(model_dir, checkpoint=None):
     return model, meta, dataset
 
 
-def export_run(model_dir, export_dir, checkpoint=None, max_decode_length=None,
-               method="greedy", num_beams=4):
+def export_run(
+    model_dir, export_dir, checkpoint=None, max_decode_length=None, method="greedy", num_beams=4
+):
     """Writes the run's checkpoint as a serving SavedModel (`export_for_serving`).
 
     The encoder length and the default output length are the run's
@@ -120,18 +136,37 @@ def export_run(model_dir, export_dir, checkpoint=None, max_decode_length=None,
         vocabulary = None  # a byte vocabulary: the token signature only
     lengths = dataset.feature_lengths
     max_length = max_decode_length or lengths["targets"]
-    export_for_serving(model, export_dir, vocabulary=vocabulary,
-                       max_input_length=lengths["inputs"], max_length=max_length,
-                       method=method, num_beams=num_beams)
-    return {"path": export_dir, "checkpoint": meta["path"],
-            "step": int(model.optimizer.iterations.numpy()),
-            "max_input_length": lengths["inputs"], "max_length": max_length,
-            "signatures": ["generate_ids"] + (["generate_text"] if vocabulary else [])}
+    export_for_serving(
+        model,
+        export_dir,
+        vocabulary=vocabulary,
+        max_input_length=lengths["inputs"],
+        max_length=max_length,
+        method=method,
+        num_beams=num_beams,
+    )
+    return {
+        "path": export_dir,
+        "checkpoint": meta["path"],
+        "step": int(model.optimizer.iterations.numpy()),
+        "max_input_length": lengths["inputs"],
+        "max_length": max_length,
+        "signatures": ["generate_ids"] + (["generate_text"] if vocabulary else []),
+    }
 
 
-def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, decode=None,
-             decode_examples=32, max_decode_length=None, method="greedy", num_beams=4,
-             task=None):
+def evaluate(
+    model_dir,
+    checkpoint=None,
+    split="validation",
+    eval_batches=20,
+    decode=None,
+    decode_examples=32,
+    max_decode_length=None,
+    method="greedy",
+    num_beams=4,
+    task=None,
+):
     """Evaluates the newest (or the given) checkpoint of `model_dir`.
 
     The model, task, feature lengths and batch size come from the parsed gin
@@ -147,9 +182,16 @@ def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, de
     task = task or dataset.task
     feature_lengths = dataset.feature_lengths
     step = int(model.optimizer.iterations.numpy())
-    ds = data_lib.make_dataset(task, feature_lengths, split, dataset.batch_size,
-                               pack=dataset.pack, shuffle=False, seed=0,
-                               repeat=False).take(eval_batches)
+    ds = data_lib.make_dataset(
+        task,
+        feature_lengths,
+        split,
+        dataset.batch_size,
+        pack=dataset.pack,
+        shuffle=False,
+        seed=0,
+        repeat=False,
+    ).take(eval_batches)
     data_lib.check_not_empty(ds, task, split)
     ds = data_lib.finite(ds)
     with warnings.catch_warnings():
@@ -160,11 +202,20 @@ def evaluate(model_dir, checkpoint=None, split="validation", eval_batches=20, de
     if decode is None:
         decode = is_translation(task)
     if decode:
-        scores, samples = decode_bleu(model, task, feature_lengths, split, decode_examples,
-                                      max_decode_length, method, num_beams)
+        scores, samples = decode_bleu(
+            model,
+            task,
+            feature_lengths,
+            split,
+            decode_examples,
+            max_decode_length,
+            method,
+            num_beams,
+        )
         results.update(scores)
-        results["samples"] = [{"input": i, "prediction": p, "reference": r}
-                              for i, p, r in samples[:5]]
+        results["samples"] = [
+            {"input": i, "prediction": p, "reference": r} for i, p, r in samples[:5]
+        ]
     return results
 
 

@@ -32,31 +32,42 @@ def set_tf_environment():
 
 
 def build_parser(prog="keras-moe-train"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_gin_flags(parser)
-    parser.add_argument("--model_dir", required=True, help="output folder (resumes if it holds "
-                        "checkpoints)")
+    parser.add_argument(
+        "--model_dir", required=True, help="output folder (resumes if it holds checkpoints)"
+    )
     from keras_moe.training.placement import multihost
 
     multihost.add_flags(parser)
     return parser
 
 
-def add_gin_flags(parser, gin_file_help="gin file (path or name in gin/runs, gin/models); "
-                                        "repeatable"):
+def add_gin_flags(
+    parser, gin_file_help="gin file (path or name in gin/runs, gin/models); repeatable"
+):
     """--gin_file, --gin_bindings and --gin_allow_import, as every keras_moe CLI takes them."""
     parser.add_argument("--gin_file", action="append", default=[], help=gin_file_help)
-    parser.add_argument("--gin_bindings", action="append", default=[],
-                        help="gin binding, e.g. 'BATCH_SIZE = 32' or "
-                             "'CheckpointConfig.every = 100'; repeatable")
+    parser.add_argument(
+        "--gin_bindings",
+        action="append",
+        default=[],
+        help="gin binding, e.g. 'BATCH_SIZE = 32' or 'CheckpointConfig.every = 100'; repeatable",
+    )
     add_gin_allow_import_flag(parser)
 
 
 def add_gin_allow_import_flag(parser):
-    parser.add_argument("--gin_allow_import", action="append", default=[], metavar="MODULE",
-                        help="let gin files `import` MODULE (and its sub-modules) besides "
-                             "keras_moe, seqio, t5.data, t5.evaluation; repeatable")
+    parser.add_argument(
+        "--gin_allow_import",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="let gin files `import` MODULE (and its sub-modules) besides "
+        "keras_moe, seqio, t5.data, t5.evaluation; repeatable",
+    )
 
 
 def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=None):
@@ -100,8 +111,12 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
     files = list(args.gin_file or default_gin_files)
     if gin_files is not None:
         files = gin_files(files)
-    codes = ((TrainingConfigError, 2), (GinConfigError, 2), (NonFiniteLossError, 3),
-             (WorkerFailureError, 4))
+    codes = (
+        (TrainingConfigError, 2),
+        (GinConfigError, 2),
+        (NonFiniteLossError, 3),
+        (WorkerFailureError, 4),
+    )
     try:
         from keras_moe.gin_config import parse_gin
         from keras_moe.training import trainer
@@ -161,7 +176,8 @@ def _train(args):
     from keras_moe.training import train_configurables, trainer
 
     summary = train_configurables.train(
-        args.model_dir, write_config=train_configurables.write_operative_config)
+        args.model_dir, write_config=train_configurables.write_operative_config
+    )
     return trainer.format_summary(summary)
 
 

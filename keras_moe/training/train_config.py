@@ -16,14 +16,19 @@ from keras_moe.validation import check_int
 # Flat settings of earlier run files -> (the collaborator, its field). `train`
 # still takes them when that collaborator is not bound.
 SHORTHANDS = {
-    "task": ("dataset", "task"), "feature_lengths": ("dataset", "feature_lengths"),
-    "batch_size": ("dataset", "batch_size"), "pack": ("dataset", "pack"),
-    "shuffle": ("dataset", "shuffle"), "seed": ("dataset", "seed"),
+    "task": ("dataset", "task"),
+    "feature_lengths": ("dataset", "feature_lengths"),
+    "batch_size": ("dataset", "batch_size"),
+    "pack": ("dataset", "pack"),
+    "shuffle": ("dataset", "shuffle"),
+    "seed": ("dataset", "seed"),
     "input_shards": ("dataset", "input_shards"),
-    "checkpoint_every": ("checkpoint", "every"), "keep_checkpoints": ("checkpoint", "keep"),
+    "checkpoint_every": ("checkpoint", "every"),
+    "keep_checkpoints": ("checkpoint", "keep"),
     "backup_every": ("checkpoint", "backup_every"),
     "init_checkpoint": ("checkpoint", "init_checkpoint"),
-    "strategy": ("placement", "strategy"), "tpu_name": ("placement", "tpu_name"),
+    "strategy": ("placement", "strategy"),
+    "tpu_name": ("placement", "tpu_name"),
     "mirrored_devices": ("placement", "devices"),
     "collective_timeout": ("placement", "collective_timeout"),
     "cluster_wait_timeout": ("placement", "cluster_wait_timeout"),
@@ -131,7 +136,8 @@ class TrainConfig:
         if unknown:
             raise TrainingConfigError(
                 f"train has no setting {', '.join(unknown)}; its settings are "
-                f"{', '.join(sorted(fields))} (and the shorthands {', '.join(SHORTHANDS)}).")
+                f"{', '.join(sorted(fields))} (and the shorthands {', '.join(SHORTHANDS)})."
+            )
         grouped = {"dataset": {}, "checkpoint": {}, "placement": {}}
         for name, value in flat.items():
             owner, field = SHORTHANDS[name]
@@ -139,7 +145,8 @@ class TrainConfig:
                 target = _class_name(owner, name, settings[owner])
                 raise TrainingConfigError(
                     f"train.{name} is {target}.{field} now, and train.{owner} is bound too: "
-                    f"bind {target}.{field} instead.")
+                    f"bind {target}.{field} instead."
+                )
             grouped[owner][field] = value
         if grouped["dataset"]:
             settings["dataset"] = DatasetConfig(**grouped["dataset"])
@@ -160,15 +167,22 @@ class TrainConfig:
         if not isinstance(self.placement, (StrategyPlacement, MeshPlacement)):
             raise TrainingConfigError(
                 "train.placement must be @StrategyPlacement() or @MeshPlacement(), "
-                f"got {self.placement!r}.")
+                f"got {self.placement!r}."
+            )
         self.placement.check(self.dataset.batch_size)
         check_dtype_policy(self.dtype_policy)
         if self.eval_routing not in EVAL_ROUTINGS:
-            raise TrainingConfigError(f"train.eval_routing must be one of {EVAL_ROUTINGS}, "
-                                      f"got {self.eval_routing!r}.")
-        for name, minimum in (("train_steps", 1), ("log_every", 1), ("summary_batches", 0),
-                              ("steps_per_execution", 1), ("validation_freq", 0),
-                              ("expert_load_every", 0)):
+            raise TrainingConfigError(
+                f"train.eval_routing must be one of {EVAL_ROUTINGS}, got {self.eval_routing!r}."
+            )
+        for name, minimum in (
+            ("train_steps", 1),
+            ("log_every", 1),
+            ("summary_batches", 0),
+            ("steps_per_execution", 1),
+            ("validation_freq", 0),
+            ("expert_load_every", 0),
+        ):
             check_int(f"train.{name}", getattr(self, name), minimum, TrainingConfigError)
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.checkpoint.every
@@ -189,11 +203,13 @@ def _placement(fields: dict) -> StrategyPlacement | MeshPlacement:
         if mesh.get("logical_axis_rules") is not None:
             raise TrainingConfigError(
                 "train.logical_axis_rules is set but train.mesh_shape is not: bind "
-                'MeshPlacement.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.')
+                'MeshPlacement.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.'
+            )
         return StrategyPlacement(**fields)
     if fields.get("strategy", "default") != "default":
         raise TrainingConfigError(
             "train.mesh_shape shards over a JAX device mesh; train.strategy="
             f"{fields['strategy']!r} is a tf.distribute strategy: bind one placement, "
-            "train.placement = @MeshPlacement() or @StrategyPlacement().")
+            "train.placement = @MeshPlacement() or @StrategyPlacement()."
+        )
     return MeshPlacement(**mesh)

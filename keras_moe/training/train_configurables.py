@@ -23,15 +23,21 @@ from keras_moe.training.run.dataset_config import DatasetConfig
 from keras_moe.training.train_config import SHORTHANDS, TrainConfig
 
 _MODULE = "keras_moe.training"
-train = gin.external_configurable(trainer.train, name="train", module=_MODULE,
-                                  denylist=["model_dir", "write_config", "return_config"])
-make_optimizer = gin.external_configurable(schedules.make_optimizer, name="make_optimizer",
-                                           module=_MODULE)
+train = gin.external_configurable(
+    trainer.train,
+    name="train",
+    module=_MODULE,
+    denylist=["model_dir", "write_config", "return_config"],
+)
+make_optimizer = gin.external_configurable(
+    schedules.make_optimizer, name="make_optimizer", module=_MODULE
+)
 for _cls in (DatasetConfig, CheckpointConfig, Upcycle, StrategyPlacement, MeshPlacement):
     gin.external_configurable(_cls, module=_MODULE)
 # `train` takes **settings (the flat shorthands): gin would accept any name.
 gin_config.register_keyword_names(
-    "train", {f.name for f in dataclasses.fields(TrainConfig)} | set(SHORTHANDS))
+    "train", {f.name for f in dataclasses.fields(TrainConfig)} | set(SHORTHANDS)
+)
 
 
 def job_config():

@@ -25,8 +25,9 @@ from keras_moe.training.run.training_run import Run
 from keras_moe.training.train_config import TrainConfig
 
 
-def train(model_dir: str | None, return_config: bool = False,
-          **settings: Any) -> TrainSummary | TrainConfig:
+def train(
+    model_dir: str | None, return_config: bool = False, **settings: Any
+) -> TrainSummary | TrainConfig:
     """Trains a model on a seqio task; returns its summary and the trained model.
 
     Args:
@@ -59,13 +60,20 @@ def train(model_dir: str | None, return_config: bool = False,
 def _train_signature():
     # gin reads a function's parameters to check and bind `train.<name>`: the
     # fields of TrainConfig, and **settings for the flat shorthands.
-    params = [inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                annotation="str | None"),
-              inspect.Parameter("return_config", inspect.Parameter.KEYWORD_ONLY, default=False,
-                                annotation="bool")]
-    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                                 annotation=f.type)
-               for f in dataclasses.fields(TrainConfig)]
+    params = [
+        inspect.Parameter(
+            "model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | None"
+        ),
+        inspect.Parameter(
+            "return_config", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"
+        ),
+    ]
+    params += [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+        )
+        for f in dataclasses.fields(TrainConfig)
+    ]
     params.append(inspect.Parameter("settings", inspect.Parameter.VAR_KEYWORD, annotation="Any"))
     return inspect.Signature(params, return_annotation="TrainSummary | TrainConfig")
 

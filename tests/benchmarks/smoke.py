@@ -31,7 +31,7 @@ def _run_in_this_process(script, argv):
 
     from benchmarks import common
 
-    module = importlib.import_module(f"benchmarks.{script[:-len('.py')]}")
+    module = importlib.import_module(f"benchmarks.{script[: -len('.py')]}")
     argv_before, results_dir = sys.argv, common.RESULTS_DIR
     policy, torch_threads = keras.mixed_precision.global_policy().name, _torch_threads()
     sys.argv = [os.path.join(ROOT, "benchmarks", script), *argv]
@@ -50,8 +50,9 @@ def _torch_threads():
     return torch.get_num_threads() if torch is not None else None
 
 
-def run_smoke(script, output, *extra, extensions=("json",), default_output=False,
-              own_process=False):
+def run_smoke(
+    script, output, *extra, extensions=("json",), default_output=False, own_process=False
+):
     """Returns {extension: parsed JSON (json) or True (other files that exist)}.
 
     A smoke run writes under `benchmarks/results/smoke/` and must leave the
@@ -69,9 +70,14 @@ def run_smoke(script, output, *extra, extensions=("json",), default_output=False
     before = _committed_results()
     if own_process:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-        result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script)]
-                                + argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=600)
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "benchmarks", script)] + argv,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     else:
         _run_in_this_process(script, argv)

@@ -29,19 +29,31 @@ def test_steps_to_reach_interpolates():
 def test_compare_reads_steps_and_wall_time_off_the_curves():
     from benchmarks.quality import compare, difference_with_noise
 
-    dense = {"curve": [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
-                       {"step": 100, "seconds": 50.0, "neg_log_perplexity": -5.0},
-                       {"step": 200, "seconds": 100.0, "neg_log_perplexity": -4.0}],
-             "final_neg_log_perplexity": -4.0, "final_std": 0.02, "step_time_s": 0.5,
-             "final_per_seed": [-4.02, -3.98]}
+    dense = {
+        "curve": [
+            {"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+            {"step": 100, "seconds": 50.0, "neg_log_perplexity": -5.0},
+            {"step": 200, "seconds": 100.0, "neg_log_perplexity": -4.0},
+        ],
+        "final_neg_log_perplexity": -4.0,
+        "final_std": 0.02,
+        "step_time_s": 0.5,
+        "final_per_seed": [-4.02, -3.98],
+    }
     # Reaches -4.0 a quarter of the way from step 50 (-4.2) to step 100 (-3.4): step 62.5,
     # at 37.5 s (0.6 s/step), against the dense model's 200 steps and 100 s.
-    moe = {"curve": [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
-                     {"step": 50, "seconds": 30.0, "neg_log_perplexity": -4.2},
-                     {"step": 100, "seconds": 60.0, "neg_log_perplexity": -3.4},
-                     {"step": 200, "seconds": 120.0, "neg_log_perplexity": -3.9}],
-           "final_neg_log_perplexity": -3.9, "final_std": 0.04, "step_time_s": 0.6,
-           "final_per_seed": [-3.86, -3.94]}
+    moe = {
+        "curve": [
+            {"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+            {"step": 50, "seconds": 30.0, "neg_log_perplexity": -4.2},
+            {"step": 100, "seconds": 60.0, "neg_log_perplexity": -3.4},
+            {"step": 200, "seconds": 120.0, "neg_log_perplexity": -3.9},
+        ],
+        "final_neg_log_perplexity": -3.9,
+        "final_std": 0.04,
+        "step_time_s": 0.6,
+        "final_per_seed": [-3.86, -3.94],
+    }
     c = compare(moe, dense)
     assert c["steps_to_dense_final"] == pytest.approx(62.5)
     assert c["fraction_of_dense_steps"] == pytest.approx(0.3125)
@@ -50,8 +62,9 @@ def test_compare_reads_steps_and_wall_time_off_the_curves():
     assert c["final_gain_over_dense"] == pytest.approx(0.1)
     assert c["gain_in_dense_seed_std"] == pytest.approx(5.0)
     assert c["meets"] == {"gain": True, "half_steps": True, "half_wall_clock": True}
-    slow = dict(moe, step_time_s=2.0, curve=[dict(p, seconds=4 * p["seconds"])
-                                             for p in moe["curve"]])
+    slow = dict(
+        moe, step_time_s=2.0, curve=[dict(p, seconds=4 * p["seconds"]) for p in moe["curve"]]
+    )
     assert compare(slow, dense)["meets"]["half_wall_clock"] is False
     # With an interleaved step-time ratio the time is steps-to-reach x that ratio.
     timed = compare(slow, dense, step_time_ratio=1.2)
@@ -67,8 +80,20 @@ def test_compare_reads_steps_and_wall_time_off_the_curves():
 def test_cosine_schedule_warms_up_to_the_peak_and_ends_at_a_tenth():
     from benchmarks.quality import learning_rate, parse_args
 
-    schedule = learning_rate(parse_args(["--steps", "100", "--eval_every", "10",
-                                         "--learning_rate", "0.002", "--schedule", "cosine"]))
+    schedule = learning_rate(
+        parse_args(
+            [
+                "--steps",
+                "100",
+                "--eval_every",
+                "10",
+                "--learning_rate",
+                "0.002",
+                "--schedule",
+                "cosine",
+            ]
+        )
+    )
     assert float(schedule(0)) == pytest.approx(0.0)
     assert float(schedule(5)) == pytest.approx(0.001)
     assert float(schedule(10)) == pytest.approx(0.002)
@@ -82,14 +107,25 @@ def test_mean_over_seeds_averages_curves_and_reports_the_spread():
     from benchmarks.quality import mean_over_seeds
 
     def record(values, step_time):
-        return {"curve": [{"step": s, "seconds": 2.0 * s, "neg_log_perplexity": v,
-                           "accuracy": 0.5, "loss": -v}
-                          for s, v in zip((0, 10), values, strict=False)],
-                "final_neg_log_perplexity": values[-1], "step_time_s": step_time,
-                "train_seconds": 20.0}
+        return {
+            "curve": [
+                {
+                    "step": s,
+                    "seconds": 2.0 * s,
+                    "neg_log_perplexity": v,
+                    "accuracy": 0.5,
+                    "loss": -v,
+                }
+                for s, v in zip((0, 10), values, strict=False)
+            ],
+            "final_neg_log_perplexity": values[-1],
+            "step_time_s": step_time,
+            "train_seconds": 20.0,
+        }
 
-    run = mean_over_seeds([record([-9.0, -4.0], 0.1), record([-9.0, -4.3], 0.3),
-                           record([-9.0, -4.2], 0.2)], [0, 1, 2])
+    run = mean_over_seeds(
+        [record([-9.0, -4.0], 0.1), record([-9.0, -4.3], 0.3), record([-9.0, -4.2], 0.2)], [0, 1, 2]
+    )
     assert [p["neg_log_perplexity"] for p in run["curve"]] == pytest.approx([-9.0, -12.5 / 3])
     assert run["curve"][1]["seconds"] == 20.0
     assert run["final_neg_log_perplexity"] == pytest.approx(-4.166667, abs=1e-6)
@@ -125,13 +161,17 @@ def test_quality_smoke():
     assert all(0.0 <= router[k] <= 1.0 for k in dropped)
     assert data["runs"]["dense"]["per_seed"][0]["router"] == {}
     c = data["comparison"]["switch2"]
-    assert set(c) >= {"steps_to_dense_final", "fraction_of_dense_steps",
-                      "fraction_of_dense_seconds", "meets", "final_gain_over_dense"}
-    assert data["ordering_by_experts"][0]["difference"] == pytest.approx(
-        c["final_gain_over_dense"])
+    assert set(c) >= {
+        "steps_to_dense_final",
+        "fraction_of_dense_steps",
+        "fraction_of_dense_seconds",
+        "meets",
+        "final_gain_over_dense",
+    }
+    assert data["ordering_by_experts"][0]["difference"] == pytest.approx(c["final_gain_over_dense"])
     assert c["final_gain_over_dense"] == pytest.approx(
-        data["runs"]["switch2"]["final_neg_log_perplexity"]
-        - data["dense_final_neg_log_perplexity"])
+        data["runs"]["switch2"]["final_neg_log_perplexity"] - data["dense_final_neg_log_perplexity"]
+    )
     assert data["table1"] == []
 
     # The same training from saved batches (no seqio: what a JAX GPU host runs), in two
@@ -142,21 +182,34 @@ def test_quality_smoke():
     with tempfile.TemporaryDirectory() as batches:
         quality.main(["--smoke", "--seeds", "1", "--export_batches", batches])
         assert sorted(os.listdir(batches)) == ["held_out.npz", "meta.json", "train_seed0.npz"]
-        from_files = run_smoke("quality.py", "smoke_quality_files", "--seeds", "1",
-                               "--timing_repeats", "0", "--no_plot", "--batches", batches,
-                               "--workers", "2")["json"]
+        from_files = run_smoke(
+            "quality.py",
+            "smoke_quality_files",
+            "--seeds",
+            "1",
+            "--timing_repeats",
+            "0",
+            "--no_plot",
+            "--batches",
+            batches,
+            "--workers",
+            "2",
+        )["json"]
     assert from_files["held_out_target_tokens"] == data["held_out_target_tokens"]
     for name, run in data["runs"].items():
         assert from_files["runs"][name]["final_per_seed"] == pytest.approx(
-            run["final_per_seed"], rel=1e-5)
+            run["final_per_seed"], rel=1e-5
+        )
 
 
 @pytest.mark.slow
 def test_translation_bleu_and_smoke():
     from benchmarks.translation import corpus_bleu, language_of, strip_ids
 
-    refs = ["In the beginning God created the heavens and the earth.",
-            "The earth was formless and empty."]
+    refs = [
+        "In the beginning God created the heavens and the earth.",
+        "The earth was formless and empty.",
+    ]
     assert corpus_bleu(refs, refs) == pytest.approx(100.0)
     assert corpus_bleu(refs, ["x y z", "q r s t"]) < 1.0
     assert language_of("bible_fr_en") == "fr" and language_of("embedded_es_en_byte") == "es"
@@ -188,16 +241,30 @@ def test_retime_adds_interleaved_step_times_to_an_existing_result(monkeypatch):
 
     monkeypatch.setattr(common, "RESULTS_DIR", common.SMOKE_DIR)  # where --smoke writes
 
-    curve = [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
-             {"step": 4, "seconds": 999.0, "neg_log_perplexity": -8.0}]
-    run = {"curve": curve, "final_neg_log_perplexity": -8.0, "final_std": None,
-           "step_time_s": 1.0, "final_per_seed": [-8.0]}
-    moe = dict(run, curve=[curve[0], {"step": 2, "seconds": 1.0, "neg_log_perplexity": -8.0},
-                           dict(curve[1], neg_log_perplexity=-7.0)],
-               final_neg_log_perplexity=-7.0)
+    curve = [
+        {"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0},
+        {"step": 4, "seconds": 999.0, "neg_log_perplexity": -8.0},
+    ]
+    run = {
+        "curve": curve,
+        "final_neg_log_perplexity": -8.0,
+        "final_std": None,
+        "step_time_s": 1.0,
+        "final_per_seed": [-8.0],
+    }
+    moe = dict(
+        run,
+        curve=[
+            curve[0],
+            {"step": 2, "seconds": 1.0, "neg_log_perplexity": -8.0},
+            dict(curve[1], neg_log_perplexity=-7.0),
+        ],
+        final_neg_log_perplexity=-7.0,
+    )
     output = "smoke_retime"
-    common.write_result(output, {"runs": {"dense": run, "switch2": moe}, "comparison": {},
-                                 "table1": []})
+    common.write_result(
+        output, {"runs": {"dense": run, "switch2": moe}, "comparison": {}, "table1": []}
+    )
     try:
         payload = quality.main(["--smoke", "--retime", "--output", output])
         with open(os.path.join(common.RESULTS_DIR, f"{output}.json")) as f:
@@ -225,19 +292,29 @@ def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
     output = "smoke_reuse"
     base = ["--smoke", "--seeds", "1", "--timing_repeats", "0", "--no_plot", "--output", output]
     stored_args = vars(quality.parse_args(base + ["--experts", "2"]))
-    curve = [{"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0, "accuracy": 0.0,
-              "loss": 9.0},
-             {"step": 4, "seconds": 1.0, "neg_log_perplexity": -8.0, "accuracy": 0.1,
-              "loss": 8.0}]
-    fake = {"curve": curve, "final_neg_log_perplexity": -8.0, "final_std": None,
-            "step_time_s": 1.0, "final_per_seed": [-8.0]}
+    curve = [
+        {"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0, "accuracy": 0.0, "loss": 9.0},
+        {"step": 4, "seconds": 1.0, "neg_log_perplexity": -8.0, "accuracy": 0.1, "loss": 8.0},
+    ]
+    fake = {
+        "curve": curve,
+        "final_neg_log_perplexity": -8.0,
+        "final_std": None,
+        "step_time_s": 1.0,
+        "final_per_seed": [-8.0],
+    }
     trained = []
 
-    def train_with_curve(model, train_ds, held_out, steps, eval_every, name="",
-                         eval_batch_size=None):
+    def train_with_curve(
+        model, train_ds, held_out, steps, eval_every, name="", eval_batch_size=None
+    ):
         trained.append(name)
-        return {"curve": [dict(p, neg_log_perplexity=-7.0) for p in curve],
-                "final_neg_log_perplexity": -7.0, "step_time_s": 1.0, "train_seconds": 4.0}
+        return {
+            "curve": [dict(p, neg_log_perplexity=-7.0) for p in curve],
+            "final_neg_log_perplexity": -7.0,
+            "step_time_s": 1.0,
+            "train_seconds": 4.0,
+        }
 
     monkeypatch.setattr(quality, "train_with_curve", train_with_curve)
     path = os.path.join(common.RESULTS_DIR, f"{output}.json")
@@ -262,11 +339,15 @@ def test_distill_summary_fractions_by_hand():
     """Two seeds; gains and fractions worked out by hand."""
     from benchmarks.distill import summarise
 
-    finals = {"dense_baseline": [-4.40, -4.42], "dense_baseline_more_steps": [-4.30, -4.34],
-              "switch_teacher": [-4.34, -4.34], "distilled_student": [-4.37, -4.39]}
+    finals = {
+        "dense_baseline": [-4.40, -4.42],
+        "dense_baseline_more_steps": [-4.30, -4.34],
+        "switch_teacher": [-4.34, -4.34],
+        "distilled_student": [-4.37, -4.39],
+    }
     s = summarise(finals)
     assert s["dense_baseline"]["mean"] == pytest.approx(-4.41)
-    assert s["dense_baseline"]["std"] == pytest.approx(0.02 / 2 ** 0.5)
+    assert s["dense_baseline"]["std"] == pytest.approx(0.02 / 2**0.5)
     base = s["vs_dense_baseline"]
     # teacher gains 0.06 and 0.08 (mean 0.07); student gains 0.03 and 0.03.
     assert base["teacher_gain"] == pytest.approx(0.07)

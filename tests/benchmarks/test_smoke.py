@@ -32,38 +32,64 @@ def test_layer_speed_reports_on_a_fake_clock(monkeypatch):
     """The ratios for timings we choose, worked out by hand (k = 1 switch, 2 gshard; cf 1.25)."""
     from benchmarks import common, layer_speed
 
-    medians = {"dense": 1.0, "switch/gather/E2": 2.5, "switch/gather/E4": 3.0,
-               "gshard/gather/E2": 5.0, "gshard/gather/E4": 6.25}
+    medians = {
+        "dense": 1.0,
+        "switch/gather/E2": 2.5,
+        "switch/gather/E4": 3.0,
+        "gshard/gather/E2": 5.0,
+        "gshard/gather/E4": 6.25,
+    }
     seen = []
 
     def fake_medians(functions, repeats, warmup=2):
         seen.append(sorted(functions))
-        return {name: {"median": medians[name], "spread": 0.0, "samples": [medians[name]]}
-                for name in functions}
+        return {
+            name: {"median": medians[name], "spread": 0.0, "samples": [medians[name]]}
+            for name in functions
+        }
 
     monkeypatch.setattr(common, "interleaved_medians", fake_medians)
-    rows = layer_speed.run([128], [2, 4], d_model=8, d_ff=16, capacity_factor=1.25,
-                           layers=["switch", "gshard"], dispatches=["gather"], repeats=1,
-                           seq_len=64)
+    rows = layer_speed.run(
+        [128],
+        [2, 4],
+        d_model=8,
+        d_ff=16,
+        capacity_factor=1.25,
+        layers=["switch", "gshard"],
+        dispatches=["gather"],
+        repeats=1,
+        seq_len=64,
+    )
     assert seen == [sorted(medians)]  # dense and every layer timed together, once
-    got = {(r["layer"], r["num_experts"]): (r["ratio_vs_cf_dense"], r["ratio_vs_first_E"])
-           for r in rows}
-    assert got == pytest.approx({("switch", 2): (2.0, 1.0), ("switch", 4): (2.4, 1.2),
-                                 ("gshard", 2): (2.0, 1.0), ("gshard", 4): (2.5, 1.25)})
+    got = {
+        (r["layer"], r["num_experts"]): (r["ratio_vs_cf_dense"], r["ratio_vs_first_E"])
+        for r in rows
+    }
+    assert got == pytest.approx(
+        {
+            ("switch", 2): (2.0, 1.0),
+            ("switch", 4): (2.4, 1.2),
+            ("gshard", 2): (2.0, 1.0),
+            ("gshard", 4): (2.5, 1.25),
+        }
+    )
     assert {r["t_dense_s"] for r in rows} == {1.0} and {r["tokens"] for r in rows} == {128}
 
 
 def test_layer_speed_smoke():
     """Run as the docstring shows, in a process of its own and without --output: the
     result goes to results/smoke/."""
-    data = run_smoke("layer_speed.py", "layer_speed", default_output=True,
-                     own_process=True)["json"]
+    data = run_smoke("layer_speed.py", "layer_speed", default_output=True, own_process=True)["json"]
     assert data["benchmark"] == "layer_speed"
     assert (data["args"]["tokens"], data["args"]["experts"]) == ([SMOKE_TOKENS], [2, 4])
     assert data["environment"]["backend"] == "tensorflow"
     names = [(r["layer"], r["dispatch"], r["num_experts"]) for r in data["rows"]]
-    assert sorted(names) == sorted((layer, d, e) for layer in ("switch", "gshard")
-                                   for d in ("gather", "einsum", "dropless") for e in (2, 4))
+    assert sorted(names) == sorted(
+        (layer, d, e)
+        for layer in ("switch", "gshard")
+        for d in ("gather", "einsum", "dropless")
+        for e in (2, 4)
+    )
     for row in data["rows"]:
         assert row["tokens"] == SMOKE_TOKENS
         assert _positive_seconds(row["t_moe_s"]) and _positive_seconds(row["t_dense_s"])
@@ -85,9 +111,9 @@ def test_memory_smoke():
     # Switch layer has 4 experts of those plus a [16, 4] router, whatever the dispatcher.
     dense_bytes = 2 * SMOKE_D_MODEL * SMOKE_D_FF * 4
     switch_bytes = 4 * dense_bytes + SMOKE_D_MODEL * 4 * 4
-    assert rows["dense"]["weight_gradients_mb"] == pytest.approx(dense_bytes / 2 ** 20)
+    assert rows["dense"]["weight_gradients_mb"] == pytest.approx(dense_bytes / 2**20)
     for kind in ("gather", "einsum", "dropless"):
-        assert rows[kind]["weight_gradients_mb"] == pytest.approx(switch_bytes / 2 ** 20)
+        assert rows[kind]["weight_gradients_mb"] == pytest.approx(switch_bytes / 2**20)
     for row in rows.values():
         # Each child imported TensorFlow before its baseline: hundreds of MB, not KB
         # (ru_maxrss is in KB on Linux; a wrong unit would be off by 1024).
@@ -130,30 +156,46 @@ def test_peers_smoke_with_the_model_garden_peer(fake_tfm_python):
     python, record = fake_tfm_python
     data = _run("peers.py", "smoke_peers", "--tfm_python", python)
     row = data["rows"][0]
-    assert set(row["median_s"]) == {"keras_moe_switch_gather", "keras_moe_switch_einsum",
-                                     "keras_moe_switch_dropless", "hf_switch_torch",
-                                     "keras_moe_expert_choice_gather", "dense_tf", "dense_torch",
-                                     "tfm_expert_choice"}
+    assert set(row["median_s"]) == {
+        "keras_moe_switch_gather",
+        "keras_moe_switch_einsum",
+        "keras_moe_switch_dropless",
+        "hf_switch_torch",
+        "keras_moe_expert_choice_gather",
+        "dense_tf",
+        "dense_torch",
+        "tfm_expert_choice",
+    }
     # The peer's own step time (0.25 s) is what is reported, not the round trip.
     assert row["median_s"]["tfm_expert_choice"] == 0.25 and row["tfm_tensorflow"] == "fake-2.20"
     assert row["speedup_expert_choice_vs_tfm"] == pytest.approx(
-        0.25 / row["median_s"]["keras_moe_expert_choice_gather"])
+        0.25 / row["median_s"]["keras_moe_expert_choice_gather"]
+    )
     asked = json.loads(record.read_text())
-    assert asked == {"config": {"tokens": SMOKE_TOKENS, "seq_len": SMOKE_SEQ_LEN,
-                                "d_model": SMOKE_D_MODEL, "d_ff": SMOKE_D_FF, "num_experts": 4,
-                                "capacity_factor": 1.25},
-                     "steps": data["args"]["repeats"]}
+    assert asked == {
+        "config": {
+            "tokens": SMOKE_TOKENS,
+            "seq_len": SMOKE_SEQ_LEN,
+            "d_model": SMOKE_D_MODEL,
+            "d_ff": SMOKE_D_FF,
+            "num_experts": 4,
+            "capacity_factor": 1.25,
+        },
+        "steps": data["args"]["repeats"],
+    }
     assert row["capacity"] == 20  # ceil(1.25 * 64 tokens per sequence / 4 experts)
     assert all(_positive_seconds(t) for t in row["median_s"].values())
     assert row["speedup_dropless_vs_hf"] == pytest.approx(
-        row["median_s"]["hf_switch_torch"] / row["median_s"]["keras_moe_switch_dropless"])
+        row["median_s"]["hf_switch_torch"] / row["median_s"]["keras_moe_switch_dropless"]
+    )
 
 
 @pytest.mark.slow
 def test_peers_smoke_in_mixed_bfloat16_skips_the_float32_only_peer(fake_tfm_python):
     python, record = fake_tfm_python
-    data = _run("peers.py", "smoke_peers_bf16", "--precision", "mixed_bfloat16",
-                "--tfm_python", python)
+    data = _run(
+        "peers.py", "smoke_peers_bf16", "--precision", "mixed_bfloat16", "--tfm_python", python
+    )
     assert data["args"]["precision"] == "mixed_bfloat16"
     assert data["args"]["tfm_python"] == python  # given, and still skipped:
     row = data["rows"][0]
@@ -175,9 +217,11 @@ def test_model_speed_smoke():
     hf_s = data["results"]["hf_switch_torch"]["median_s"]
     # tokens/s ratios are the inverse ratios of step times.
     assert data["ratio_keras_moe_over_hf"] == pytest.approx(
-        hf_s / data["results"]["keras_moe"]["median_s"])
+        hf_s / data["results"]["keras_moe"]["median_s"]
+    )
     assert data["ratio_keras_moe_xla_over_hf"] == pytest.approx(
-        hf_s / data["results"]["keras_moe_xla"]["median_s"])
+        hf_s / data["results"]["keras_moe_xla"]["median_s"]
+    )
     assert data["command"].endswith("--smoke --output smoke_model_speed")
 
 
@@ -190,8 +234,10 @@ def test_decode_speed_smoke():
     assert case["greedy_tokens_equal_hf"] is True
     assert case["saved_model_greedy_tokens_equal"] is True
     assert set(case["results"]) == {
-        f"{who}_{method}" for method in ("greedy", "beam")
-        for who in ("hf", "keras_moe", "keras_moe_xla", "keras_moe_eager", "saved_model")}
+        f"{who}_{method}"
+        for method in ("greedy", "beam")
+        for who in ("hf", "keras_moe", "keras_moe_xla", "keras_moe_eager", "saved_model")
+    }
     assert all(_positive_seconds(r["median_s"]) for r in case["results"].values())
 
 
@@ -221,16 +267,23 @@ def test_layer_profile_runs_and_splits_its_stages_on_a_fake_clock(monkeypatch):
     k / divisor dense FFNs (1 for Switch, 4 / 4 for the fine-grained shape)."""
     from benchmarks import common
 
-    stage_times = {"router": 0.5, "dispatch": 0.75, "experts": 2.0, "layer": 3.0,
-                   "layer+metrics": 3.25}
+    stage_times = {
+        "router": 0.5,
+        "dispatch": 0.75,
+        "experts": 2.0,
+        "layer": 3.0,
+        "layer+metrics": 3.25,
+    }
     ran = []
 
     def fake_medians(functions, repeats, warmup=2):
         for fn in functions.values():
             fn()  # every compiled stage runs once
         ran.extend(functions)
-        times = {name: 2.0 if name == "dense" else stage_times[name.rsplit("/", 1)[1]]
-                 for name in functions}
+        times = {
+            name: 2.0 if name == "dense" else stage_times[name.rsplit("/", 1)[1]]
+            for name in functions
+        }
         return {name: {"median": t, "spread": 0.0, "samples": [t]} for name, t in times.items()}
 
     monkeypatch.setattr(common, "interleaved_medians", fake_medians)
@@ -238,12 +291,21 @@ def test_layer_profile_runs_and_splits_its_stages_on_a_fake_clock(monkeypatch):
     assert len(ran) == 1 + 2 * 2 * 5  # dense, 2 shapes x 2 dispatchers x 5 stages
     assert data["benchmark"] == "layer_profile"
     assert [(r["shape"], r["dispatch"]) for r in data["rows"]] == [
-        ("switch_e8", "dropless"), ("switch_e8", "gather"),
-        ("fine_grained_e32_top4", "dropless"), ("fine_grained_e32_top4", "gather")]
+        ("switch_e8", "dropless"),
+        ("switch_e8", "gather"),
+        ("fine_grained_e32_top4", "dropless"),
+        ("fine_grained_e32_top4", "gather"),
+    ]
     for row in data["rows"]:
-        assert row["shares_s"] == pytest.approx({
-            "router": 0.5, "moving_tokens": 0.25, "expert_matmuls": 2.0, "fusion_rest": 0.25,
-            "metrics": 0.25})
+        assert row["shares_s"] == pytest.approx(
+            {
+                "router": 0.5,
+                "moving_tokens": 0.25,
+                "expert_matmuls": 2.0,
+                "fusion_rest": 0.25,
+                "metrics": 0.25,
+            }
+        )
         assert row["layer_vs_dense_same_tokens"] == pytest.approx(1.5)
         cf = 1.0 if row["dispatch"] == "dropless" else 1.25
         assert row["experts_vs_cf_dense"] == pytest.approx(1.0 / cf)
@@ -253,7 +315,9 @@ def test_grouped_matmul_speed_smoke():
     data = _run("grouped_matmul_speed.py", "smoke_grouped_matmul_speed")
     assert data["benchmark"] == "grouped_matmul_speed"
     assert sorted((r["kernel"], r["num_experts"]) for r in data["rows"]) == [
-        ("auto", 2), ("auto", 4)]  # the TensorFlow backend has one kernel
+        ("auto", 2),
+        ("auto", 4),
+    ]  # the TensorFlow backend has one kernel
     assert all(_positive_seconds(r["t_s"]) and r["t_dense_s"] > 0 for r in data["rows"])
 
 
@@ -270,8 +334,9 @@ def test_first_generate_times_a_real_worker_and_reports_over_hf():
     def runs(*firsts):
         return [dict.fromkeys(first_generate.TIMES, 0.1) | {"first_s": f} for f in firsts]
 
-    rows = first_generate.summarize({"hf": runs(0.4, 0.5, 0.9), "tensorflow": runs(2.0, 3.0, 1.0),
-                                     "jax_warm_cache": runs(0.75)})
+    rows = first_generate.summarize(
+        {"hf": runs(0.4, 0.5, 0.9), "tensorflow": runs(2.0, 3.0, 1.0), "jax_warm_cache": runs(0.75)}
+    )
     assert rows["hf"]["first_s"]["median"] == 0.5 and rows["hf"]["first_s"]["spread"] == 0.25
     assert rows["tensorflow"]["first_over_hf_first"] == pytest.approx(4.0)
     assert rows["jax_warm_cache"]["first_over_hf_first"] == pytest.approx(1.5)

@@ -8,8 +8,9 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import keras
@@ -29,9 +30,15 @@ def _loss_on_mesh(balance_loss, x, mask):
     try:
         assert local_groups.batch_shards(x)[1] == 8  # each shard's sequence is its own group
         keras.utils.set_random_seed(0)  # a fixed router init (see test_balance_losses._layer)
-        layer = keras_moe.TopKFeedForward(E, 4, k=K, balance_loss=balance_loss,
-                                          aux_loss_factor=1.0, z_loss_factor=0.0,
-                                          track_metrics=False)
+        layer = keras_moe.TopKFeedForward(
+            E,
+            4,
+            k=K,
+            balance_loss=balance_loss,
+            aux_loss_factor=1.0,
+            z_loss_factor=0.0,
+            track_metrics=False,
+        )
         layer(x, mask=mask, training=True)
         return float(layer.losses[0]), np.asarray(layer.router.kernel.numpy())
     finally:

@@ -20,10 +20,21 @@ JAX_NUMERICS_ENV = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 def run_jax_checks(script, checks):
     """Runs tests/core/`script` with KERAS_BACKEND=jax in a fresh process (the backend is
     fixed per process) and asserts it printed "OK <check>" for each of `checks`."""
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-               **JAX_NUMERICS_ENV)
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "core", script)],
-                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        **JAX_NUMERICS_ENV,
+    )
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "core", script)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for check in checks:
         assert f"OK {check}" in result.stdout
@@ -76,8 +87,10 @@ def check_dropless_choice():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        layers = [keras_moe.SwitchFeedForward(4, 8, dispatch="dropless"),
-                  keras_moe.GShardFeedForward(4, 8, dispatch="dropless"),
-                  keras_moe.SwitchFeedForward(4, 8)]
+        layers = [
+            keras_moe.SwitchFeedForward(4, 8, dispatch="dropless"),
+            keras_moe.GShardFeedForward(4, 8, dispatch="dropless"),
+            keras_moe.SwitchFeedForward(4, 8),
+        ]
     assert not [str(w.message) for w in caught if "dispatch=" in str(w.message)]
     assert [layer.dispatcher.name for layer in layers] == ["dropless", "dropless", "gather"]

@@ -27,8 +27,11 @@ def _fill(module, rng):
     """Gives every parameter of `module` normal(0, WEIGHT_STD) float32 values."""
     with torch.no_grad():
         for param in module.parameters():
-            param.copy_(torch.from_numpy(
-                rng.normal(0, WEIGHT_STD, size=tuple(param.shape)).astype("float32")))
+            param.copy_(
+                torch.from_numpy(
+                    rng.normal(0, WEIGHT_STD, size=tuple(param.shape)).astype("float32")
+                )
+            )
 
 
 def _t(param):
@@ -38,10 +41,19 @@ def _t(param):
 def _keras_layer(num_experts, d_ff, k, normalize_top_k, dispatch, **kwargs):
     # Capacity factor E: every expert has a slot for every token, nothing drops.
     layer = keras_moe.TopKFeedForward(
-        num_experts, d_ff, k=k, normalize_top_k=normalize_top_k, activation="gated-silu",
-        dispatch=dispatch, train_capacity_factor=float(num_experts),
-        eval_capacity_factor=float(num_experts), aux_loss_factor=0.0, z_loss_factor=0.0,
-        track_metrics=False, **kwargs)
+        num_experts,
+        d_ff,
+        k=k,
+        normalize_top_k=normalize_top_k,
+        activation="gated-silu",
+        dispatch=dispatch,
+        train_capacity_factor=float(num_experts),
+        eval_capacity_factor=float(num_experts),
+        aux_loss_factor=0.0,
+        z_loss_factor=0.0,
+        track_metrics=False,
+        **kwargs,
+    )
     layer.build((None, None, D))
     return layer
 
@@ -60,18 +72,32 @@ def copy_experts(hf_experts, layer, swap_gate_up=False):
     layer.experts.wo.assign(np.transpose(hf_experts.down_proj.detach().numpy(), (0, 2, 1)))
 
 
-def qwen2_moe_pair(rng, norm_topk_prob, dispatch="dropless", num_experts=8, k=2, d_ff=8,
-                   shared_d_ff=12, **kwargs):
+def qwen2_moe_pair(
+    rng, norm_topk_prob, dispatch="dropless", num_experts=8, k=2, d_ff=8, shared_d_ff=12, **kwargs
+):
     """(HF Qwen2MoeSparseMoeBlock, TopKFeedForward with its weights)."""
-    config = Qwen2MoeConfig(hidden_size=D, num_experts=num_experts, num_experts_per_tok=k,
-                            moe_intermediate_size=d_ff,
-                            shared_expert_intermediate_size=shared_d_ff,
-                            norm_topk_prob=norm_topk_prob, hidden_act="silu")
+    config = Qwen2MoeConfig(
+        hidden_size=D,
+        num_experts=num_experts,
+        num_experts_per_tok=k,
+        moe_intermediate_size=d_ff,
+        shared_expert_intermediate_size=shared_d_ff,
+        norm_topk_prob=norm_topk_prob,
+        hidden_act="silu",
+    )
     config._experts_implementation = "eager"  # the per-expert loop, as written in the model file
     hf = qwen2_moe.Qwen2MoeSparseMoeBlock(config).eval()
     _fill(hf, rng)
-    layer = _keras_layer(num_experts, d_ff, k, norm_topk_prob, dispatch,
-                         shared_d_ff=shared_d_ff, shared_expert_gate=True, **kwargs)
+    layer = _keras_layer(
+        num_experts,
+        d_ff,
+        k,
+        norm_topk_prob,
+        dispatch,
+        shared_d_ff=shared_d_ff,
+        shared_expert_gate=True,
+        **kwargs,
+    )
     layer.router.kernel.assign(_t(hf.gate.weight))
     copy_experts(hf.experts, layer)
     shared = layer.shared_experts
@@ -82,13 +108,19 @@ def qwen2_moe_pair(rng, norm_topk_prob, dispatch="dropless", num_experts=8, k=2,
     return hf, layer
 
 
-def olmoe_pair(rng, dispatch="dropless", num_experts=16, k=4, d_ff=8, norm_topk_prob=False,
-               **kwargs):
+def olmoe_pair(
+    rng, dispatch="dropless", num_experts=16, k=4, d_ff=8, norm_topk_prob=False, **kwargs
+):
     """(HF OlmoeSparseMoeBlock, TopKFeedForward with its weights); OLMoE's
     released models use norm_topk_prob=False."""
-    config = OlmoeConfig(hidden_size=D, num_experts=num_experts, num_experts_per_tok=k,
-                         intermediate_size=d_ff, norm_topk_prob=norm_topk_prob,
-                         hidden_act="silu")
+    config = OlmoeConfig(
+        hidden_size=D,
+        num_experts=num_experts,
+        num_experts_per_tok=k,
+        intermediate_size=d_ff,
+        norm_topk_prob=norm_topk_prob,
+        hidden_act="silu",
+    )
     config._experts_implementation = "eager"
     hf = olmoe.OlmoeSparseMoeBlock(config).eval()
     _fill(hf, rng)

@@ -26,9 +26,14 @@ rng = np.random.default_rng(0)
 def check_reference():
     for k, dispatch in ((1, "einsum"), (1, "gather"), (2, "gather"), (2, "einsum")):
         router = keras_moe.TopKRouter(4, k=k)
-        layer = keras_moe.MoeLayer(router, keras_moe.FeedForwardExperts(4, 16, init_scale=1.0),
-                                   dispatch=dispatch, eval_capacity_factor=0.75,
-                                   min_expert_capacity=0, group_size="sequence")
+        layer = keras_moe.MoeLayer(
+            router,
+            keras_moe.FeedForwardExperts(4, 16, init_scale=1.0),
+            dispatch=dispatch,
+            eval_capacity_factor=0.75,
+            min_expert_capacity=0,
+            group_size="sequence",
+        )
         x = rng.normal(size=(2, 12, 8)).astype("float32")
         mask = np.ones((2, 12), "float32")
         mask[1, 8:] = 0
@@ -36,7 +41,8 @@ def check_reference():
         weights = {"router": np.asarray(layer.router.kernel.numpy())}
         weights.update({v.name: np.asarray(v.numpy()) for v in layer.experts.weights})
         expected, _, aux, _ = reference_moe(  # capacity from each sequence's real tokens
-            x, mask, weights, k, lambda n: min(n, math.ceil(0.75 * k * n / 4)))  # noqa: B023 - called in this iteration
+            x, mask, weights, k, lambda n, k=k: min(n, math.ceil(0.75 * k * n / 4))
+        )
         np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-5)
         np.testing.assert_allclose(float(layer.losses[0]), 1e-2 * aux, rtol=1e-4)
     print("OK reference")
@@ -54,10 +60,17 @@ def _same_weight_layers(*kwargs_list):
 
 def _outputs_and_gradients(layer, x, mask):
     """Outputs and gradients (weights, input) of one jit-compiled step."""
+
     def objective(trainable, inputs):
-        y, _ = layer.stateless_call(trainable, [v.value for v in layer.non_trainable_variables],
-                                    inputs, mask=mask, training=False)
+        y, _ = layer.stateless_call(
+            trainable,
+            [v.value for v in layer.non_trainable_variables],
+            inputs,
+            mask=mask,
+            training=False,
+        )
         return (y * np.sin(np.arange(8, dtype="float32"))).sum(), y
+
     step = jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
     (_, y), grads = step([v.value for v in layer.trainable_variables], x)
     return np.asarray(y), [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
@@ -86,8 +99,9 @@ def check_dropless():
     x = rng.normal(size=(3, 10, 8)).astype("float32")
     mask = np.ones((3, 10), "float32")
     mask[2, 6:] = 0
-    gather, dropless = _same_weight_layers(dict(dispatch="gather", eval_capacity_factor=6.0),
-                                           dict(dispatch="dropless"))
+    gather, dropless = _same_weight_layers(
+        dict(dispatch="gather", eval_capacity_factor=6.0), dict(dispatch="dropless")
+    )
     results = [_outputs_and_gradients(layer, x, mask) for layer in (gather, dropless)]
     _assert_same(*results)
     assert np.all(results[1][0][2, 6:] == 0)
@@ -116,15 +130,18 @@ def _check_grouped_matmul_kernels():
         np.add.at(want_dw, groups, np.einsum("rk,rn->rkn", x[:inside], c[:inside]))
         group_sizes, weights = np.array(sizes), c.astype("float32")
         for kernel in ("tiled", "looped", "ragged_dot"):
+
             def objective(x, w, kernel=kernel, group_sizes=group_sizes, weights=weights):
                 y = grouped_matmul(x, w, group_sizes, kernel=kernel)
                 return jax.numpy.sum(y * weights), y
-            (_, y), (dx, dw) = jax.jit(jax.value_and_grad(objective, argnums=(0, 1),
-                                                          has_aux=True))(
-                x.astype("float32"), w.astype("float32"))
+
+            (_, y), (dx, dw) = jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))(
+                x.astype("float32"), w.astype("float32")
+            )
             for got, expected in ((y, want), (dx, want_dx), (dw, want_dw)):
-                np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4,
-                                           err_msg=kernel)
+                np.testing.assert_allclose(
+                    np.asarray(got), expected, rtol=1e-4, atol=1e-4, err_msg=kernel
+                )
 
 
 def check_empty_batch():
@@ -132,13 +149,14 @@ def check_empty_batch():
     losses and statistics of 0 for every dispatcher, finite gradients of a jit-compiled step."""
     x, mask = np.zeros((0, 10, 8), "float32"), np.zeros((0, 10), "float32")
     for dispatch in ("gather", "einsum", "dropless"):
-        layer = keras_moe.GShardFeedForward(6, 16, dispatch=dispatch, group_size="sequence",
-                                            return_metrics=True)
+        layer = keras_moe.GShardFeedForward(
+            6, 16, dispatch=dispatch, group_size="sequence", return_metrics=True
+        )
         y, stats = layer(x, mask=mask)
         assert y.shape == (0, 10, 8), y.shape
         assert all(np.all(np.asarray(v) == 0) for v in stats.values()), stats
         assert [float(v) for v in layer.losses] == [0.0, 0.0]
-    layer, = _same_weight_layers(dict(group_size=5))
+    (layer,) = _same_weight_layers(dict(group_size=5))
     y, grads = _outputs_and_gradients(layer, x, mask)
     assert y.shape == (0, 10, 8) and all(np.all(np.isfinite(g)) for g in grads)
     print("OK empty_batch")
@@ -157,8 +175,11 @@ def check_fit_and_save():
         def update_state(self, y_true, y_pred, sample_weight=None):
             return super().update_state(y_pred)
 
-    model.compile(keras.optimizers.Adam(1e-2), loss={"y": "mse"},
-                  metrics={"dropped": [PredictionMean(name="fraction")]})
+    model.compile(
+        keras.optimizers.Adam(1e-2),
+        loss={"y": "mse"},
+        metrics={"dropped": [PredictionMean(name="fraction")]},
+    )
     x = rng.normal(size=(32, 8, 16)).astype("float32")
     y = {"y": np.tanh(x.sum(-1, keepdims=True)), "dropped": np.zeros((32,), "float32")}
     history = model.fit(x, y, epochs=3, batch_size=8, verbose=0).history
@@ -166,11 +187,13 @@ def check_fit_and_save():
     assert 0.0 <= history["dropped_fraction"][-1] <= 1.0
     path = os.path.join(tempfile.mkdtemp(), "m.keras")
     model.save(path)
-    restored = keras.saving.load_model(path, safe_mode=True,
-                                       custom_objects={"PredictionMean": PredictionMean})
+    restored = keras.saving.load_model(
+        path, safe_mode=True, custom_objects={"PredictionMean": PredictionMean}
+    )
     # (predict() would concatenate the scalar statistic per batch: call directly.)
-    np.testing.assert_array_equal(np.asarray(model(x, training=False)["y"]),
-                                  np.asarray(restored(x, training=False)["y"]))
+    np.testing.assert_array_equal(
+        np.asarray(model(x, training=False)["y"]), np.asarray(restored(x, training=False)["y"])
+    )
     keras.mixed_precision.set_global_policy("float32")
     print("OK fit_save_bf16")
 
@@ -196,8 +219,9 @@ def check_compiled_decoding():
     model = EncoderDecoder(tiny_switch_config(vocab_size=8, min_expert_capacity=32))
     inputs = np.array([[5, 6, 7, 1, 0], [2, 3, 1, 0, 0], [4, 5, 6, 7, 1]], "int32")
     for method in ("greedy", "beam"):
-        reference = generate(model, inputs, max_length=8, method=method, num_beams=3,
-                             compiled=False)
+        reference = generate(
+            model, inputs, max_length=8, method=method, num_beams=3, compiled=False
+        )
         tokens = generate(model, inputs, max_length=8, method=method, num_beams=3)
         np.testing.assert_array_equal(tokens, reference)
     print("OK compiled_decoding")
@@ -210,8 +234,16 @@ def check_upcycle():
     from keras_moe.models.upcycle import upcycle_weights
     from tests.models.test_upcycle import _batch, _logits, _pair
 
-    sparse, dense = _pair(TopKFeedForward(num_experts=8, d_ff=8, k=4, normalize_top_k=True,
-                                          eval_capacity_factor=8.0, activation="gated-gelu"))
+    sparse, dense = _pair(
+        TopKFeedForward(
+            num_experts=8,
+            d_ff=8,
+            k=4,
+            normalize_top_k=True,
+            eval_capacity_factor=8.0,
+            activation="gated-gelu",
+        )
+    )
     upcycle_weights(sparse, dense, router_init="zero")
     np.testing.assert_allclose(_logits(sparse, _batch(2)), _logits(dense, _batch(2)), atol=2e-5)
     print("OK upcycle")

@@ -15,7 +15,7 @@ def act(name, x):
     if name == "relu":
         return np.maximum(x, 0)
     if name in ("gelu", "gated-gelu"):
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     raise ValueError(name)
 
 
@@ -27,8 +27,9 @@ def expert_ffn(x, weights, e, activation):
     return h @ weights["wo"][e]
 
 
-def reference_moe(x, mask, weights, k, capacity, activation="relu", normalize=False,
-                  group_size=None):
+def reference_moe(
+    x, mask, weights, k, capacity, activation="relu", normalize=False, group_size=None
+):
     """Returns (y, kept_count_per_expert_per_group, aux, z) in float64.
 
     Tokens are served choice-major (all first choices, then all second

@@ -10,8 +10,14 @@ import keras_moe
 class MixinModel(keras_moe.RouterMetricsMixin, keras.Model):
     def __init__(self):
         super().__init__()
-        self.moe = keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe", seed=1,
-                                               train_capacity_factor=0.5, min_expert_capacity=1)
+        self.moe = keras_moe.SwitchFeedForward(
+            num_experts=4,
+            d_ff=32,
+            name="moe",
+            seed=1,
+            train_capacity_factor=0.5,
+            min_expert_capacity=1,
+        )
         self.head = keras.layers.Dense(1)
 
     def call(self, x, training=None):
@@ -28,16 +34,24 @@ def check_fit_history_matches_the_layer_statistics(rng):
     model.compile(keras.optimizers.SGD(0.0), "mse")
     history = model.fit(x, y, epochs=2, batch_size=8, shuffle=False, verbose=0).history
     outputs, stats = model.moe(x, training=True, return_metrics=True)
-    np.testing.assert_allclose(np.asarray(outputs), np.asarray(model.moe(x, training=True)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(outputs), np.asarray(model.moe(x, training=True)), rtol=1e-6
+    )
     assert 0.0 < float(stats["dropped_fraction"]) < 1.0  # capacity 0.5 drops some
-    for name in ("dropped_fraction", "router_entropy", "load_imbalance", "aux_loss",
-                 "router_confidence"):
-        np.testing.assert_allclose(history[f"moe/{name}"], [float(stats[name])] * 2,
-                                   rtol=1e-5, err_msg=name)
+    for name in (
+        "dropped_fraction",
+        "router_entropy",
+        "load_imbalance",
+        "aux_loss",
+        "router_confidence",
+    ):
+        np.testing.assert_allclose(
+            history[f"moe/{name}"], [float(stats[name])] * 2, rtol=1e-5, err_msg=name
+        )
     evaluated = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
-    np.testing.assert_allclose(evaluated["moe/router_entropy"], float(stats["router_entropy"]),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        evaluated["moe/router_entropy"], float(stats["router_entropy"]), rtol=1e-5
+    )
 
 
 def check_encoder_decoder_logs_router_metrics():
@@ -57,8 +71,14 @@ def _plain_models():
     start 1), Sequential and subclassed; and functional from a class with the mixin."""
 
     def layer():
-        return keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe", seed=1,
-                                           train_capacity_factor=0.5, min_expert_capacity=1)
+        return keras_moe.SwitchFeedForward(
+            num_experts=4,
+            d_ff=32,
+            name="moe",
+            seed=1,
+            train_capacity_factor=0.5,
+            min_expert_capacity=1,
+        )
 
     class Subclassed(keras.Model):
         def __init__(self):
@@ -78,10 +98,12 @@ def _plain_models():
 
     sequential = keras.Sequential([keras.Input((8, 16)), layer()])
     subclassed = Subclassed()
-    return {"functional": (*functional(keras.Model), False),
-            "sequential": (sequential, sequential.layers[0], False),
-            "subclassed": (subclassed, subclassed.moe, False),
-            "mixin functional": (*functional(MixinFunctional), True)}
+    return {
+        "functional": (*functional(keras.Model), False),
+        "sequential": (sequential, sequential.layers[0], False),
+        "subclassed": (subclassed, subclassed.moe, False),
+        "mixin functional": (*functional(MixinFunctional), True),
+    }
 
 
 def check_router_metrics_are_measured_or_absent(rng):
@@ -106,10 +128,15 @@ def check_router_metrics_are_measured_or_absent(rng):
             _, stats = moe(x, training=True, return_metrics=True)
             _, eval_stats = moe(x, training=False, return_metrics=True)
             for name in ("dropped_fraction", "router_entropy", "load_imbalance", "aux_loss"):
-                np.testing.assert_allclose(history[f"moe/{name}"][0], float(stats[name]),
-                                           rtol=1e-5, err_msg=(kind, name))
-                np.testing.assert_allclose(evaluated[f"moe/{name}"], float(eval_stats[name]),
-                                           rtol=1e-5, err_msg=(kind, name))
+                np.testing.assert_allclose(
+                    history[f"moe/{name}"][0], float(stats[name]), rtol=1e-5, err_msg=(kind, name)
+                )
+                np.testing.assert_allclose(
+                    evaluated[f"moe/{name}"],
+                    float(eval_stats[name]),
+                    rtol=1e-5,
+                    err_msg=(kind, name),
+                )
         else:
             assert keys == set(), (kind, sorted(keys))
             assert len(mixin_warnings) == 1, (kind, [str(w.message) for w in caught])

@@ -19,8 +19,16 @@ def _layer(balance_loss, **kwargs):
     # A fixed router init: each test's "the notions differ" check compares two losses
     # of this router, which an unlucky draw can bring within the check's margin.
     keras.utils.set_random_seed(0)
-    layer = keras_moe.TopKFeedForward(E, 4, k=K, balance_loss=balance_loss, aux_loss_factor=1.0,
-                                      z_loss_factor=0.0, track_metrics=False, **kwargs)
+    layer = keras_moe.TopKFeedForward(
+        E,
+        4,
+        k=K,
+        balance_loss=balance_loss,
+        aux_loss_factor=1.0,
+        z_loss_factor=0.0,
+        track_metrics=False,
+        **kwargs,
+    )
     layer.build((None, None, D))
     return layer
 
@@ -49,11 +57,13 @@ def test_global_loss_on_two_replicas_equals_the_concatenated_batch(rng, two_cpu_
     @tf.function
     def per_replica_loss():
         inputs = two_cpu_strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(np.stack(halves))[ctx.replica_id_in_sync_group])
+            lambda ctx: tf.constant(np.stack(halves))[ctx.replica_id_in_sync_group]
+        )
 
         def step(replica_inputs):
             layer(replica_inputs, training=True)
             return tf.add_n(layer.losses)
+
         return two_cpu_strategy.run(step, args=(inputs,))
 
     losses = [float(v) for v in two_cpu_strategy.experimental_local_results(per_replica_loss())]
@@ -63,7 +73,7 @@ def test_global_loss_on_two_replicas_equals_the_concatenated_batch(rng, two_cpu_
     # Keras averages the replicas' losses: the mean is the whole batch's loss.
     np.testing.assert_allclose(np.mean(losses), expected, rtol=1e-5)
     # Each replica counting only its own choices would give another loss.
-    local = np.mean([_loss64(probs[i:i + 2], counts[i:i + 2], ones[i:i + 2]) for i in (0, 2)])
+    local = np.mean([_loss64(probs[i : i + 2], counts[i : i + 2], ones[i : i + 2]) for i in (0, 2)])
     assert abs(local - expected) > 1e-3
 
 
@@ -87,7 +97,9 @@ def test_balance_losses_are_one_for_a_uniform_router():
 def test_max_violation_counts_every_choice_before_capacity():
     router = keras_moe.TopKRouter(3, k=2)
     # Choices per token (best first): {0, 1}, {0, 2}, {0, 1}, {0, 1}; the 5th is padding.
-    probs = np.array([[[.6, .3, .1], [.6, .1, .3], [.5, .4, .1], [.7, .2, .1], [.1, .1, .8]]])
+    probs = np.array(
+        [[[0.6, 0.3, 0.1], [0.6, 0.1, 0.3], [0.5, 0.4, 0.1], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]]
+    )
     mask = np.array([[1.0, 1.0, 1.0, 1.0, 0.0]])
     routing = router.route(np.log(probs).astype("float32"), mask, capacity=1)  # drops most
     stats = router_metrics(routing, mask)
@@ -96,10 +108,13 @@ def test_max_violation_counts_every_choice_before_capacity():
     assert float(stats["dropped_fraction"]) > 0  # capacity cut, MaxVio did not see it
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(balance_loss="token"), "`balance_loss` must be one of"),
-    (dict(shared_expert_gate=True), "`shared_expert_gate=True` needs a shared expert"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(balance_loss="token"), "`balance_loss` must be one of"),
+        (dict(shared_expert_gate=True), "`shared_expert_gate=True` needs a shared expert"),
+    ],
+)
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         keras_moe.TopKFeedForward(E, 4, **kwargs)
@@ -107,8 +122,11 @@ def test_invalid_arguments_are_named(kwargs, message):
 
 def test_expert_choice_refuses_a_token_balance_loss():
     with pytest.raises(ValueError, match="needs a token-choice router"):
-        keras_moe.MoeLayer(keras_moe.ExpertChoiceRouter(4), keras_moe.FeedForwardExperts(4, 8),
-                           balance_loss="sequence")
+        keras_moe.MoeLayer(
+            keras_moe.ExpertChoiceRouter(4),
+            keras_moe.FeedForwardExperts(4, 8),
+            balance_loss="sequence",
+        )
 
 
 def test_sequence_loss_trains_under_fit(rng):

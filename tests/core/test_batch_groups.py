@@ -23,9 +23,9 @@ def test_batch_groups_are_causal_in_position(rng):
     assert np.any(np.all(y == 0, axis=-1)), "capacity must be short enough to drop tokens"
     for t in (3, 6):
         changed = x.copy()
-        changed[:, t + 1:] = rng.normal(size=changed[:, t + 1:].shape)
+        changed[:, t + 1 :] = rng.normal(size=changed[:, t + 1 :].shape)
         y_changed = np.asarray(layer(changed, training=False))
-        np.testing.assert_allclose(y_changed[:, :t + 1], y[:, :t + 1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y_changed[:, : t + 1], y[:, : t + 1], rtol=1e-5, atol=1e-6)
 
 
 def test_sequence_major_batch_order_would_not_be_causal(rng):
@@ -44,14 +44,26 @@ def test_sequence_major_batch_order_would_not_be_causal(rng):
     assert any(leaked)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: _switch(train_capacity_factor=0.75),
-    lambda: keras_moe.GShardFeedForward(num_experts=4, d_ff=16, train_capacity_factor=0.5,
-                                        min_expert_capacity=0, second_expert_policy="all"),
-    lambda: keras_moe.MoeLayer(routing.ExpertChoiceRouter(4),
-                               keras_moe.FeedForwardExperts(4, 16), min_expert_capacity=0,
-                               train_capacity_factor=0.5),
-], ids=["switch", "gshard", "expert_choice"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _switch(train_capacity_factor=0.75),
+        lambda: keras_moe.GShardFeedForward(
+            num_experts=4,
+            d_ff=16,
+            train_capacity_factor=0.5,
+            min_expert_capacity=0,
+            second_expert_policy="all",
+        ),
+        lambda: keras_moe.MoeLayer(
+            routing.ExpertChoiceRouter(4),
+            keras_moe.FeedForwardExperts(4, 16),
+            min_expert_capacity=0,
+            train_capacity_factor=0.5,
+        ),
+    ],
+    ids=["switch", "gshard", "expert_choice"],
+)
 def test_unknown_batch_size_routes_the_same_as_a_known_one(rng, make):
     """`fit` on arrays traces with batch size None: capacity is then computed at run time."""
     layer = make()
@@ -95,7 +107,7 @@ def test_one_token_calls_route_each_token_alone(rng, group_size):
 
 def _alone_and_together(layer, x):
     with keras_moe.route_each_sequence():
-        alone = [np.asarray(layer(x[i:i + 1], training=False))[0] for i in range(len(x))]
+        alone = [np.asarray(layer(x[i : i + 1], training=False))[0] for i in range(len(x))]
         together = np.asarray(layer(x, training=False))
     return np.stack(alone), together
 
@@ -104,8 +116,12 @@ def _alone_and_together(layer, x):
 def test_route_each_sequence_keeps_sequences_apart(rng, group_size):
     """Inside the scope a sequence's outputs do not depend on the rest of the batch
     (capacity short enough to drop); outside it, batch-wide groups do mix them."""
-    layer = _switch(eval_capacity_factor=0.5, min_expert_capacity=1, group_size=group_size,
-                    pad_to_group_size=True)
+    layer = _switch(
+        eval_capacity_factor=0.5,
+        min_expert_capacity=1,
+        group_size=group_size,
+        pad_to_group_size=True,
+    )
     x = rng.normal(size=(4, 10, 8)).astype("float32")
     alone, together = _alone_and_together(layer, x)
     assert np.any(np.all(together == 0, axis=-1)), "capacity must drop tokens"
@@ -127,8 +143,9 @@ def test_route_each_sequence_cuts_sequences_into_integer_groups(rng):
 
 def test_batch_prioritized_routing_is_refused_in_causal_layers():
     with pytest.raises(ValueError, match="batch_prioritized_routing"):
-        keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, causal=True,
-                                    batch_prioritized_routing=True)
+        keras_moe.SwitchFeedForward(
+            num_experts=4, d_ff=8, causal=True, batch_prioritized_routing=True
+        )
     keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, batch_prioritized_routing=True)
 
 

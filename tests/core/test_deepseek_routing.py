@@ -21,8 +21,15 @@ D, E, K, N_GROUP, TOPK_GROUP = 16, 16, 4, 4, 2
 
 
 def _router(**kwargs):
-    args = dict(k=K, score_function="sigmoid", normalize_top_k=True, routed_scaling_factor=2.5,
-                n_group=N_GROUP, topk_group=TOPK_GROUP, selection_bias=True)
+    args = dict(
+        k=K,
+        score_function="sigmoid",
+        normalize_top_k=True,
+        routed_scaling_factor=2.5,
+        n_group=N_GROUP,
+        topk_group=TOPK_GROUP,
+        selection_bias=True,
+    )
     args.update(kwargs)
     router = keras_moe.TopKRouter(E, **args)
     router.build((None, None, D))
@@ -36,9 +43,15 @@ def _sorted_choices(index, weight):
 
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
 def test_router_matches_hf_deepseek_v3(rng, norm_topk_prob):
-    config = DeepseekV3Config(hidden_size=D, n_routed_experts=E, num_experts_per_tok=K,
-                              n_group=N_GROUP, topk_group=TOPK_GROUP,
-                              norm_topk_prob=norm_topk_prob, routed_scaling_factor=2.5)
+    config = DeepseekV3Config(
+        hidden_size=D,
+        n_routed_experts=E,
+        num_experts_per_tok=K,
+        n_group=N_GROUP,
+        topk_group=TOPK_GROUP,
+        norm_topk_prob=norm_topk_prob,
+        routed_scaling_factor=2.5,
+    )
     hf = deepseek.DeepseekV3TopkRouter(config).eval()
     weight = rng.normal(0, 0.5, size=(E, D)).astype("float32")
     bias = rng.normal(0, 0.3, size=(E,)).astype("float32")
@@ -55,7 +68,8 @@ def test_router_matches_hf_deepseek_v3(rng, norm_topk_prob):
     routing = router.route(router(x), np.ones((3, 10)), capacity=10)
     got_index, got_weight = _sorted_choices(
         np.asarray(routing.expert_index).reshape(-1, K),
-        np.asarray(routing.combine_weight).reshape(-1, K))
+        np.asarray(routing.combine_weight).reshape(-1, K),
+    )
     want_index, want_weight = _sorted_choices(hf_index.numpy(), hf_weight.numpy())
     np.testing.assert_array_equal(got_index, want_index)
     np.testing.assert_allclose(got_weight, want_weight, rtol=1e-5, atol=1e-5)
@@ -71,13 +85,18 @@ def test_router_matches_hf_deepseek_v3(rng, norm_topk_prob):
 
 def test_combine_weights_are_scaled_for_any_router(rng):
     logits = rng.normal(size=(2, 6, 4)).astype("float32")
-    for cls, kwargs in ((keras_moe.TopKRouter, dict(k=2)), (keras_moe.Top2Router, {}),
-                        (keras_moe.ExpertChoiceRouter, {})):
+    for cls, kwargs in (
+        (keras_moe.TopKRouter, dict(k=2)),
+        (keras_moe.Top2Router, {}),
+        (keras_moe.ExpertChoiceRouter, {}),
+    ):
         plain = cls(4, **kwargs).route(logits, np.ones((2, 6)), capacity=6)
         scaled = cls(4, routed_scaling_factor=3.0, **kwargs).route(
-            logits, np.ones((2, 6)), capacity=6)
-        np.testing.assert_allclose(np.asarray(scaled.combine_weight),
-                                   3.0 * np.asarray(plain.combine_weight), rtol=1e-6)
+            logits, np.ones((2, 6)), capacity=6
+        )
+        np.testing.assert_allclose(
+            np.asarray(scaled.combine_weight), 3.0 * np.asarray(plain.combine_weight), rtol=1e-6
+        )
 
 
 def test_sigmoid_scores_and_their_load_balancing_loss(rng):
@@ -88,8 +107,11 @@ def test_sigmoid_scores_and_their_load_balancing_loss(rng):
     scores = reference.sigmoid(logits)
     top = np.argsort(-scores, -1)[..., :2]
     np.testing.assert_array_equal(np.asarray(routing.expert_index), top)
-    np.testing.assert_allclose(np.asarray(routing.combine_weight),
-                               np.take_along_axis(scores, top, -1) * mask[..., None], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(routing.combine_weight),
+        np.take_along_axis(scores, top, -1) * mask[..., None],
+        rtol=1e-6,
+    )
     # P_e: the scores normalised over experts, as DeepSeek-V3's sequence-wise loss.
     probs = scores / scores.sum(-1, keepdims=True)
     np.testing.assert_allclose(np.asarray(routing.router_probs), probs, rtol=1e-6)
@@ -102,21 +124,27 @@ def test_sigmoid_scores_and_their_load_balancing_loss(rng):
     # Its minimum is still 1.0, at a uniform router.
     uniform = np.zeros((1, 4, 4), "float32")
     flat = keras_moe.TopKRouter(4, score_function="sigmoid").route(uniform, np.ones((1, 4)), 4)
-    assert float(router_losses.load_balancing_loss(
-        flat.router_probs, np.array([[0, 1, 2, 3]]), np.ones((1, 4)))) == pytest.approx(1.0)
+    assert float(
+        router_losses.load_balancing_loss(
+            flat.router_probs, np.array([[0, 1, 2, 3]]), np.ones((1, 4))
+        )
+    ) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(score_function="relu"), "`score_function` must be one of"),
-    (dict(routed_scaling_factor=0.0), "`routed_scaling_factor` must be a number > 0"),
-    (dict(n_group=3), "`n_group` must divide num_experts \\(8\\)"),
-    (dict(n_group=0), "`n_group` must be an integer >= 1"),
-    (dict(n_group=4, topk_group=5), "`topk_group` must be <= n_group \\(4\\)"),
-    (dict(n_group=4, topk_group=0), "`topk_group` must be an integer >= 1"),
-    (dict(k=3, n_group=4, topk_group=1), "`k` must be <= the experts of the kept groups.*= 2"),
-    (dict(bias_update_rate=-1e-3, selection_bias=True), "`bias_update_rate` must be a number"),
-    (dict(bias_update_rate=1e-3), "`bias_update_rate` > 0 .* needs `selection_bias=True`"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(score_function="relu"), "`score_function` must be one of"),
+        (dict(routed_scaling_factor=0.0), "`routed_scaling_factor` must be a number > 0"),
+        (dict(n_group=3), "`n_group` must divide num_experts \\(8\\)"),
+        (dict(n_group=0), "`n_group` must be an integer >= 1"),
+        (dict(n_group=4, topk_group=5), "`topk_group` must be <= n_group \\(4\\)"),
+        (dict(n_group=4, topk_group=0), "`topk_group` must be an integer >= 1"),
+        (dict(k=3, n_group=4, topk_group=1), "`k` must be <= the experts of the kept groups.*= 2"),
+        (dict(bias_update_rate=-1e-3, selection_bias=True), "`bias_update_rate` must be a number"),
+        (dict(bias_update_rate=1e-3), "`bias_update_rate` > 0 .* needs `selection_bias=True`"),
+    ],
+)
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         keras_moe.TopKRouter(8, **{"k": 2, **kwargs})
@@ -124,10 +152,15 @@ def test_invalid_arguments_are_named(kwargs, message):
 
 def _bias_model(rate, dispatch="gather"):
     router = _router(bias_update_rate=rate, normalize_top_k=True)
-    layer = keras_moe.MoeLayer(router, keras_moe.FeedForwardExperts(E, 8),
-                               group_size="sequence", dispatch=dispatch,
-                               train_capacity_factor=float(E), eval_capacity_factor=float(E),
-                               track_metrics=False)
+    layer = keras_moe.MoeLayer(
+        router,
+        keras_moe.FeedForwardExperts(E, 8),
+        group_size="sequence",
+        dispatch=dispatch,
+        train_capacity_factor=float(E),
+        eval_capacity_factor=float(E),
+        track_metrics=False,
+    )
     inputs = keras.Input((6, D))
     model = keras.Model(inputs, layer(inputs))
     # Learning rate 0: the kernel stays fixed, so the choices move only with the bias.
@@ -141,14 +174,23 @@ def test_bias_follows_three_training_steps_and_inference_leaves_it(rng):
     x = rng.normal(size=(4, 6, D)).astype("float32")
     y = rng.normal(size=(4, 6, D)).astype("float32")
     history, counts = reference.bias_sequence(
-        x, np.asarray(router.kernel.numpy(), "float64"), K, N_GROUP, TOPK_GROUP, rate, 3)
+        x, np.asarray(router.kernel.numpy(), "float64"), K, N_GROUP, TOPK_GROUP, rate, 3
+    )
     assert not np.array_equal(counts[0], counts[1])  # the bias changed what was chosen
 
     seen = []
     record = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda batch, logs: seen.append(router.expert_bias.numpy().copy()))
-    model.fit(np.concatenate([x] * 3), np.concatenate([y] * 3), batch_size=4, epochs=1,
-              shuffle=False, verbose=0, callbacks=[record])
+        on_train_batch_end=lambda batch, logs: seen.append(router.expert_bias.numpy().copy())
+    )
+    model.fit(
+        np.concatenate([x] * 3),
+        np.concatenate([y] * 3),
+        batch_size=4,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[record],
+    )
     np.testing.assert_allclose(np.array(seen), np.array(history), atol=1e-6)
 
     after = router.expert_bias.numpy().copy()
@@ -166,28 +208,35 @@ def test_bias_counts_the_global_batch_under_mirrored_strategy(rng, two_cpu_strat
     x = rng.normal(size=(4, 6, D)).astype("float32")
     y = rng.normal(size=(4, 6, D)).astype("float32")
     history, counts = reference.bias_sequence(
-        x, np.asarray(router.kernel.numpy(), "float64"), K, N_GROUP, TOPK_GROUP, rate, 2)
+        x, np.asarray(router.kernel.numpy(), "float64"), K, N_GROUP, TOPK_GROUP, rate, 2
+    )
     # Each replica alone would move the bias otherwise.
     local, _ = reference.bias_sequence(
-        x[:2], np.asarray(router.kernel.numpy(), "float64"), K, N_GROUP, TOPK_GROUP, rate, 1)
+        x[:2], np.asarray(router.kernel.numpy(), "float64"), K, N_GROUP, TOPK_GROUP, rate, 1
+    )
     assert not np.array_equal(local[0], history[0])
-    model.fit(np.concatenate([x] * 2), np.concatenate([y] * 2), batch_size=4, shuffle=False,
-              verbose=0)
+    model.fit(
+        np.concatenate([x] * 2), np.concatenate([y] * 2), batch_size=4, shuffle=False, verbose=0
+    )
     np.testing.assert_allclose(router.expert_bias.numpy(), history[-1], atol=1e-6)
     for value in router.expert_bias.value.values:  # every replica's copy
         np.testing.assert_allclose(value.numpy(), history[-1], atol=1e-6)
 
 
 def test_bias_selects_but_does_not_weight(rng):
-    router = _router(n_group=1, topk_group=None, k=1, normalize_top_k=False,
-                     routed_scaling_factor=1.0)
+    router = _router(
+        n_group=1, topk_group=None, k=1, normalize_top_k=False, routed_scaling_factor=1.0
+    )
     router.expert_bias.assign(np.eye(E, dtype="float32")[3] * 10.0)
     x = rng.normal(size=(1, 5, D)).astype("float32")
     logits = router(x)
     routing = router.route(logits, np.ones((1, 5)), capacity=5)
     assert (np.asarray(routing.expert_index) == 3).all()
-    np.testing.assert_allclose(np.asarray(routing.combine_weight)[..., 0],
-                               reference.sigmoid(np.asarray(logits))[..., 3], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(routing.combine_weight)[..., 0],
+        reference.sigmoid(np.asarray(logits))[..., 3],
+        rtol=1e-6,
+    )
 
 
 def test_bias_is_saved_and_restored(tmp_path, rng):
@@ -201,8 +250,9 @@ def test_bias_is_saved_and_restored(tmp_path, rng):
     np.testing.assert_array_equal(restored.expert_bias.numpy(), bias)
     assert restored.get_config() == router.get_config()
     x = rng.normal(size=(2, 6, D)).astype("float32")
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.slow

@@ -19,11 +19,14 @@ def _pair(layer_cls, seed, **kwargs):
     return a, b
 
 
-@pytest.mark.parametrize("layer_cls,kwargs", [
-    (keras_moe.SwitchFeedForward, dict(eval_capacity_factor=0.8, min_expert_capacity=0)),
-    (keras_moe.SwitchFeedForward, dict(eval_capacity_factor=1.0, group_size=10)),
-    (keras_moe.GShardFeedForward, dict(eval_capacity_factor=0.6, activation="gated-gelu")),
-])
+@pytest.mark.parametrize(
+    "layer_cls,kwargs",
+    [
+        (keras_moe.SwitchFeedForward, dict(eval_capacity_factor=0.8, min_expert_capacity=0)),
+        (keras_moe.SwitchFeedForward, dict(eval_capacity_factor=1.0, group_size=10)),
+        (keras_moe.GShardFeedForward, dict(eval_capacity_factor=0.6, activation="gated-gelu")),
+    ],
+)
 def test_einsum_and_gather_agree_forward_and_gradients(rng, layer_cls, kwargs):
     a, b = _pair(layer_cls, 7, **kwargs)
     x, mask = inputs_and_mask(rng)
@@ -35,8 +38,11 @@ def test_einsum_and_gather_agree_forward_and_gradients(rng, layer_cls, kwargs):
 
 def test_expert_choice_dispatchers_agree(rng):
     layers = [
-        keras_moe.MoeLayer(keras_moe.ExpertChoiceRouter(4, seed=0),
-                           keras_moe.FeedForwardExperts(4, 16), dispatch=mode)
+        keras_moe.MoeLayer(
+            keras_moe.ExpertChoiceRouter(4, seed=0),
+            keras_moe.FeedForwardExperts(4, 16),
+            dispatch=mode,
+        )
         for mode in ("einsum", "gather")
     ]
     x = rng.normal(size=(2, 8, 8)).astype("float32")

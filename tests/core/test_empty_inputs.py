@@ -33,8 +33,9 @@ def _router(kind):
 
 def _combinations(routers, group_sizes=None):
     """(router, dispatch[, group_size]) that the layer accepts (expert choice needs a capacity)."""
-    pairs = [(r, d) for r in routers for d in DISPATCH
-             if not (r == "expert_choice" and d == "dropless")]
+    pairs = [
+        (r, d) for r in routers for d in DISPATCH if not (r == "expert_choice" and d == "dropless")
+    ]
     if group_sizes is None:
         return pairs
     return [(r, d, g) for r, d in pairs for g in group_sizes]
@@ -42,8 +43,14 @@ def _combinations(routers, group_sizes=None):
 
 def _layer(router, dispatch, group_size, **kwargs):
     layer = keras_moe.MoeLayer(
-        _router(router), FeedForwardExperts(NUM_EXPERTS, 16, seed=0), group_size=group_size,
-        pad_to_group_size=True, dispatch=dispatch, return_metrics=True, **kwargs)
+        _router(router),
+        FeedForwardExperts(NUM_EXPERTS, 16, seed=0),
+        group_size=group_size,
+        pad_to_group_size=True,
+        dispatch=dispatch,
+        return_metrics=True,
+        **kwargs,
+    )
     layer.build((None, LENGTH, D_MODEL))
     return layer
 
@@ -64,8 +71,10 @@ def _check_no_tokens(layer, x, mask, training=True, graph=False):
         return _step(layer, x, mask, training)
 
     if graph:  # the batch size unknown at trace time, as on a tf.distribute replica
-        step = tf.function(step, input_signature=[
-            tf.TensorSpec((None, LENGTH, D_MODEL)), tf.TensorSpec((None, LENGTH))])
+        step = tf.function(
+            step,
+            input_signature=[tf.TensorSpec((None, LENGTH, D_MODEL)), tf.TensorSpec((None, LENGTH))],
+        )
     y, stats, losses, grads = step(tf.constant(x), tf.constant(mask))
     assert tuple(y.shape) == x.shape
     np.testing.assert_array_equal(np.asarray(y), 0.0)
@@ -79,8 +88,9 @@ def _check_no_tokens(layer, x, mask, training=True, graph=False):
     assert set(stats) == STAT_NAMES
 
 
-@pytest.mark.parametrize("router,dispatch,group_size",
-                         _combinations(ROUTERS, ["batch", "sequence", 3]))
+@pytest.mark.parametrize(
+    "router,dispatch,group_size", _combinations(ROUTERS, ["batch", "sequence", 3])
+)
 def test_empty_batch_eager(router, dispatch, group_size):
     layer = _layer(router, dispatch, group_size)
     x = np.zeros((0, LENGTH, D_MODEL), "float32")
@@ -88,9 +98,14 @@ def test_empty_batch_eager(router, dispatch, group_size):
 
 
 # (einsum refuses group_size="batch" here: its capacity is known at run time only.)
-@pytest.mark.parametrize("router,dispatch,group_size", [
-    c for c in _combinations(["top2", "expert_choice"], ["batch", "sequence", 2])
-    if c[1:] != ("einsum", "batch")])
+@pytest.mark.parametrize(
+    "router,dispatch,group_size",
+    [
+        c
+        for c in _combinations(["top2", "expert_choice"], ["batch", "sequence", 2])
+        if c[1:] != ("einsum", "batch")
+    ],
+)
 def test_empty_batch_in_a_graph_of_unknown_batch_size(router, dispatch, group_size):
     layer = _layer(router, dispatch, group_size)
     x = np.zeros((0, LENGTH, D_MODEL), "float32")
@@ -105,8 +120,7 @@ def test_empty_batch_routed_each_sequence_apart(group_size, graph):
     layer = _layer("top1", "gather", group_size)
     x = np.zeros((0, LENGTH, D_MODEL), "float32")
     with keras_moe.route_each_sequence():
-        _check_no_tokens(layer, x, np.zeros((0, LENGTH), "float32"), training=False,
-                         graph=graph)
+        _check_no_tokens(layer, x, np.zeros((0, LENGTH), "float32"), training=False, graph=graph)
 
 
 @pytest.mark.parametrize("router,dispatch", _combinations(ROUTERS))
@@ -133,8 +147,10 @@ def test_aux_loss_is_the_mean_over_groups_with_tokens(rng):
     loss = float(router_losses.load_balancing_loss(probs, top1, mask))
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     for size in (0, 3):  # no groups, or only padding
-        assert float(router_losses.load_balancing_loss(
-            probs[:size], top1[:size], np.zeros((size, 5)))) == 0.0
+        assert (
+            float(router_losses.load_balancing_loss(probs[:size], top1[:size], np.zeros((size, 5))))
+            == 0.0
+        )
 
 
 @pytest.mark.parametrize("group_size", ["sequence", 4])
@@ -142,8 +158,12 @@ def test_a_sequence_of_padding_leaves_the_losses_of_the_others(rng, group_size):
     """[padding, real]: each group is one sequence; the losses are the real one's alone."""
     layer = keras_moe.MoeLayer(
         routing.SwitchRouter(NUM_EXPERTS, seed=0),
-        FeedForwardExperts(NUM_EXPERTS, 16, init_scale=1.0, seed=0), group_size=group_size,
-        dispatch="gather", eval_capacity_factor=1.0, min_expert_capacity=0)
+        FeedForwardExperts(NUM_EXPERTS, 16, init_scale=1.0, seed=0),
+        group_size=group_size,
+        dispatch="gather",
+        eval_capacity_factor=1.0,
+        min_expert_capacity=0,
+    )
     x = rng.normal(size=(2, LENGTH, D_MODEL)).astype("float32")
     mask = np.array([[0] * LENGTH, [1] * LENGTH], "float32")
     y = np.asarray(layer(x, mask=mask))
@@ -151,8 +171,7 @@ def test_a_sequence_of_padding_leaves_the_losses_of_the_others(rng, group_size):
     weights.update({v.name: np.asarray(v.numpy()) for v in layer.experts.weights})
     expected, _, aux, z = reference_moe(x[1:], mask[1:], weights, 1, layer.capacity(LENGTH, False))
     np.testing.assert_allclose(y[1:], expected, rtol=2e-4, atol=2e-5)
-    np.testing.assert_allclose([float(v) for v in layer.losses], [1e-2 * aux, 1e-3 * z],
-                               rtol=1e-5)
+    np.testing.assert_allclose([float(v) for v in layer.losses], [1e-2 * aux, 1e-3 * z], rtol=1e-5)
 
 
 def test_router_statistics_without_tokens_are_zero():
@@ -188,23 +207,32 @@ def test_mirrored_fit_with_an_empty_replica_batch(two_cpu_strategy, rng):
     x = rng.normal(size=(3, LENGTH, D_MODEL)).astype("float32")
     y = rng.normal(size=(3, LENGTH, 1)).astype("float32")
     with two_cpu_strategy.scope():
-        model = keras.Sequential([
-            keras.Input((LENGTH, D_MODEL)),
-            keras_moe.SwitchFeedForward(NUM_EXPERTS, 16, group_size="sequence", name="moe",
-                                        train_capacity_factor=1.0, min_expert_capacity=0,
-                                        seed=0),
-            keras.layers.Dense(1),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input((LENGTH, D_MODEL)),
+                keras_moe.SwitchFeedForward(
+                    NUM_EXPERTS,
+                    16,
+                    group_size="sequence",
+                    name="moe",
+                    train_capacity_factor=1.0,
+                    min_expert_capacity=0,
+                    seed=0,
+                ),
+                keras.layers.Dense(1),
+            ]
+        )
         model.compile(keras.optimizers.SGD(0.0), "mse")
-    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(2), shuffle=False,
-                        verbose=0).history
+    history = model.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(2), shuffle=False, verbose=0
+    ).history
     assert np.isfinite(history["loss"][0])
     probe = keras_moe.SwitchFeedForward.from_config(
-        {**model.layers[0].get_config(), "return_metrics": True, "name": "probe"})
+        {**model.layers[0].get_config(), "return_metrics": True, "name": "probe"}
+    )
     probe.build(x.shape)
     probe.set_weights(model.layers[0].get_weights())
-    calls = [probe(x[i:i + 1], training=True)[1] for i in range(3)]
-    for name in ("aux_loss", "z_loss", "dropped_fraction", "load_imbalance",
-                 "router_confidence"):
+    calls = [probe(x[i : i + 1], training=True)[1] for i in range(3)]
+    for name in ("aux_loss", "z_loss", "dropped_fraction", "load_imbalance", "router_confidence"):
         expected = np.mean([float(stats[name]) for stats in calls])
         np.testing.assert_allclose(history[f"moe/{name}"][0], expected, rtol=1e-5, err_msg=name)

@@ -9,8 +9,9 @@ import keras_moe
 from keras_moe import dispatch as dispatch_lib
 from keras_moe import routing
 
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
@@ -24,25 +25,45 @@ def routing_cases(draw):
     group_size = draw(st.integers(1, 12))
     capacity_factor = draw(st.sampled_from([0.1, 0.5, 1.0, 1.25, 2.0, 4.0]))
     min_capacity = draw(st.integers(0, 3))
-    seed = draw(st.integers(0, 2 ** 16))
+    seed = draw(st.integers(0, 2**16))
     dtype = draw(st.sampled_from(["float32", "bfloat16"]))
     rng = np.random.default_rng(seed)
     logits = (rng.normal(size=(groups, group_size, num_experts)) * rng.uniform(0.1, 5)).astype(
-        "float32")
+        "float32"
+    )
     mask = (rng.random((groups, group_size)) > draw(st.sampled_from([0.0, 0.3, 1.0]))).astype(
-        "float32")
-    return dict(kind=kind, num_experts=num_experts, k=k, capacity_factor=capacity_factor,
-                min_capacity=min_capacity, logits=logits, mask=mask, seed=seed, dtype=dtype,
-                bpr=bool(seed % 2), policy=["all", "random", "threshold"][seed % 3])
+        "float32"
+    )
+    return dict(
+        kind=kind,
+        num_experts=num_experts,
+        k=k,
+        capacity_factor=capacity_factor,
+        min_capacity=min_capacity,
+        logits=logits,
+        mask=mask,
+        seed=seed,
+        dtype=dtype,
+        bpr=bool(seed % 2),
+        policy=["all", "random", "threshold"][seed % 3],
+    )
 
 
 def _router(case):
     if case["kind"] == "topk":
-        return routing.TopKRouter(case["num_experts"], k=case["k"],
-                                  batch_prioritized_routing=case["bpr"], seed=case["seed"])
+        return routing.TopKRouter(
+            case["num_experts"],
+            k=case["k"],
+            batch_prioritized_routing=case["bpr"],
+            seed=case["seed"],
+        )
     if case["kind"] == "top2":
-        return routing.Top2Router(case["num_experts"], second_expert_policy=case["policy"],
-                                  batch_prioritized_routing=case["bpr"], seed=case["seed"])
+        return routing.Top2Router(
+            case["num_experts"],
+            second_expert_policy=case["policy"],
+            batch_prioritized_routing=case["bpr"],
+            seed=case["seed"],
+        )
     return routing.ExpertChoiceRouter(case["num_experts"])
 
 
@@ -50,8 +71,9 @@ def _router(case):
 @given(routing_cases())
 def test_routing_invariants(case):
     router = _router(case)
-    capacity = router.expert_capacity(case["logits"].shape[1], case["capacity_factor"],
-                                      case["min_capacity"])
+    capacity = router.expert_capacity(
+        case["logits"].shape[1], case["capacity_factor"], case["min_capacity"]
+    )
     r = router.route(case["logits"], case["mask"], capacity, training=True)
     kept = np.asarray(r.kept)
     weight = np.asarray(r.combine_weight)
@@ -80,7 +102,8 @@ def test_routing_invariants(case):
 @given(routing_cases())
 def test_dispatchers_agree_and_dropped_tokens_output_zero(case):
     keras.mixed_precision.set_global_policy(
-        "mixed_bfloat16" if case["dtype"] == "bfloat16" else "float32")
+        "mixed_bfloat16" if case["dtype"] == "bfloat16" else "float32"
+    )
     try:
         groups, group_size, _ = case["logits"].shape
         d_model = 6
@@ -88,10 +111,17 @@ def test_dispatchers_agree_and_dropped_tokens_output_zero(case):
         x = rng.normal(size=(groups, group_size, d_model)).astype("float32")
         layers = []
         for mode in ("einsum", "gather"):
-            layers.append(keras_moe.MoeLayer(
-                _router(case), keras_moe.FeedForwardExperts(case["num_experts"], 8),
-                dispatch=mode, eval_capacity_factor=case["capacity_factor"],
-                min_expert_capacity=case["min_capacity"]))
+            layers.append(
+                keras_moe.MoeLayer(
+                    _router(case),
+                    keras_moe.FeedForwardExperts(case["num_experts"], 8),
+                    dispatch=mode,
+                    # One group per sequence, as the router's own call below routes.
+                    group_size="sequence",
+                    eval_capacity_factor=case["capacity_factor"],
+                    min_expert_capacity=case["min_capacity"],
+                )
+            )
             layers[-1].build(x.shape)
         layers[1].set_weights(layers[0].get_weights())
         ya = np.asarray(keras.ops.cast(layers[0](x, mask=case["mask"]), "float32"))
@@ -111,8 +141,9 @@ def test_dispatchers_agree_and_dropped_tokens_output_zero(case):
 
 
 def test_dispatch_plan_slots_are_unique_and_complete(rng):
-    r = routing.TopKRouter(5, k=2).route(rng.normal(size=(2, 9, 5)).astype("float32"),
-                                         np.ones((2, 9)), capacity=3)
+    r = routing.TopKRouter(5, k=2).route(
+        rng.normal(size=(2, 9, 5)).astype("float32"), np.ones((2, 9)), capacity=3
+    )
     plan = dispatch_lib.GatherDispatcher().plan(r)
     slot_token = np.asarray(plan.slot_token)
     filled = slot_token[slot_token < 18]

@@ -16,17 +16,31 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TPU_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
-           # Other processes may hold libtpu's lockfile; nothing here runs on a TPU.
-           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+TPU_ENV = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    # Other processes may hold libtpu's lockfile; nothing here runs on a TPU.
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
 
 
 def _run(check, timeout=240, env=None):
-    full = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    full = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     full.update(env or {})
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), check], env=full,
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), check],
+        env=full,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout
 
@@ -78,7 +92,8 @@ def check_interpret():
             return jnp.sum(y.astype(jnp.float32) * upstream), y  # noqa: B023 - called in this iteration
 
         (_, y), (dx, dw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
-            jnp.asarray(x), jnp.asarray(w))
+            jnp.asarray(x), jnp.asarray(w)
+        )
         assert y.dtype == dtype and dx.dtype == dtype and dw.dtype == dtype
         for got, want in zip((y, dx, dw), reference(x, w, sizes, upstream), strict=False):
             got = np.asarray(got, np.float64)
@@ -103,19 +118,23 @@ def check_interpret_mesh():
     x, w, sizes, upstream = _case("float32", seed=1)
     # The weights enter the kernel whole on every device (gathered when their
     # 8 groups are split over the 2 expert shards).
-    cases = {"7_groups": (x, w, sizes),
-             "8_groups": (x, np.concatenate([w, w[:1] * 0.5]),
-                                 np.concatenate([sizes, [9]]))}
+    cases = {
+        "7_groups": (x, w, sizes),
+        "8_groups": (x, np.concatenate([w, w[:1] * 0.5]), np.concatenate([sizes, [9]])),
+    }
     for name, (x, w, sizes) in cases.items():
-        sharding.configure_mesh({"data": 2, "expert": 2, "model": 1},
-                                devices=jax.devices()[:4], num_experts=8)
+        sharding.configure_mesh(
+            {"data": 2, "expert": 2, "model": 1}, devices=jax.devices()[:4], num_experts=8
+        )
         try:
+
             def loss(x, w):
                 y = grouped_matmul(x, w, sizes, kernel="megablox", interpret=True)  # noqa: B023 - called in this iteration
                 return jnp.sum(y * upstream), y
 
             (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-                jnp.asarray(x), jnp.asarray(w))
+                jnp.asarray(x), jnp.asarray(w)
+            )
         finally:
             sharding.clear_mesh()
         for got, want in zip((y, dx, dw), reference(x, w, sizes, upstream), strict=False):
@@ -130,8 +149,15 @@ def check_tpu_layer():
 
     tokens, d_model, d_ff, chips = 4 * 2048, 256, 512, 4
     run = dropless_tpu.compile_layer(
-        "dropless", "v5e:2x2", {"data": 4, "expert": 1, "model": 1}, batch=4, length=2048,
-        d_model=d_model, d_ff=d_ff, num_experts=8)
+        "dropless",
+        "v5e:2x2",
+        {"data": 4, "expert": 1, "model": 1},
+        batch=4,
+        length=2048,
+        d_model=d_model,
+        d_ff=d_ff,
+        num_experts=8,
+    )
     print(json.dumps(run))
     # Forward (gmm), and backward: gmm for the rows' gradient, tgmm for the
     # weights', for each of the two expert matmuls.
@@ -145,16 +171,29 @@ def check_tpu_layer():
 
 def check_tiny_model_cli():
     """The tiny Switch model's train step with dispatch='dropless' compiles for v5e:2x2."""
-    bindings = ['SwitchFeedForward.group_size = "sequence"', "BATCH_SIZE = 8",
-                'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
-                'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}',
-                'SwitchFeedForward.dispatch = "dropless"']
-    args = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin",
-            *[f"--gin_bindings={b}" for b in bindings], "--topology=v5e:2x2", "--json"]
-    done = subprocess.run([sys.executable, "-m", "keras_moe.tpu_compile.compile_cli", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=200)
+    bindings = [
+        'SwitchFeedForward.group_size = "sequence"',
+        "BATCH_SIZE = 8",
+        'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
+        'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}',
+        'SwitchFeedForward.dispatch = "dropless"',
+    ]
+    args = [
+        "--gin_file=tiny_local.gin",
+        "--gin_file=switch_tiny.gin",
+        *[f"--gin_bindings={b}" for b in bindings],
+        "--topology=v5e:2x2",
+        "--json",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_moe.tpu_compile.compile_cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout[done.stdout.index("{"):])
+    report = json.loads(done.stdout[done.stdout.index("{") :])
     assert report["dispatch"] == "dropless" and report["fits"] is True, report
     assert report["flops_per_chip"] > 0
     print("OK tiny_model_cli")

@@ -47,8 +47,7 @@ def test_topk_feedforward_matches_hf_qwen2_moe_block(rng, norm_topk_prob, dispat
     _assert_far(routed, want)
     _assert_far(routed + np.asarray(DenseFeedForward.call(shared, x)), want)
     # So do the top-k normalisation and which half of gate_up_proj is gated.
-    _, other = reference.qwen2_moe_pair(np.random.default_rng(SEED), not norm_topk_prob,
-                                        dispatch)
+    _, other = reference.qwen2_moe_pair(np.random.default_rng(SEED), not norm_topk_prob, dispatch)
     _assert_far(_keras_outputs(other, x), want)
     reference.copy_experts(hf.experts, layer, swap_gate_up=True)
     _assert_far(_keras_outputs(layer, x), want)

@@ -11,8 +11,14 @@ import keras_moe
 
 def _hf_mlp(num_experts, expert_capacity, d_model=16, d_ff=32):
     config = SwitchTransformersConfig(
-        d_model=d_model, d_ff=d_ff, num_experts=num_experts, expert_capacity=expert_capacity,
-        router_jitter_noise=0.0, dropout_rate=0.0, dense_act_fn="relu", router_bias=False,
+        d_model=d_model,
+        d_ff=d_ff,
+        num_experts=num_experts,
+        expert_capacity=expert_capacity,
+        router_jitter_noise=0.0,
+        dropout_rate=0.0,
+        dense_act_fn="relu",
+        router_bias=False,
     )
     torch.manual_seed(0)
     mlp = switch.SwitchTransformersSparseMLP(config).eval()
@@ -24,15 +30,21 @@ def _hf_mlp(num_experts, expert_capacity, d_model=16, d_ff=32):
 
 def _copy_to_keras(mlp, num_experts, capacity, d_model=16, d_ff=32):
     layer = keras_moe.SwitchFeedForward(
-        num_experts=num_experts, d_ff=d_ff, eval_capacity_factor=1e-6,
-        min_expert_capacity=capacity, dispatch="gather", group_size="sequence",  # as HF
+        num_experts=num_experts,
+        d_ff=d_ff,
+        eval_capacity_factor=1e-6,
+        min_expert_capacity=capacity,
+        dispatch="gather",
+        group_size="sequence",  # as HF
     )
     layer.build((None, 8, d_model))
     layer.router.kernel.assign(mlp.router.classifier.weight.detach().numpy().T)
-    wi = np.stack([mlp.experts[f"expert_{e}"].wi.weight.detach().numpy().T
-                   for e in range(num_experts)])
-    wo = np.stack([mlp.experts[f"expert_{e}"].wo.weight.detach().numpy().T
-                   for e in range(num_experts)])
+    wi = np.stack(
+        [mlp.experts[f"expert_{e}"].wi.weight.detach().numpy().T for e in range(num_experts)]
+    )
+    wo = np.stack(
+        [mlp.experts[f"expert_{e}"].wo.weight.detach().numpy().T for e in range(num_experts)]
+    )
     layer.experts.wi.assign(wi)
     layer.experts.wo.assign(wo)
     return layer

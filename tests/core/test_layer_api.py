@@ -18,11 +18,13 @@ def _data(rng, n=16, length=8, d=16):
 
 def test_sequential_model_trains_and_reports_router_metrics(rng):
     x, y = _data(rng)
-    model = keras.Sequential([
-        keras.Input((8, 16)),
-        keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe"),
-        keras.layers.Dense(1),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 16)),
+            keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe"),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(keras.optimizers.Adam(1e-2), "mse")
     history = model.fit(x, y, epochs=3, batch_size=8, verbose=0).history
     assert history["loss"][-1] < history["loss"][0]
@@ -83,12 +85,17 @@ def test_mixed_bfloat16_keeps_the_router_in_float32(rng):
 def test_dot_keras_round_trip_gives_identical_outputs_in_safe_mode(rng, tmp_path):
     x, y = _data(rng)
     inputs = keras.Input((8, 16))
-    h = keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, jitter_noise=0.01,
-                                    group_size=16, name="switch")(inputs)
-    h = keras_moe.GShardFeedForward(num_experts=4, d_ff=32, activation="gated-gelu",
-                                    name="gshard")(h)
-    custom = keras_moe.MoeLayer(keras_moe.TopKRouter(4, k=3, normalize_top_k=True),
-                                keras_moe.FeedForwardExperts(4, 16), name="topk")(h)
+    h = keras_moe.SwitchFeedForward(
+        num_experts=4, d_ff=32, jitter_noise=0.01, group_size=16, name="switch"
+    )(inputs)
+    h = keras_moe.GShardFeedForward(num_experts=4, d_ff=32, activation="gated-gelu", name="gshard")(
+        h
+    )
+    custom = keras_moe.MoeLayer(
+        keras_moe.TopKRouter(4, k=3, normalize_top_k=True),
+        keras_moe.FeedForwardExperts(4, 16),
+        name="topk",
+    )(h)
     model = keras.Model(inputs, keras.layers.Dense(1)(custom))
     model.compile("adam", "mse")
     model.fit(x, y, epochs=1, verbose=0)
@@ -106,12 +113,15 @@ def test_mirrored_strategy_matches_single_device(rng, two_cpu_strategy):
 
     def make():
         keras.utils.set_random_seed(3)
-        model = keras.Sequential([
-            keras.Input((8, 16)),
-            keras_moe.SwitchFeedForward(num_experts=4, d_ff=32, name="moe",
-                                        group_size="sequence"),
-            keras.layers.Dense(1),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input((8, 16)),
+                keras_moe.SwitchFeedForward(
+                    num_experts=4, d_ff=32, name="moe", group_size="sequence"
+                ),
+                keras.layers.Dense(1),
+            ]
+        )
         model.compile(keras.optimizers.SGD(0.1), "mse")
         return model
 
@@ -128,26 +138,30 @@ def test_mirrored_strategy_matches_single_device(rng, two_cpu_strategy):
 
 
 def test_expert_dropout_only_in_training(rng):
-    layer = keras_moe.SwitchFeedForward(num_experts=2, d_ff=64, expert_dropout_rate=0.5, seed=1,
-                                        train_capacity_factor=2.0)
+    layer = keras_moe.SwitchFeedForward(
+        num_experts=2, d_ff=64, expert_dropout_rate=0.5, seed=1, train_capacity_factor=2.0
+    )
     x = rng.normal(size=(2, 8, 16)).astype("float32")
     a, b = np.asarray(layer(x)), np.asarray(layer(x))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(np.asarray(layer(x, training=True)), a)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(train_capacity_factor=0), "train_capacity_factor"),
-    (dict(eval_capacity_factor=-1.0), "eval_capacity_factor"),
-    (dict(min_expert_capacity=-1), "min_expert_capacity"),
-    (dict(group_size=0), "group_size"),
-    (dict(dispatch="fast"), "dispatch"),
-    (dict(aux_loss_factor=-1), "aux_loss_factor"),
-    (dict(num_experts=0), "num_experts"),
-    (dict(d_ff=0), "d_ff"),
-    (dict(activation="swish-ish"), "activation"),
-    (dict(expert_dropout_rate=1.0), "dropout_rate"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(train_capacity_factor=0), "train_capacity_factor"),
+        (dict(eval_capacity_factor=-1.0), "eval_capacity_factor"),
+        (dict(min_expert_capacity=-1), "min_expert_capacity"),
+        (dict(group_size=0), "group_size"),
+        (dict(dispatch="fast"), "dispatch"),
+        (dict(aux_loss_factor=-1), "aux_loss_factor"),
+        (dict(num_experts=0), "num_experts"),
+        (dict(d_ff=0), "d_ff"),
+        (dict(activation="swish-ish"), "activation"),
+        (dict(expert_dropout_rate=1.0), "dropout_rate"),
+    ],
+)
 def test_bad_layer_arguments_name_the_argument(kwargs, match):
     args = dict(num_experts=4, d_ff=8)
     args.update(kwargs)
@@ -159,8 +173,9 @@ def test_moe_layer_refuses_mismatch_and_causal_expert_choice():
     with pytest.raises(ValueError, match="num_experts"):
         keras_moe.MoeLayer(keras_moe.SwitchRouter(4), keras_moe.FeedForwardExperts(5, 8))
     with pytest.raises(ValueError, match="causal"):
-        keras_moe.MoeLayer(keras_moe.ExpertChoiceRouter(4), keras_moe.FeedForwardExperts(4, 8),
-                           causal=True)
+        keras_moe.MoeLayer(
+            keras_moe.ExpertChoiceRouter(4), keras_moe.FeedForwardExperts(4, 8), causal=True
+        )
     layer = keras_moe.SwitchFeedForward(4, 8)
     layer.build((None, None, 8))
     unknown_length = tf.function(layer, input_signature=[tf.TensorSpec((2, None, 8))])
@@ -216,13 +231,13 @@ def test_return_metrics_at_call_time(rng):
     outputs, stats = layer(x, return_metrics=True)
     np.testing.assert_array_equal(np.asarray(outputs), np.asarray(plain))
     reference = keras_moe.SwitchFeedForward.from_config(
-        {**layer.get_config(), "return_metrics": True, "name": "probe"})
+        {**layer.get_config(), "return_metrics": True, "name": "probe"}
+    )
     reference.build(x.shape)
     reference.set_weights(layer.get_weights())
     _, expected = reference(x)
     for name in ("dropped_fraction", "router_entropy", "expert_load"):
-        np.testing.assert_allclose(np.asarray(stats[name]), np.asarray(expected[name]),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(stats[name]), np.asarray(expected[name]), rtol=1e-6)
     assert not isinstance(reference(x, return_metrics=False), tuple)
     branch, symbolic = layer(keras.Input((8, 16)), return_metrics=True)  # functional models
     assert tuple(branch.shape) == (None, 8, 16) and symbolic["expert_load"].shape == (4,)

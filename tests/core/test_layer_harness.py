@@ -36,11 +36,23 @@ def test_layer_on_tensorflow(name):
 @pytest.mark.jax
 @pytest.mark.jax_harness
 def test_layers_on_jax():
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-               **JAX_NUMERICS_ENV)
-    result = subprocess.run([sys.executable, "-c", JAX_SCRIPT.format(root=ROOT)], env=env,
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        **JAX_NUMERICS_ENV,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", JAX_SCRIPT.format(root=ROOT)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     expected = sorted(name for name, case in CASES.items() if "jax" in case.backends)
-    assert [line.split()[1] for line in result.stdout.splitlines()
-            if line.startswith("OK ")] == expected
+    assert [
+        line.split()[1] for line in result.stdout.splitlines() if line.startswith("OK ")
+    ] == expected

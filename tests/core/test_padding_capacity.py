@@ -8,8 +8,9 @@ from keras_moe import routing
 
 ROUTERS = {
     "switch": lambda: routing.SwitchRouter(8, seed=0),
-    "top2_after_capacity": lambda: routing.Top2Router(8, second_expert_policy="all",
-                                                      normalize_gates="after_capacity", seed=0),
+    "top2_after_capacity": lambda: routing.Top2Router(
+        8, second_expert_policy="all", normalize_gates="after_capacity", seed=0
+    ),
     "top3": lambda: routing.TopKRouter(8, k=3, seed=0),
     "expert_choice": lambda: routing.ExpertChoiceRouter(8, seed=0),
 }
@@ -18,8 +19,12 @@ ROUTERS = {
 def _layer(router, dispatch, **kwargs):
     kwargs.setdefault("eval_capacity_factor", 0.25)
     kwargs.setdefault("min_expert_capacity", 1)
-    return keras_moe.MoeLayer(ROUTERS[router](), keras_moe.FeedForwardExperts(8, d_ff=32, seed=0),
-                              dispatch=dispatch, **kwargs)
+    return keras_moe.MoeLayer(
+        ROUTERS[router](),
+        keras_moe.FeedForwardExperts(8, d_ff=32, seed=0),
+        dispatch=dispatch,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("dispatch", ["einsum", "gather"])
@@ -36,8 +41,12 @@ def test_a_sequence_routes_the_same_alone_padded_or_beside_a_longer_one(rng, rou
     alone = np.asarray(layer(x))
     assert np.any(np.all(alone == 0, axis=-1)), "capacity must be short enough to drop tokens"
     padded_alone = np.asarray(layer(padded, mask=mask))
-    together = np.asarray(layer(np.concatenate([padded, longer]),
-                                mask=np.concatenate([mask, np.ones((1, 64), "float32")])))
+    together = np.asarray(
+        layer(
+            np.concatenate([padded, longer]),
+            mask=np.concatenate([mask, np.ones((1, 64), "float32")]),
+        )
+    )
     # Only float round-off apart (other buffer shapes); a token given a slot it would not
     # have alone moves its output by O(1).
     np.testing.assert_allclose(padded_alone[:, :20], alone, atol=1e-6)
@@ -52,8 +61,13 @@ def test_batch_groups_count_real_tokens_only(rng, dispatch):
     x = rng.normal(size=(2, 12, 16)).astype("float32")
     for group_size in ("batch", 16):
         # 0.6 * 12 / 8 rounds up to 1 slot, 0.6 * 16 / 8 (or 21) to 2.
-        layer = _layer("switch", dispatch, group_size=group_size, pad_to_group_size=True,
-                       eval_capacity_factor=0.6)
+        layer = _layer(
+            "switch",
+            dispatch,
+            group_size=group_size,
+            pad_to_group_size=True,
+            eval_capacity_factor=0.6,
+        )
         alone = np.asarray(layer(x[:1], training=False)) if group_size == "batch" else None
         with keras_moe.route_each_sequence():
             padded = np.concatenate([x[:1], np.zeros((1, 9, 16), "float32")], axis=1)
@@ -81,8 +95,9 @@ def test_an_unpadded_batch_trains_exactly_as_without_a_mask(rng, router, dispatc
 
 def test_real_token_capacity_follows_the_capacity_formula():
     """ceil(cf * k * n / E) slots for n real tokens, at least the minimum, at most n."""
-    layer = keras_moe.GShardFeedForward(num_experts=8, d_ff=8, train_capacity_factor=1.25,
-                                        min_expert_capacity=2)
+    layer = keras_moe.GShardFeedForward(
+        num_experts=8, d_ff=8, train_capacity_factor=1.25, min_expert_capacity=2
+    )
     mask = np.zeros((4, 40), "float32")
     for g, n in enumerate((40, 17, 1, 0)):
         mask[g, :n] = 1

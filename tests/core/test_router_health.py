@@ -57,7 +57,8 @@ def _train_users_model(with_moe, steps=160):
     ratio = None
     if with_moe:
         probe = keras_moe.SwitchFeedForward.from_config(
-            {**moe.get_config(), "return_metrics": True, "name": "probe"})
+            {**moe.get_config(), "return_metrics": True, "name": "probe"}
+        )
         probe.build(h.shape)
         probe.set_weights(moe.get_weights())
         ratio = float(probe(keras.Model(inputs, h)(x[:64]))[1]["output_rms_ratio"])

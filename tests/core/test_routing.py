@@ -55,24 +55,30 @@ def test_padding_takes_no_capacity_and_adds_nothing_to_losses():
 
 def test_top2_all_policy_normalizes_before_capacity():
     logits = np.log(np.array([[[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]]], "float32"))
-    r = _route(routing.Top2Router(3, second_expert_policy="all"), logits, capacity=1,
-               training=True)
+    r = _route(routing.Top2Router(3, second_expert_policy="all"), logits, capacity=1, training=True)
     np.testing.assert_array_equal(r["expert_index"][0], [[0, 1], [0, 2]])
     # Token 1's first choice (expert 0) overflows: first choices are served first.
     np.testing.assert_array_equal(r["kept"][0], [[1, 1], [0, 1]])
-    np.testing.assert_allclose(r["combine_weight"][0], [[0.5 / 0.8, 0.3 / 0.8], [0, 0.3 / 0.9]],
-                               rtol=1e-5)
-    after = _route(routing.Top2Router(3, second_expert_policy="all",
-                                      normalize_gates="after_capacity"),
-                   logits, capacity=1, training=True)
+    np.testing.assert_allclose(
+        r["combine_weight"][0], [[0.5 / 0.8, 0.3 / 0.8], [0, 0.3 / 0.9]], rtol=1e-5
+    )
+    after = _route(
+        routing.Top2Router(3, second_expert_policy="all", normalize_gates="after_capacity"),
+        logits,
+        capacity=1,
+        training=True,
+    )
     np.testing.assert_allclose(after["combine_weight"][0, 1], [0, 1.0], rtol=1e-5)
 
 
 def test_top2_threshold_and_random_policies(rng):
     probs = np.array([[[0.7, 0.3, 0.0 + 1e-6], [0.95, 0.05, 1e-6]]], "float32")
     logits = np.log(probs)
-    r = _route(routing.Top2Router(3, second_expert_policy="threshold",
-                                  second_expert_threshold=0.2), logits, training=True)
+    r = _route(
+        routing.Top2Router(3, second_expert_policy="threshold", second_expert_threshold=0.2),
+        logits,
+        training=True,
+    )
     np.testing.assert_array_equal(r["kept"][0, :, 1], [1, 0])
     # Random policy keeps the second expert with probability g2 / 0.5 (GShard).
     logits = np.log(np.tile(np.array([0.8, 0.2, 1e-6], "float32"), (1, 4000, 1)))
@@ -99,12 +105,15 @@ def test_expert_choice_never_picks_padding_when_real_tokens_suffice():
     assert r["kept"][0, 0].sum() == 0
 
 
-@pytest.mark.parametrize("router_factory", [
-    lambda: routing.SwitchRouter(5),
-    lambda: routing.TopKRouter(5, k=3, batch_prioritized_routing=True),
-    lambda: routing.Top2Router(5, second_expert_policy="random", seed=1),
-    lambda: routing.ExpertChoiceRouter(5),
-])
+@pytest.mark.parametrize(
+    "router_factory",
+    [
+        lambda: routing.SwitchRouter(5),
+        lambda: routing.TopKRouter(5, k=3, batch_prioritized_routing=True),
+        lambda: routing.Top2Router(5, second_expert_policy="random", seed=1),
+        lambda: routing.ExpertChoiceRouter(5),
+    ],
+)
 def test_invariants_on_random_inputs(rng, router_factory):
     router = router_factory()
     logits = rng.normal(size=(3, 20, 5)).astype("float32") * 2
@@ -150,8 +159,9 @@ def test_jitter_never_reaches_the_experts(rng):
 
     # One expert: its combine weight is 1 whatever the noise, so any difference
     # between training and inference outputs would be noise reaching the expert.
-    layer = keras_moe.SwitchFeedForward(num_experts=1, d_ff=16, jitter_noise=0.5,
-                                        train_capacity_factor=1.0, seed=0)
+    layer = keras_moe.SwitchFeedForward(
+        num_experts=1, d_ff=16, jitter_noise=0.5, train_capacity_factor=1.0, seed=0
+    )
     x = rng.normal(size=(2, 8, 8)).astype("float32")
     clean = np.asarray(layer(x, training=False))
     jittered = np.asarray(layer(x, training=True))
@@ -159,35 +169,43 @@ def test_jitter_never_reaches_the_experts(rng):
     assert np.abs(clean).sum() > 0
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(num_experts=0), "num_experts"),
-    (dict(num_experts=4, k=5), "k"),
-    (dict(num_experts=4, k=0), "k"),
-    (dict(num_experts=4, jitter_noise=-0.1), "jitter_noise"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(num_experts=0), "num_experts"),
+        (dict(num_experts=4, k=5), "k"),
+        (dict(num_experts=4, k=0), "k"),
+        (dict(num_experts=4, jitter_noise=-0.1), "jitter_noise"),
+    ],
+)
 def test_bad_router_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         routing.TopKRouter(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(second_expert_policy="sometimes"), "second_expert_policy"),
-    (dict(eval_second_expert_policy="random"), "eval_second_expert_policy"),
-    (dict(normalize_gates="never"), "normalize_gates"),
-    (dict(second_expert_threshold=0.0), "second_expert_threshold"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(second_expert_policy="sometimes"), "second_expert_policy"),
+        (dict(eval_second_expert_policy="random"), "eval_second_expert_policy"),
+        (dict(normalize_gates="never"), "normalize_gates"),
+        (dict(second_expert_threshold=0.0), "second_expert_threshold"),
+    ],
+)
 def test_bad_top2_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         routing.Top2Router(4, **kwargs)
 
 
-@pytest.mark.parametrize("router", [routing.SwitchRouter(4), routing.Top2Router(4),
-                                    routing.TopKRouter(4, k=3)])
+@pytest.mark.parametrize(
+    "router", [routing.SwitchRouter(4), routing.Top2Router(4), routing.TopKRouter(4, k=3)]
+)
 def test_capacity_is_capped_at_the_group_size_and_still_drops_nothing(router):
     assert router.expert_capacity(1, 1.25, min_expert_capacity=4) == 1  # one decoding token
     assert router.expert_capacity(3, 1.25, min_expert_capacity=4) == 3
     assert router.expert_capacity(64, 1.25, min_expert_capacity=4) == math.ceil(
-        1.25 * router.num_choices() * 64 / 4)
+        1.25 * router.num_choices() * 64 / 4
+    )
     # Three tokens that all prefer expert 0 fit in the capped capacity of 3.
     logits = [[[3.0, 2.0, 1.0, 0.0]] * 3]
     r = _route(router, logits, capacity=router.expert_capacity(3, 1.0, 4))

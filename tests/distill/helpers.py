@@ -7,20 +7,34 @@ from tests.models.helpers import t5_config
 
 def teacher_config(**overrides):
     """Switch teacher: encoder layer 1 sparse, both decoder layers sparse."""
-    args = dict(vocab_size=40, d_model=16, num_heads=2, d_kv=6, d_ff=24, num_encoder_layers=2,
-                num_decoder_layers=2, dropout_rate=0.0, moe_type="switch", num_experts=4,
-                encoder_sparse_step=2, decoder_sparse_step=1, activation="relu",
-                min_expert_capacity=4)
+    args = dict(
+        vocab_size=40,
+        d_model=16,
+        num_heads=2,
+        d_kv=6,
+        d_ff=24,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+        moe_type="switch",
+        num_experts=4,
+        encoder_sparse_step=2,
+        decoder_sparse_step=1,
+        activation="relu",
+        min_expert_capacity=4,
+    )
     args.update(overrides)
     return t5_config(**args)
 
 
 def batch(rng, batch_size=4, enc_len=10, dec_len=6, vocab=40):
-    x = {"encoder_input_tokens": rng.integers(2, vocab, (batch_size, enc_len)).astype("int32"),
-         "decoder_input_tokens": rng.integers(2, vocab, (batch_size, dec_len)).astype("int32")}
+    x = {
+        "encoder_input_tokens": rng.integers(2, vocab, (batch_size, enc_len)).astype("int32"),
+        "decoder_input_tokens": rng.integers(2, vocab, (batch_size, dec_len)).astype("int32"),
+    }
     y = rng.integers(2, vocab, (batch_size, dec_len)).astype("int32")
     w = np.ones((batch_size, dec_len), "float32")
-    w[0, dec_len - 2:] = 0.0  # padding at the end of one sequence
+    w[0, dec_len - 2 :] = 0.0  # padding at the end of one sequence
     w[1, 3:] = 0.0
     return x, y, w
 
@@ -48,5 +62,5 @@ def np_distillation_loss(labels, student, teacher, weights, alpha, temperature, 
             den += w
     hard, soft = hard_num / den, soft_num / den
     if scale:
-        soft *= temperature ** 2
+        soft *= temperature**2
     return (1 - alpha) * hard + alpha * soft, hard, soft, kl_num / den

@@ -25,9 +25,13 @@ def _distill(model_dir, teacher_dir, steps):
     from keras_moe.distill import distill_cli
 
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={model_dir}"]
-    for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', f"TRAIN_STEPS = {steps}",
-                     "CheckpointConfig.every = 2", "train.summary_batches = 1",
-                     "DISTILL_TEMPERATURE = 2.0"]:
+    for b in TINY + [
+        f'TEACHER_CHECKPOINT = "{teacher_dir}"',
+        f"TRAIN_STEPS = {steps}",
+        "CheckpointConfig.every = 2",
+        "train.summary_batches = 1",
+        "DISTILL_TEMPERATURE = 2.0",
+    ]:
         args.append(f"--gin_bindings={b}")
     return run_cli_here(args, distill_cli.main)
 
@@ -51,9 +55,12 @@ def _load_distiller(model_dir, teacher_dir, student_config):
     from keras_moe.distill import build_distiller, resolve_checkpoint
 
     teacher_config = student_config.replace(
-        encoder_sparse_step=2, decoder_sparse_step=2,
-        sparse_ffn=keras_moe.SwitchFeedForward(num_experts=4, d_ff=student_config.d_ff,
-                                               activation=student_config.activation))
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        sparse_ffn=keras_moe.SwitchFeedForward(
+            num_experts=4, d_ff=student_config.d_ff, activation=student_config.activation
+        ),
+    )
     distiller = build_distiller(teacher_dir, teacher_config)
     distiller.compile(**distiller.compile_defaults())
     distiller.optimizer.build(distiller.trainable_variables)
@@ -74,10 +81,13 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, dis
     assert os.path.isfile(os.path.join(model_dir, "checkpoints", "ckpt-00000002.weights.h5"))
     assert os.path.isdir(os.path.join(model_dir, "logs", "train"))
     summary = json.load(open(os.path.join(model_dir, "summary.json")))
-    assert {"hard_loss", "soft_loss", "kl_to_teacher", "neg_log_perplexity"} <= \
-        set(summary["eval_end"])
-    assert "build_distiller.alpha = %DISTILL_ALPHA" in open(
-        os.path.join(model_dir, "operative_config.gin")).read()
+    assert {"hard_loss", "soft_loss", "kl_to_teacher", "neg_log_perplexity"} <= set(
+        summary["eval_end"]
+    )
+    assert (
+        "build_distiller.alpha = %DISTILL_ALPHA"
+        in open(os.path.join(model_dir, "operative_config.gin")).read()
+    )
 
     resumed = _distill(model_dir, teacher_dir, 4)  # resumes at step 2
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
@@ -110,8 +120,9 @@ def test_missing_teacher_checkpoint_is_a_config_error(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
-def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_path, teacher_dir,
-                                                                         distilled_2):
+def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(
+    tmp_path, teacher_dir, distilled_2
+):
     """An INIT_CHECKPOINT's weights are read into a second model built by the same
     factory; the student file once came from that second model (the start, not the
     trained student)."""
@@ -125,9 +136,13 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
 
     gin.clear_config()
     args = ["--gin_file=tiny_local.gin", "--gin_file=distill.gin", f"--model_dir={second}"]
-    for b in TINY + [f'TEACHER_CHECKPOINT = "{teacher_dir}"', "TRAIN_STEPS = 2",
-                     "CheckpointConfig.every = 2", "train.summary_batches = 0",
-                     f'INIT_CHECKPOINT = "{first}"']:
+    for b in TINY + [
+        f'TEACHER_CHECKPOINT = "{teacher_dir}"',
+        "TRAIN_STEPS = 2",
+        "CheckpointConfig.every = 2",
+        "train.summary_batches = 0",
+        f'INIT_CHECKPOINT = "{first}"',
+    ]:
         args.append(f"--gin_bindings={b}")
     try:
         assert distill_cli.main(args) == 0
@@ -146,15 +161,18 @@ def test_the_saved_student_is_the_trained_one_when_init_checkpoint_is_set(tmp_pa
     start = student_weights(os.path.join(first, "student.weights.h5"))
     for a, b in zip(saved, trained, strict=False):
         np.testing.assert_array_equal(a, b)
-    assert any(not np.array_equal(a, b) for a, b in zip(saved, start, strict=False)), \
+    assert any(not np.array_equal(a, b) for a, b in zip(saved, start, strict=False)), (
         "the saved student equals the INIT_CHECKPOINT's: the trained one was not saved"
+    )
     keras.backend.clear_session()
 
 
-@pytest.mark.parametrize("error,code", [("NonFiniteLossError", 3), ("WorkerFailureError", 4),
-                                        ("TrainingConfigError", 2)])
-def test_training_failures_exit_with_the_training_cli_codes(tmp_path, capsys, error, code,
-                                                            monkeypatch):
+@pytest.mark.parametrize(
+    "error,code", [("NonFiniteLossError", 3), ("WorkerFailureError", 4), ("TrainingConfigError", 2)]
+)
+def test_training_failures_exit_with_the_training_cli_codes(
+    tmp_path, capsys, error, code, monkeypatch
+):
     """The distillation CLI once mapped only configuration errors (exit 2); a NaN loss
     or a dead worker escaped as a traceback (exit 1)."""
     from keras_moe.distill import distill_cli
@@ -168,8 +186,16 @@ def test_training_failures_exit_with_the_training_cli_codes(tmp_path, capsys, er
     monkeypatch.setattr(train_configurables, "train", failing_train)
     gin.clear_config()
     try:
-        assert distill_cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
-                         '--gin_bindings=TEACHER_CHECKPOINT = "unused"']) == code
+        assert (
+            distill_cli.main(
+                [
+                    "--gin_file=tiny_local.gin",
+                    f"--model_dir={tmp_path / 'd'}",
+                    '--gin_bindings=TEACHER_CHECKPOINT = "unused"',
+                ]
+            )
+            == code
+        )
     finally:
         gin.clear_config()
     expected = "training loss became nan at step 5" if code == 3 else "stopped on purpose"
@@ -182,8 +208,14 @@ def test_the_multi_process_flags_are_used_not_ignored(tmp_path, capsys):
     gin.clear_config()
     # --process_count without a coordinator is refused by jax.distributed's set-up,
     # which the distillation CLI once skipped (the flags were parsed and dropped).
-    code = distill_cli.main(["--gin_file=tiny_local.gin", f"--model_dir={tmp_path / 'd'}",
-                     "--process_count=2", "--process_index=0"])
+    code = distill_cli.main(
+        [
+            "--gin_file=tiny_local.gin",
+            f"--model_dir={tmp_path / 'd'}",
+            "--process_count=2",
+            "--process_index=0",
+        ]
+    )
     gin.clear_config()
     assert code == 2
     assert "--coordinator_address" in capsys.readouterr().err

@@ -38,10 +38,12 @@ def test_targets_and_weights_from_the_feature_dict(rng):
     distiller = Distiller(teacher, student, alpha=0.5)
     features = dict(x, decoder_target_tokens=y, decoder_loss_weights=w)
     logits = np.asarray(student(x))
-    expected = np_distillation_loss(y, logits, np.asarray(teacher(x, training=False)), w,
-                                    0.5, 1.0)[0]
-    np.testing.assert_allclose(float(distiller.compute_loss(features, None, logits)), expected,
-                               rtol=1e-5)
+    expected = np_distillation_loss(y, logits, np.asarray(teacher(x, training=False)), w, 0.5, 1.0)[
+        0
+    ]
+    np.testing.assert_allclose(
+        float(distiller.compute_loss(features, None, logits)), expected, rtol=1e-5
+    )
 
 
 @pytest.mark.slow
@@ -49,15 +51,22 @@ def test_fit_moves_student_toward_teacher_and_freezes_teacher(rng):
     teacher, student = _pair(seed=3)
     x, y, w = batch(rng, batch_size=8)
     distiller = Distiller(teacher, student, alpha=1.0, temperature=2.0)
-    assert {id(v) for v in distiller.trainable_variables} == \
-        {id(v) for v in student.trainable_variables}
+    assert {id(v) for v in distiller.trainable_variables} == {
+        id(v) for v in student.trainable_variables
+    }
     assert not teacher.trainable_variables
     teacher_before = [np.array(v.numpy()) for v in teacher.weights]
     student_before = [np.array(v.numpy()) for v in student.trainable_variables]
 
     def kl():
-        ref = np_distillation_loss(y, np.asarray(student(x, training=False)),
-                                   np.asarray(teacher(x, training=False)), w, 1.0, 2.0)
+        ref = np_distillation_loss(
+            y,
+            np.asarray(student(x, training=False)),
+            np.asarray(teacher(x, training=False)),
+            w,
+            1.0,
+            2.0,
+        )
         return ref[3]
 
     kl_before = kl()
@@ -66,12 +75,20 @@ def test_fit_moves_student_toward_teacher_and_freezes_teacher(rng):
     kl_after = kl()
     assert kl_after < 0.5 * kl_before, (kl_before, kl_after)
     assert history["kl_to_teacher"][-1] < history["kl_to_teacher"][0]
-    assert {"loss", "hard_loss", "soft_loss", "kl_to_teacher", "accuracy",
-            "neg_log_perplexity"} <= set(history)
+    assert {
+        "loss",
+        "hard_loss",
+        "soft_loss",
+        "kl_to_teacher",
+        "accuracy",
+        "neg_log_perplexity",
+    } <= set(history)
     for before, v in zip(teacher_before, teacher.weights, strict=False):
         np.testing.assert_array_equal(before, v.numpy(), err_msg=v.path)
-    assert any(not np.array_equal(b, v.numpy())
-               for b, v in zip(student_before, student.trainable_variables, strict=False))
+    assert any(
+        not np.array_equal(b, v.numpy())
+        for b, v in zip(student_before, student.trainable_variables, strict=False)
+    )
 
 
 @pytest.mark.slow
@@ -114,13 +131,21 @@ def test_keras_round_trip(rng, tmp_path):
     assert (loaded.alpha, loaded.temperature, loaded.scale_soft_loss) == (0.3, 1.5, False)
     assert not loaded.teacher.trainable
     np.testing.assert_allclose(np.asarray(loaded(x)), np.asarray(distiller(x)), atol=1e-6)
-    np.testing.assert_allclose(np.asarray(loaded.teacher_logits(x)),
-                               np.asarray(distiller.teacher_logits(x)), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(loaded.teacher_logits(x)), np.asarray(distiller.teacher_logits(x)), atol=1e-6
+    )
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(alpha=-0.1), "alpha"), (dict(alpha=1.5), "alpha"), (dict(temperature=0.0), "temperature"),
-    (dict(temperature=-2.0), "temperature"), (dict(scale_soft_loss="yes"), "scale_soft_loss")])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(alpha=-0.1), "alpha"),
+        (dict(alpha=1.5), "alpha"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-2.0), "temperature"),
+        (dict(scale_soft_loss="yes"), "scale_soft_loss"),
+    ],
+)
 def test_bad_arguments(kwargs, name):
     teacher, student = _pair()
     with pytest.raises(ValueError, match=name):

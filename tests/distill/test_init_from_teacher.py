@@ -22,8 +22,10 @@ def _snapshot(model):
 def _expert_positions(config):
     """Student FFN paths at the teacher's sparse layers, from the config (not from the code)."""
     out = set()
-    for side, layers in (("encoder", config.resolved_encoder_sparse_layers()),
-                         ("decoder", config.resolved_decoder_sparse_layers())):
+    for side, layers in (
+        ("encoder", config.resolved_encoder_sparse_layers()),
+        ("decoder", config.resolved_decoder_sparse_layers()),
+    ):
         for i in layers:
             out |= {f"{side}_layer_{i}/ffn/{name}" for name in ("wi_0", "wi_1", "wo")}
     return out
@@ -36,20 +38,32 @@ def test_copies_shared_weights_exactly_and_nothing_else(teacher):
     report = init_student_from_teacher(student, teacher)
     after = _snapshot(student)
     expert_positions = _expert_positions(teacher.config)
-    assert expert_positions == {"encoder_layer_1/ffn/wi_0", "encoder_layer_1/ffn/wi_1",
-                                "encoder_layer_1/ffn/wo", "decoder_layer_0/ffn/wi_0",
-                                "decoder_layer_0/ffn/wi_1", "decoder_layer_0/ffn/wo",
-                                "decoder_layer_1/ffn/wi_0", "decoder_layer_1/ffn/wi_1",
-                                "decoder_layer_1/ffn/wo"}
+    assert expert_positions == {
+        "encoder_layer_1/ffn/wi_0",
+        "encoder_layer_1/ffn/wi_1",
+        "encoder_layer_1/ffn/wo",
+        "decoder_layer_0/ffn/wi_0",
+        "decoder_layer_0/ffn/wi_1",
+        "decoder_layer_0/ffn/wo",
+        "decoder_layer_1/ffn/wi_0",
+        "decoder_layer_1/ffn/wi_1",
+        "decoder_layer_1/ffn/wo",
+    }
     assert set(report["fresh"]) == expert_positions
     assert report["from_experts"] == []
     shared = set(after) - expert_positions
     assert set(report["copied"]) == shared
     # Every non-expert kind of weight is among the copied ones.
-    for needed in ("token_embedding/embeddings", "encoder_position_bias/embeddings",
-                   "decoder_position_bias/embeddings", "lm_head/kernel", "encoder_norm/scale",
-                   "decoder_layer_1/cross_attention/key", "encoder_layer_0/ffn/wi_0",
-                   "encoder_layer_0/attention_norm/scale"):
+    for needed in (
+        "token_embedding/embeddings",
+        "encoder_position_bias/embeddings",
+        "decoder_position_bias/embeddings",
+        "lm_head/kernel",
+        "encoder_norm/scale",
+        "decoder_layer_1/cross_attention/key",
+        "encoder_layer_0/ffn/wi_0",
+        "encoder_layer_0/attention_norm/scale",
+    ):
         assert needed in shared
     for path in shared:
         np.testing.assert_array_equal(after[path], teacher_before[path], err_msg=path)

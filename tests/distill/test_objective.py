@@ -17,15 +17,31 @@ def _case(rng, vocab=7):
     return labels, student, teacher, weights
 
 
-@pytest.mark.parametrize("alpha,temperature,scale", [
-    (0.25, 1.0, True), (0.25, 2.0, True), (0.25, 2.0, False), (0.0, 3.0, True),
-    (1.0, 0.5, True), (0.6, 1.7, False)])
+@pytest.mark.parametrize(
+    "alpha,temperature,scale",
+    [
+        (0.25, 1.0, True),
+        (0.25, 2.0, True),
+        (0.25, 2.0, False),
+        (0.0, 3.0, True),
+        (1.0, 0.5, True),
+        (0.6, 1.7, False),
+    ],
+)
 def test_mix_equals_hand_computation(rng, alpha, temperature, scale):
     labels, student, teacher, weights = _case(rng)
-    loss, hard, soft = losses.distillation_loss(labels, student, teacher, weights, alpha=alpha,
-                                                temperature=temperature, scale_soft_loss=scale)
-    ref, ref_hard, ref_soft, ref_kl = np_distillation_loss(labels, student, teacher, weights,
-                                                           alpha, temperature, scale)
+    loss, hard, soft = losses.distillation_loss(
+        labels,
+        student,
+        teacher,
+        weights,
+        alpha=alpha,
+        temperature=temperature,
+        scale_soft_loss=scale,
+    )
+    ref, ref_hard, ref_soft, ref_kl = np_distillation_loss(
+        labels, student, teacher, weights, alpha, temperature, scale
+    )
     np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
     np.testing.assert_allclose(float(hard), ref_hard, rtol=1e-5)
     np.testing.assert_allclose(float(soft), ref_soft, rtol=1e-5)
@@ -42,9 +58,11 @@ def test_paper_default_is_three_quarters_hard(rng):
 def test_hard_term_is_the_t5_loss(rng):
     labels, student, _, weights = _case(rng)
     keras_loss = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="mean_with_sample_weight")(labels, student, weights)
-    np.testing.assert_allclose(float(losses.hard_loss(labels, student, weights)),
-                               float(keras_loss), rtol=1e-5)
+        from_logits=True, reduction="mean_with_sample_weight"
+    )(labels, student, weights)
+    np.testing.assert_allclose(
+        float(losses.hard_loss(labels, student, weights)), float(keras_loss), rtol=1e-5
+    )
 
 
 def test_padding_does_not_count(rng):

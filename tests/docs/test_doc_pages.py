@@ -8,10 +8,13 @@ from tests.training.helpers import REPO
 
 INDEX = os.path.join(REPO, "docs", "README.md")
 PAGES = [os.path.join(REPO, "README.md")] + sorted(
-    p for p in glob.glob(os.path.join(REPO, "docs", "*.md")) if p != INDEX)
+    p for p in glob.glob(os.path.join(REPO, "docs", "*.md")) if p != INDEX
+)
 # "48 s", "2 min 49 s", "12.5 minutes", "about an hour", "seconds"...
-DURATION = re.compile(r"\b\d+(\.\d+)?\s*(ms|s|min|minutes?|seconds?|hours?|h)\b"
-                      r"|\b(seconds?|minutes?|hours?)\b")
+DURATION = re.compile(
+    r"\b\d+(\.\d+)?\s*(ms|s|min|minutes?|seconds?|hours?|h)\b"
+    r"|\b(seconds?|minutes?|hours?)\b"
+)
 
 
 def test_the_docs_index_has_a_line_for_every_page_and_its_links_resolve():
@@ -33,8 +36,8 @@ def runnable_blocks(path):
         kind, code = match.groups()
         if kind == "python" and not re.search(r"^\s*(import|from) ", code, flags=re.M):
             continue
-        before = text[:match.start()].rstrip().split("\n\n")[-1]
-        after = text[match.end():].lstrip().split("\n\n")[0]
+        before = text[: match.start()].rstrip().split("\n\n")[-1]
+        after = text[match.end() :].lstrip().split("\n\n")[0]
         yield kind, code, before, after
 
 
@@ -45,6 +48,7 @@ def test_every_command_in_the_readme_and_docs_says_how_long_it_takes():
     for path in PAGES:
         for kind, code, before, after in runnable_blocks(path):
             if not any(DURATION.search(part) for part in (code, before, after)):
-                missing.append(f"{os.path.relpath(path, REPO)}: {kind} "
-                               f"{code.strip().splitlines()[0][:60]!r}")
+                missing.append(
+                    f"{os.path.relpath(path, REPO)}: {kind} {code.strip().splitlines()[0][:60]!r}"
+                )
     assert not missing, "\n".join(missing)

@@ -44,8 +44,11 @@ def test_oldest_python_admitted_can_install_the_pinned_requirements():
     # `pip install .` and scripts/install.sh stopped with "Package 'keras' requires a
     # different Python" and nothing of keras_moe was importable.
     oldest = oldest_python(_python_requires())
-    pinned = [r for r in requirements_from_setup_cfg(_read("setup.cfg"), extras=())
-              if any(spec.operator in ("==", "===") for spec in r.specifier)]
+    pinned = [
+        r
+        for r in requirements_from_setup_cfg(_read("setup.cfg"), extras=())
+        if any(spec.operator in ("==", "===") for spec in r.specifier)
+    ]
     assert pinned, "setup.cfg pins no requirement any more"
     problems = []
     for requirement in pinned:
@@ -54,10 +57,12 @@ def test_oldest_python_admitted_can_install_the_pinned_requirements():
         except md.PackageNotFoundError:
             continue  # tests/test_environment.py reports missing requirements
         if needs and not SpecifierSet(needs).contains(oldest):
-            problems.append(f"{requirement} (installed {md.version(requirement.name)}) needs "
-                            f"Python {needs}")
-    assert not problems, (f"setup.cfg's python_requires admits Python {oldest}, but: "
-                          + "; ".join(problems))
+            problems.append(
+                f"{requirement} (installed {md.version(requirement.name)}) needs Python {needs}"
+            )
+    assert not problems, f"setup.cfg's python_requires admits Python {oldest}, but: " + "; ".join(
+        problems
+    )
 
 
 def test_the_readme_states_the_oldest_python_admitted():
@@ -82,22 +87,43 @@ def test_parse_gin_by_name_after_a_non_editable_install(tmp_path):
     for name in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     for name in ("keras_moe", "gin", "tasks"):
-        shutil.copytree(os.path.join(ROOT, name), src / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            os.path.join(ROOT, name),
+            src / name,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
     dist = tmp_path / "dist"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--no-index", "-q", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     (wheel,) = dist.glob("keras_moe-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         site = tmp_path / "site"
         z.extractall(site)  # a pure-Python wheel installs as its files
-    gin_files = {os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, "/")
-                 for d, _, files in os.walk(os.path.join(ROOT, "gin")) for f in files
-                 if f.endswith(".gin")}
+    gin_files = {
+        os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, "/")
+        for d, _, files in os.walk(os.path.join(ROOT, "gin"))
+        for f in files
+        if f.endswith(".gin")
+    }
     missing = {"keras_moe/gin_files/" + p.split("/", 1)[1] for p in gin_files} - names
     assert not missing and "keras_moe/gin_files/models/switch_tiny.gin" in names, missing
     assert "keras_moe/tasks/__init__.py" in names
@@ -105,13 +131,21 @@ def test_parse_gin_by_name_after_a_non_editable_install(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import keras_moe, keras_moe.models as m\n"
-            "print(keras_moe.__file__)\n"
-            "c = m.parse_gin('switch_tiny.gin')\n"
-            "print('config', c.sparse_ffn['class_name'], c.num_experts, c.d_model)\n")
+    code = (
+        "import keras_moe, keras_moe.models as m\n"
+        "print(keras_moe.__file__)\n"
+        "c = m.parse_gin('switch_tiny.gin')\n"
+        "print('config', c.sparse_ffn['class_name'], c.num_experts, c.d_model)\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="3")
-    run = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env,
-                         capture_output=True, text=True, timeout=180)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith(str(site)), f"keras_moe came from {lines[0]}, not the wheel"
@@ -130,9 +164,11 @@ def test_the_editable_install_maps_the_tasks_and_gin_folders_of_this_checkout():
     assert os.path.dirname(here) == ROOT
     assert keras_moe.tasks.__file__ == os.path.join(ROOT, "tasks", "__init__.py"), (
         f"keras_moe.tasks comes from {keras_moe.tasks.__file__}: run `pip install -e .` "
-        "in this checkout")
-    assert gin_config.resolve("switch_tiny") == os.path.join(ROOT, "gin", "models",
-                                                             "switch_tiny.gin")
+        "in this checkout"
+    )
+    assert gin_config.resolve("switch_tiny") == os.path.join(
+        ROOT, "gin", "models", "switch_tiny.gin"
+    )
 
 
 FAKE_PYTHON = r"""#!/usr/bin/env bash
@@ -166,8 +202,13 @@ def _install(tmp_path, extras="test", fail_on=""):
     python.chmod(0o755)
     calls = tmp_path / "calls"
     env = dict(os.environ, PYTHON=str(python), CALLS=str(calls), FAIL_ON=fail_on)
-    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install.sh"), extras],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "install.sh"), extras],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -178,8 +219,9 @@ def test_install_says_what_it_installs_and_hides_only_t5s_known_resolver_lines(t
     done, calls = _install(tmp_path)
     assert done.returncode == 0, done.stderr
     stages = [line for line in done.stdout.splitlines() if line.startswith("install.sh: ")]
-    assert len(stages) == 6 and "minutes" in stages[0] and stages[-1].startswith(
-        "install.sh: done"), done.stdout
+    assert (
+        len(stages) == 6 and "minutes" in stages[0] and stages[-1].startswith("install.sh: done")
+    ), done.stdout
     assert "ERROR" not in done.stdout + done.stderr, done.stderr
     assert "WARNING: something else pip had to say" in done.stderr
     assert "t5==0.9.4" in calls[-1] and "--no-deps" in calls[-1], calls

@@ -34,7 +34,10 @@ def test_the_readme_call_works_as_written():
     # It stands in for `config = models.T5Config(...)`: switch_tiny.gin's model.
     assert isinstance(config, models.T5Config)
     assert (config.sparse_ffn["class_name"], config.num_experts, config.d_model) == (
-        "keras_moe>SwitchFeedForward", 8, 64)
+        "keras_moe>SwitchFeedForward",
+        8,
+        64,
+    )
     assert config.resolved_encoder_sparse_layers() == (1,)
 
 
@@ -49,8 +52,10 @@ def test_one_name_a_path_or_a_list_give_the_same_config(tmp_path):
     assert by_name.num_experts == 8
     assert by_list == by_path and by_list.num_experts == 4
     spec = by_list.sparse_ffn
-    assert by_list.replace(sparse_ffn=dict(spec, config=dict(spec["config"], num_experts=8))) \
+    assert (
+        by_list.replace(sparse_ffn=dict(spec, config=dict(spec["config"], num_experts=8)))
         == by_name
+    )
 
 
 def test_a_file_of_ones_own_and_an_unknown_name(tmp_path, monkeypatch):

@@ -38,8 +38,9 @@ def hf_logits(folder, inputs):
 
 
 def load(folder, sparse=True, **options):
-    return keras_moe.from_preset(folder, keras_hub.models.CausalLM, preprocessor=None,
-                                 sparse=sparse, **options)
+    return keras_moe.from_preset(
+        folder, keras_hub.models.CausalLM, preprocessor=None, sparse=sparse, **options
+    )
 
 
 def logits(model, inputs, training=False):
@@ -60,8 +61,9 @@ def check_logits(folder):
     assert is_sparse(sparse) and not is_sparse(dense)
     assert isinstance(sparse, type(dense)), (type(sparse), type(dense))
     got, want = logits(sparse, inputs), logits(dense, inputs)
-    for row, (mask, reference) in enumerate(zip(inputs["padding_mask"],
-                                                hf_logits(folder, inputs), strict=True)):
+    for row, (mask, reference) in enumerate(
+        zip(inputs["padding_mask"], hf_logits(folder, inputs), strict=True)
+    ):
         real = mask > 0
         assert_close(got[row][real], want[row][real], f"sequence {row} vs keras-hub")
         assert_close(got[row][real], reference, f"sequence {row} vs HF torch")
@@ -71,11 +73,11 @@ def greedy_tokens(model, prompt, length):
     model.compile(sampler="greedy")
     width = len(prompt) + length
     ids = np.zeros((1, width), "int32")
-    ids[0, :len(prompt)] = prompt
+    ids[0, : len(prompt)] = prompt
     mask = np.zeros((1, width), "int32")
-    mask[0, :len(prompt)] = 1
+    mask[0, : len(prompt)] = 1
     out = model.generate({"token_ids": ids, "padding_mask": mask}, stop_token_ids=None)
-    return np.asarray(out["token_ids"])[0, len(prompt):].tolist()
+    return np.asarray(out["token_ids"])[0, len(prompt) :].tolist()
 
 
 def hf_greedy_tokens(folder, prompt, length):
@@ -83,9 +85,15 @@ def hf_greedy_tokens(folder, prompt, length):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=length, min_new_tokens=length,
-                         do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=length,
+        min_new_tokens=length,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def check_greedy_generate(folder, length=6):
@@ -113,8 +121,9 @@ def check_training_losses_and_metrics(folder):
     # Padding takes no part (keras-hub's Qwen blocks count padded tokens too).
     inputs = batch(seed=1)
     wider = {k: np.pad(v, ((0, 0), (0, 4))) for k, v in inputs.items()}
-    np.testing.assert_allclose(training_losses(sparse, wider), training_losses(sparse, inputs),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        training_losses(sparse, wider), training_losses(sparse, inputs), rtol=1e-6
+    )
     sparse(inputs)
     assert not sparse.losses  # inference adds none, as keras-hub's blocks
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

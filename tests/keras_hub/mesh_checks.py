@@ -58,8 +58,10 @@ def check(folder, family):
         checks.assert_close(got[mask], want[mask], f"{family} on the mesh vs one device")
         assert "all-to-all" in hlo, f"{family}: no all-to-all in the compiled forward"
         full_shapes = {tuple(v.shape) for v in weights}
-        gathered = {tuple(int(n) for n in dims.split(","))
-                    for dims in re.findall(r"= \w+\[([\d,]+)\]\S* all-gather\(", hlo)}
+        gathered = {
+            tuple(int(n) for n in dims.split(","))
+            for dims in re.findall(r"= \w+\[([\d,]+)\]\S* all-gather\(", hlo)
+        }
         assert not gathered & full_shapes, f"{family}: expert weights all-gathered: {gathered}"
     finally:
         keras_moe.sharding.clear_mesh()

@@ -16,8 +16,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_a_sparsified_model_compiles_with_its_experts_split_and_tokens_exchanged():
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "benchmarks", "keras_hub_compile.py"), "--smoke",
-         "--also-keras-hub"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "keras_hub_compile.py"),
+            "--smoke",
+            "--also-keras-hub",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = {}
     for line in result.stdout.splitlines():
@@ -36,14 +46,16 @@ def test_a_sparsified_model_compiles_with_its_experts_split_and_tokens_exchanged
 def test_the_speed_benchmark_smoke_reports_every_part_side_by_side():
     from tests.benchmarks.smoke import run_smoke
 
-    data = run_smoke("keras_hub_speed.py", "keras_hub_speed_tensorflow", default_output=True,
-                     own_process=True)["json"]
+    data = run_smoke(
+        "keras_hub_speed.py", "keras_hub_speed_tensorflow", default_output=True, own_process=True
+    )["json"]
     rows = {row["config"]: row for row in data["rows"]}
     assert sorted(rows) == ["mixtral_8e_top2", "qwen3_moe_64e_top8"]
     for row in rows.values():
         parts = ("block", "forward", "train")
-        assert sorted(row["ms"]) == sorted(f"{p}_{m}" for p in parts for m in ("keras_hub",
-                                                                                "sparse"))
+        assert sorted(row["ms"]) == sorted(
+            f"{p}_{m}" for p in parts for m in ("keras_hub", "sparse")
+        )
         for part in parts:  # the speed-up is the ratio of the two medians it reports
             ratio = row["ms"][f"{part}_keras_hub"] / row["ms"][f"{part}_sparse"]
             assert row["speedup"][part] == pytest.approx(ratio, rel=0.05)  # both rounded

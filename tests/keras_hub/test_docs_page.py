@@ -26,7 +26,9 @@ def test_the_page_loads_generates_fine_tunes_saves_and_shards(tmp_path):
     assert "transformer_layer_0/max_violation" in out, out
     assert os.path.exists(tmp_path / "qwen3-moe-tiny.keras")
     # The settings the page gives on the command line (run_python drops XLA_FLAGS).
-    settings = ("import os\nos.environ.update(KERAS_BACKEND='jax', JAX_PLATFORMS='cpu', "
-                "XLA_FLAGS='--xla_force_host_platform_device_count=8')\n")
+    settings = (
+        "import os\nos.environ.update(KERAS_BACKEND='jax', JAX_PLATFORMS='cpu', "
+        "XLA_FLAGS='--xla_force_host_platform_device_count=8')\n"
+    )
     sharded = run_python(settings + mesh, timeout=600)
     assert "'expert'" in sharded, sharded

@@ -51,8 +51,11 @@ def test_a_preset_saved_sparse_loads_sparse_through_keras_hub_and_keras_moe(fold
     model = checks.load(folders["Qwen3Moe"])
     want = checks.logits(model, checks.batch())
     model.save_to_preset(str(tmp_path))
-    for load in (keras_moe.from_preset, keras_hub.models.CausalLM.from_preset,
-                 keras_hub.models.Qwen3MoeCausalLM.from_preset):
+    for load in (
+        keras_moe.from_preset,
+        keras_hub.models.CausalLM.from_preset,
+        keras_hub.models.Qwen3MoeCausalLM.from_preset,
+    ):
         loaded = load(str(tmp_path))
         assert type(loaded) is type(model), (load, type(loaded))
         np.testing.assert_array_equal(checks.logits(loaded, checks.batch()), want)
@@ -63,9 +66,14 @@ def test_a_preset_saved_sparse_loads_sparse_through_keras_hub_and_keras_moe(fold
 def test_the_same_checks_on_jax(folders, tmp_path):
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     script = os.path.join(ROOT, "tests", "keras_hub", "jax_checks.py")
-    result = subprocess.run([sys.executable, script, os.path.dirname(folders["Mixtral"]),
-                             str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        [sys.executable, script, os.path.dirname(folders["Mixtral"]), str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for family in FAMILIES:
         assert f"OK {family}" in result.stdout, result.stdout
@@ -79,9 +87,14 @@ def test_experts_split_over_a_jax_mesh_give_the_one_device_logits(folders):
     families = ("GptOss",)  # its expert biases are split too; the other families share the path
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     script = os.path.join(ROOT, "tests", "keras_hub", "mesh_checks.py")
-    result = subprocess.run([sys.executable, script, os.path.dirname(folders["Mixtral"]),
-                             *families], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        [sys.executable, script, os.path.dirname(folders["Mixtral"]), *families],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for family in families:
         assert f"OK {family}" in result.stdout, result.stdout
@@ -117,17 +130,38 @@ def test_capacity_dispatch_is_an_option(folders):
 
 def _dense_qwen3():
     return keras_hub.models.Qwen3Backbone(
-        vocabulary_size=32, num_layers=1, num_query_heads=2, num_key_value_heads=1,
-        hidden_dim=8, intermediate_dim=16, head_dim=4)
+        vocabulary_size=32,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=8,
+        intermediate_dim=16,
+        head_dim=4,
+    )
 
 
-@pytest.mark.parametrize("make, message", [
-    (_dense_qwen3, "supported family"),
-    (lambda: keras.Sequential([keras.layers.Dense(2)]), "keras-hub Backbone or CausalLM"),
-    (lambda: keras_moe.sparsify(keras_hub.models.MixtralBackbone(
-        vocabulary_size=32, num_layers=1, num_query_heads=2, num_key_value_heads=1,
-        hidden_dim=8, intermediate_dim=16, num_experts=4, top_k=2)), "already sparse"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (_dense_qwen3, "supported family"),
+        (lambda: keras.Sequential([keras.layers.Dense(2)]), "keras-hub Backbone or CausalLM"),
+        (
+            lambda: keras_moe.sparsify(
+                keras_hub.models.MixtralBackbone(
+                    vocabulary_size=32,
+                    num_layers=1,
+                    num_query_heads=2,
+                    num_key_value_heads=1,
+                    hidden_dim=8,
+                    intermediate_dim=16,
+                    num_experts=4,
+                    top_k=2,
+                )
+            ),
+            "already sparse",
+        ),
+    ],
+)
 def test_what_cannot_be_sparsified_is_refused_naming_it(make, message):
     with pytest.raises(ValueError, match=message):
         keras_moe.sparsify(make())
@@ -153,9 +187,15 @@ def test_loss_free_balancing_moves_the_bias_in_training_only(folders):
         assert np.count_nonzero(bias) >= router.num_experts // 2, bias
 
 
-@pytest.mark.parametrize("option, value", [("dispatch", "fast"), ("aux_loss_factor", -1),
-                                           ("bias_update_rate", "x"),
-                                           ("train_capacity_factor", 0)])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("dispatch", "fast"),
+        ("aux_loss_factor", -1),
+        ("bias_update_rate", "x"),
+        ("train_capacity_factor", 0),
+    ],
+)
 def test_bad_options_are_refused_before_loading(option, value):
     with pytest.raises(ValueError, match=f"`{option}`"):
         keras_moe.from_preset("/no/such/folder", **{option: value})

@@ -23,23 +23,41 @@ def t5_config(moe_type=None, **kwargs):
         return T5Config(**model)
     defaults = T5Config()
     layer.setdefault("d_ff", layer.pop("expert_d_ff", None) or model.get("d_ff", defaults.d_ff))
-    layer.setdefault("activation", layer.pop("expert_activation", None)
-                     or model.get("activation", defaults.activation))
-    layer.setdefault("init_scale", layer.pop("expert_init_scale", None)
-                     or model.get("init_scale", defaults.init_scale))
+    layer.setdefault(
+        "activation",
+        layer.pop("expert_activation", None) or model.get("activation", defaults.activation),
+    )
+    layer.setdefault(
+        "init_scale",
+        layer.pop("expert_init_scale", None) or model.get("init_scale", defaults.init_scale),
+    )
     return T5Config(sparse_ffn=functools.partial(MOE_LAYERS[moe_type], **layer), **model)
 
 
 def tiny_config(**overrides):
-    args = dict(vocab_size=40, d_model=16, num_heads=2, d_kv=6, d_ff=24, num_encoder_layers=2,
-                num_decoder_layers=2, dropout_rate=0.0)
+    args = dict(
+        vocab_size=40,
+        d_model=16,
+        num_heads=2,
+        d_kv=6,
+        d_ff=24,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+    )
     args.update(overrides)
     return t5_config(**args)
 
 
 def tiny_switch_config(**overrides):
-    args = dict(moe_type="switch", num_experts=4, encoder_sparse_step=2, decoder_sparse_step=1,
-                activation="relu", min_expert_capacity=4)
+    args = dict(
+        moe_type="switch",
+        num_experts=4,
+        encoder_sparse_step=2,
+        decoder_sparse_step=1,
+        activation="relu",
+        min_expert_capacity=4,
+    )
     args.update(overrides)
     return tiny_config(**args)
 
@@ -56,5 +74,8 @@ def compiled_tiny_switch_and_batch(rows, seed=0):
     model = EncoderDecoder(tiny_switch_config(vocab_size=16, track_router_metrics=True))
     model.compile(**model.compile_defaults())
     tokens = np.random.default_rng(seed).integers(2, 16, size=(rows, 6)).astype("int32")
-    return model, {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens,
-                   "decoder_target_tokens": tokens}
+    return model, {
+        "encoder_input_tokens": tokens,
+        "decoder_input_tokens": tokens,
+        "decoder_target_tokens": tokens,
+    }

@@ -9,8 +9,15 @@ from keras_moe.models.seq2seq_objective import compile_defaults
 from keras_moe.training.run.schedules import make_optimizer
 
 
-def reference_adafactor(weights, gradients, learning_rate, decay_rate=-0.8, epsilon_1=1e-30,
-                        epsilon_2=1e-3, clip_threshold=1.0):
+def reference_adafactor(
+    weights,
+    gradients,
+    learning_rate,
+    decay_rate=-0.8,
+    epsilon_1=1e-30,
+    epsilon_2=1e-3,
+    clip_threshold=1.0,
+):
     """Adafactor (Shazeer & Stern 2018, Algorithm 4 with update clipping and relative
     step size) in float64, one gradient per step; returns the weights after each step."""
     x = np.asarray(weights, np.float64)
@@ -22,9 +29,9 @@ def reference_adafactor(weights, gradients, learning_rate, decay_rate=-0.8, epsi
     for t, g in enumerate(gradients, start=1):
         g = np.asarray(g, np.float64)
         rho = min(learning_rate, 1 / np.sqrt(t))
-        alpha = max(epsilon_2, np.sqrt(np.mean(x ** 2))) * rho
-        beta = 1 - t ** decay_rate
-        squared = g ** 2 + epsilon_1
+        alpha = max(epsilon_2, np.sqrt(np.mean(x**2))) * rho
+        beta = 1 - t**decay_rate
+        squared = g**2 + epsilon_1
         if factored:
             r = beta * r + (1 - beta) * squared.mean(-1)
             c = beta * c + (1 - beta) * squared.mean(-2)
@@ -32,7 +39,7 @@ def reference_adafactor(weights, gradients, learning_rate, decay_rate=-0.8, epsi
         else:
             v = beta * v + (1 - beta) * squared
         u = g / np.sqrt(v)
-        u = u / max(1.0, np.sqrt(np.mean(u ** 2)) / clip_threshold)
+        u = u / max(1.0, np.sqrt(np.mean(u**2)) / clip_threshold)
         x = x - alpha * u
         out.append(x.copy())
     return out
@@ -109,8 +116,10 @@ def test_the_training_and_notebook_defaults_use_it():
     """make_optimizer("adafactor") (gin runs) and compile_defaults (notebooks) stay finite
     on the gradient that turns Keras' Adafactor to NaN."""
     gradient = dead_unit_gradients((4, 6), 1)[0]
-    for optimizer in (make_optimizer("adafactor", learning_rate=0.01, schedule="constant"),
-                      compile_defaults(learning_rate=0.01)["optimizer"]):
+    for optimizer in (
+        make_optimizer("adafactor", learning_rate=0.01, schedule="constant"),
+        compile_defaults(learning_rate=0.01)["optimizer"],
+    ):
         (weights,) = steps(optimizer, np.ones((4, 6)), [gradient])
         assert np.isfinite(weights).all(), type(optimizer)
 

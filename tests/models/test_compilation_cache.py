@@ -32,12 +32,23 @@ print(json.dumps({"tokens": np.asarray(tokens).tolist(), "events": events,
 
 
 def _generate_in_a_new_process(tmp_path, **env):
-    environ = {name: value for name, value in os.environ.items()
-               if name != "JAX_COMPILATION_CACHE_DIR"}
-    environ.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
-                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **env)
-    done = subprocess.run([sys.executable, "-c", GENERATE], env=environ, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    environ = {
+        name: value for name, value in os.environ.items() if name != "JAX_COMPILATION_CACHE_DIR"
+    }
+    environ.update(
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", GENERATE],
+        env=environ,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -57,7 +68,6 @@ def test_a_later_process_reads_the_compiled_search_from_the_cache(tmp_path):
     second = _generate_in_a_new_process(tmp_path, KERAS_MOE_JAX_CACHE=str(cache))
     assert "/jax/compilation_cache/cache_hits" in second["events"]
     assert second["tokens"] == first["tokens"]
-
 
 
 def test_a_users_own_cache_directory_or_off_is_kept(monkeypatch, tmp_path):
@@ -87,8 +97,10 @@ def test_a_users_own_cache_directory_or_off_is_kept(monkeypatch, tmp_path):
 def test_the_environment_variable_names_a_directory_the_default_or_off():
     home = {"XDG_CACHE_HOME": "/x"}
     assert compilation_cache.chosen_cache_dir(home) == "/x/keras_moe/jax"
-    assert compilation_cache.chosen_cache_dir({**home, "KERAS_MOE_JAX_CACHE": " "}) == \
-        "/x/keras_moe/jax"
+    assert (
+        compilation_cache.chosen_cache_dir({**home, "KERAS_MOE_JAX_CACHE": " "})
+        == "/x/keras_moe/jax"
+    )
     for off in ("off", "OFF", "0", "false", "none"):
         assert compilation_cache.chosen_cache_dir({"KERAS_MOE_JAX_CACHE": off}) is None
     assert compilation_cache.chosen_cache_dir({"KERAS_MOE_JAX_CACHE": "/c"}) == "/c"

@@ -13,9 +13,17 @@ from keras_moe.moe import MoeLayer
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 
-@pytest.mark.parametrize("step,expected", [
-    (0, ()), (1, (0, 1, 2, 3, 4, 5)), (2, (1, 3, 5)), (3, (2, 5)), (6, (5,)), (7, ()),
-])
+@pytest.mark.parametrize(
+    "step,expected",
+    [
+        (0, ()),
+        (1, (0, 1, 2, 3, 4, 5)),
+        (2, (1, 3, 5)),
+        (3, (2, 5)),
+        (6, (5,)),
+        (7, ()),
+    ],
+)
 def test_sparse_step_rule(step, expected):
     assert sparse_layers_from_step(6, step) == expected
 
@@ -33,17 +41,24 @@ def _sparse_flags(model):
     return enc, dec
 
 
-@pytest.mark.parametrize("kwargs,enc,dec", [
-    (dict(encoder_sparse_step=1, decoder_sparse_step=1), [1, 1, 1], [1, 1]),
-    (dict(encoder_sparse_step=2, decoder_sparse_step=2), [0, 1, 0], [0, 1]),
-    (dict(encoder_sparse_step=2, decoder_sparse_step=0), [0, 1, 0], [0, 0]),
-    (dict(encoder_sparse_layers=[0, 2], decoder_sparse_layers=[0]), [1, 0, 1], [1, 0]),
-    (dict(encoder_sparse_step=1, encoder_sparse_layers=[2], decoder_sparse_step=1),
-     [0, 0, 1], [1, 1]),
-])
+@pytest.mark.parametrize(
+    "kwargs,enc,dec",
+    [
+        (dict(encoder_sparse_step=1, decoder_sparse_step=1), [1, 1, 1], [1, 1]),
+        (dict(encoder_sparse_step=2, decoder_sparse_step=2), [0, 1, 0], [0, 1]),
+        (dict(encoder_sparse_step=2, decoder_sparse_step=0), [0, 1, 0], [0, 0]),
+        (dict(encoder_sparse_layers=[0, 2], decoder_sparse_layers=[0]), [1, 0, 1], [1, 0]),
+        (
+            dict(encoder_sparse_step=1, encoder_sparse_layers=[2], decoder_sparse_step=1),
+            [0, 0, 1],
+            [1, 1],
+        ),
+    ],
+)
 def test_built_model_placement(kwargs, enc, dec):
-    model = EncoderDecoder(tiny_config(num_encoder_layers=3, moe_type="switch", num_experts=2,
-                                       **kwargs))
+    model = EncoderDecoder(
+        tiny_config(num_encoder_layers=3, moe_type="switch", num_experts=2, **kwargs)
+    )
     got_enc, got_dec = _sparse_flags(model)
     assert got_enc == [bool(x) for x in enc]
     assert got_dec == [bool(x) for x in dec]
@@ -57,25 +72,54 @@ def test_built_model_placement(kwargs, enc, dec):
             assert not block.ffn.causal
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(d_model=16, num_heads=3, d_kv=None), "num_heads"),
-    (dict(activation="swish"), "activation"),
-    (dict(expert_activation="tanh", moe_type="switch", num_experts=2, encoder_sparse_step=1),
-     "sparse_ffn`: `activation"),
-    (dict(moe_type="switch", num_experts=2, encoder_sparse_layers=[2]), "encoder_sparse_layers"),
-    (dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[-1]), "decoder_sparse_layers"),
-    (dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[1, 1]),
-     "decoder_sparse_layers"),
-    (dict(sparse_ffn="switch", encoder_sparse_step=1), "sparse_ffn"),
-    (dict(sparse_ffn=lambda **kwargs: DenseFeedForward(8), encoder_sparse_step=1), "sparse_ffn"),
-    (dict(encoder_sparse_step=2), "sparse_ffn"),
-    (dict(moe_type="switch", num_experts=0, encoder_sparse_step=1), "sparse_ffn`: `num_experts"),
-    (dict(moe_type="gshard", num_experts=1, encoder_sparse_step=1), "sparse_ffn`: `num_experts"),
-    (dict(moe_type="switch", num_experts=2, decoder_sparse_step=1,
-          batch_prioritized_routing=True), "sparse_ffn`: `batch_prioritized_routing=True"),
-    (dict(encoder_sparse_step=-1), "encoder_sparse_step"),
-    (dict(dropout_rate=1.0), "dropout_rate"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(d_model=16, num_heads=3, d_kv=None), "num_heads"),
+        (dict(activation="swish"), "activation"),
+        (
+            dict(expert_activation="tanh", moe_type="switch", num_experts=2, encoder_sparse_step=1),
+            "sparse_ffn`: `activation",
+        ),
+        (
+            dict(moe_type="switch", num_experts=2, encoder_sparse_layers=[2]),
+            "encoder_sparse_layers",
+        ),
+        (
+            dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[-1]),
+            "decoder_sparse_layers",
+        ),
+        (
+            dict(moe_type="switch", num_experts=2, decoder_sparse_layers=[1, 1]),
+            "decoder_sparse_layers",
+        ),
+        (dict(sparse_ffn="switch", encoder_sparse_step=1), "sparse_ffn"),
+        (
+            dict(sparse_ffn=lambda **kwargs: DenseFeedForward(8), encoder_sparse_step=1),
+            "sparse_ffn",
+        ),
+        (dict(encoder_sparse_step=2), "sparse_ffn"),
+        (
+            dict(moe_type="switch", num_experts=0, encoder_sparse_step=1),
+            "sparse_ffn`: `num_experts",
+        ),
+        (
+            dict(moe_type="gshard", num_experts=1, encoder_sparse_step=1),
+            "sparse_ffn`: `num_experts",
+        ),
+        (
+            dict(
+                moe_type="switch",
+                num_experts=2,
+                decoder_sparse_step=1,
+                batch_prioritized_routing=True,
+            ),
+            "sparse_ffn`: `batch_prioritized_routing=True",
+        ),
+        (dict(encoder_sparse_step=-1), "encoder_sparse_step"),
+        (dict(dropout_rate=1.0), "dropout_rate"),
+    ],
+)
 def test_bad_configs_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}"):
         tiny_config(**kwargs)
@@ -88,14 +132,19 @@ def test_d_kv_independent_of_heads():
     assert tiny_config(d_model=16, num_heads=4, d_kv=None).head_dim == 4
 
 
-@pytest.mark.parametrize("config", [
-    tiny_config(),
-    tiny_config(tie_word_embeddings=True, activation="relu"),
-    tiny_switch_config(),
-    tiny_switch_config(moe_type="gshard", activation="gated-gelu", expert_d_ff=8,
-                       expert_activation="relu"),
-    tiny_switch_config(router_bias=True, tie_word_embeddings=True),
-], ids=["dense", "tied-relu", "switch", "gshard", "router-bias"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        tiny_config(),
+        tiny_config(tie_word_embeddings=True, activation="relu"),
+        tiny_switch_config(),
+        tiny_switch_config(
+            moe_type="gshard", activation="gated-gelu", expert_d_ff=8, expert_activation="relu"
+        ),
+        tiny_switch_config(router_bias=True, tie_word_embeddings=True),
+    ],
+    ids=["dense", "tied-relu", "switch", "gshard", "router-bias"],
+)
 def test_analytic_count_matches_keras(config):
     assert count_params(config) == EncoderDecoder(config).count_params()
 
@@ -131,9 +180,18 @@ def test_config_saved_with_the_flat_moe_fields_loads_as_the_same_model():
 
     import numpy as np
 
-    old = dict(tiny_config().to_dict(), moe_type="gshard", num_experts=4, expert_d_ff=12,
-               encoder_sparse_step=2, decoder_sparse_step=1, group_size=8, jitter_noise=0.01,
-               router_bias=True, dispatch="gather")
+    old = dict(
+        tiny_config().to_dict(),
+        moe_type="gshard",
+        num_experts=4,
+        expert_d_ff=12,
+        encoder_sparse_step=2,
+        decoder_sparse_step=1,
+        group_size=8,
+        jitter_noise=0.01,
+        router_bias=True,
+        dispatch="gather",
+    )
     for key in ("sparse_ffn", "encoder_sparse_ffn", "decoder_sparse_ffn"):
         old.pop(key)
     config = T5Config.from_dict(json.loads(json.dumps(old)))
@@ -148,8 +206,10 @@ def test_config_saved_with_the_flat_moe_fields_loads_as_the_same_model():
     again = T5Config.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config
     a, b = EncoderDecoder(config), EncoderDecoder(again)
-    tokens = {"encoder_input_tokens": np.ones((1, 8), "int32"),
-              "decoder_input_tokens": np.ones((1, 8), "int32")}
+    tokens = {
+        "encoder_input_tokens": np.ones((1, 8), "int32"),
+        "decoder_input_tokens": np.ones((1, 8), "int32"),
+    }
     a(tokens), b(tokens)
     assert [(v.path, v.shape) for v in a.weights] == [(v.path, v.shape) for v in b.weights]
 
@@ -157,8 +217,9 @@ def test_config_saved_with_the_flat_moe_fields_loads_as_the_same_model():
 def test_a_stack_keeps_its_own_sparse_ffn():
     from keras_moe import SwitchFeedForward
 
-    config = tiny_switch_config(encoder_sparse_ffn=SwitchFeedForward(
-        num_experts=2, d_ff=8, batch_prioritized_routing=True))
+    config = tiny_switch_config(
+        encoder_sparse_ffn=SwitchFeedForward(num_experts=2, d_ff=8, batch_prioritized_routing=True)
+    )
     model = EncoderDecoder(config)
     encoder, decoder = model.encoder_layers[1].ffn, model.decoder_layers[0].ffn
     assert (encoder.num_experts, encoder.router.batch_prioritized_routing) == (2, True)

@@ -58,7 +58,8 @@ T5Config.vocab_size = 8100
 T5Config.z_loss_factor = 0.001
 """
 
-OLD_OPERATIVE_CONFIG = """import keras_moe.models.gin_configurables
+OLD_OPERATIVE_CONFIG = (
+    """import keras_moe.models.gin_configurables
 import keras_moe.training.gin_configurables as keras_moe2
 
 # Macros:
@@ -87,7 +88,9 @@ make_optimizer.name = %OPTIMIZER
 
 # Parameters for T5Config:
 # ==============================================================================
-""" + OLD_T5CONFIG + """
+"""
+    + OLD_T5CONFIG
+    + """
 # Parameters for train:
 # ==============================================================================
 train.batch_size = %BATCH_SIZE
@@ -96,19 +99,42 @@ train.optimizer = @make_optimizer
 train.task = %MIXTURE_OR_TASK_NAME
 train.train_steps = %TRAIN_STEPS
 """
+)
 
 # The same model written with the spec, by hand: the old fields' values as the
 # Switch layer's arguments (expert_d_ff None -> d_ff, expert_activation None -> activation).
 REFERENCE = T5Config(
-    vocab_size=8100, d_model=32, num_heads=2, d_kv=16, d_ff=64, num_encoder_layers=2,
-    num_decoder_layers=2, activation="relu", encoder_sparse_step=2, decoder_sparse_step=2,
+    vocab_size=8100,
+    d_model=32,
+    num_heads=2,
+    d_kv=16,
+    d_ff=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    activation="relu",
+    encoder_sparse_step=2,
+    decoder_sparse_step=2,
     track_router_metrics=True,
     sparse_ffn=functools.partial(
-        SwitchFeedForward, num_experts=4, d_ff=64, activation="relu",
-        train_capacity_factor=1.25, eval_capacity_factor=2.0, min_expert_capacity=4,
-        group_size="batch", jitter_noise=0.0, expert_dropout_rate=0.0, init_scale=1.0,
-        router_init_scale=None, aux_loss_factor=0.01, z_loss_factor=0.001, dispatch="auto",
-        router_bias=False, router_dtype="float32"))
+        SwitchFeedForward,
+        num_experts=4,
+        d_ff=64,
+        activation="relu",
+        train_capacity_factor=1.25,
+        eval_capacity_factor=2.0,
+        min_expert_capacity=4,
+        group_size="batch",
+        jitter_noise=0.0,
+        expert_dropout_rate=0.0,
+        init_scale=1.0,
+        router_init_scale=None,
+        aux_loss_factor=0.01,
+        z_loss_factor=0.001,
+        dispatch="auto",
+        router_bias=False,
+        router_dtype="float32",
+    ),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -161,9 +187,15 @@ T5Config:
 """)
     old = parse_gin(str(path))
     assert old == parse_gin("switch_tiny.gin")  # today's file for that model
-    gshard = parse_gin("tiny.gin", ["T5Config.moe_type = 'gshard'", "T5Config.num_experts = 4",
-                                    "T5Config.expert_d_ff = 32",
-                                    "T5Config.decoder_sparse_step = 1"])
+    gshard = parse_gin(
+        "tiny.gin",
+        [
+            "T5Config.moe_type = 'gshard'",
+            "T5Config.num_experts = 4",
+            "T5Config.expert_d_ff = 32",
+            "T5Config.decoder_sparse_step = 1",
+        ],
+    )
     assert gshard.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
     assert gshard.num_experts == 4 and gshard.sparse_option("d_ff") == 32
     assert gshard.sparse_option("train_capacity_factor") == 1.25  # the old T5Config default
@@ -172,23 +204,31 @@ T5Config:
 
 @pytest.mark.parametrize("moe_type", [None, "switch", "gshard"])
 def test_an_old_dense_operative_config_with_stale_moe_fields_is_dense(tmp_path, moe_type):
-    text = (OLD_OPERATIVE_CONFIG.replace("T5Config.encoder_sparse_step = 2",
-                                         "T5Config.encoder_sparse_step = 0")
-            .replace("T5Config.decoder_sparse_step = 2", "T5Config.decoder_sparse_step = 0")
-            .replace("T5Config.num_experts = 4", "T5Config.num_experts = 0")
-            .replace("T5Config.moe_type = 'switch'", f"T5Config.moe_type = {moe_type!r}"))
+    text = (
+        OLD_OPERATIVE_CONFIG.replace(
+            "T5Config.encoder_sparse_step = 2", "T5Config.encoder_sparse_step = 0"
+        )
+        .replace("T5Config.decoder_sparse_step = 2", "T5Config.decoder_sparse_step = 0")
+        .replace("T5Config.num_experts = 4", "T5Config.num_experts = 0")
+        .replace("T5Config.moe_type = 'switch'", f"T5Config.moe_type = {moe_type!r}")
+    )
     path = tmp_path / "operative_config.gin"
     path.write_text(text)
     config = _parse_as_eval(path)
-    assert config == REFERENCE.replace(sparse_ffn=None, encoder_sparse_step=0,
-                                       decoder_sparse_step=0)
+    assert config == REFERENCE.replace(
+        sparse_ffn=None, encoder_sparse_step=0, decoder_sparse_step=0
+    )
     assert not config.is_sparse
 
 
 def test_an_old_dense_json_config_with_stale_moe_fields_loads():
-    old = dict(REFERENCE.replace(sparse_ffn=None, encoder_sparse_step=0,
-                                 decoder_sparse_step=0).to_dict(),
-               moe_type="switch", num_experts=0, expert_d_ff=None, aux_loss_factor=0.01)
+    old = dict(
+        REFERENCE.replace(sparse_ffn=None, encoder_sparse_step=0, decoder_sparse_step=0).to_dict(),
+        moe_type="switch",
+        num_experts=0,
+        expert_d_ff=None,
+        aux_loss_factor=0.01,
+    )
     for key in ("sparse_ffn", "encoder_sparse_ffn", "decoder_sparse_ffn"):
         old.pop(key)
     config = T5Config.from_dict(json.loads(json.dumps(old)))
@@ -197,33 +237,68 @@ def test_an_old_dense_json_config_with_stale_moe_fields_loads():
 
 
 def test_flat_fields_with_a_sparse_ffn_name_the_layers_own_binding():
-    with pytest.raises(GinConfigError, match=r"`T5Config.num_experts` is no longer a field of "
-                       r"T5Config: .* bind `GShardFeedForward.num_experts = \.\.\.` instead"):
+    with pytest.raises(
+        GinConfigError,
+        match=r"`T5Config.num_experts` is no longer a field of "
+        r"T5Config: .* bind `GShardFeedForward.num_experts = \.\.\.` instead",
+    ):
         parse_gin("gshard_top2_base.gin", "T5Config.num_experts = 16")
     with pytest.raises(GinConfigError, match=r"bind `encoder/SwitchFeedForward.d_ff = \.\.\.`"):
-        parse_gin("tiny.gin", ["T5Config.encoder_sparse_step = 2",
-                               "T5Config.encoder_sparse_ffn = @encoder/SwitchFeedForward",
-                               "encoder/SwitchFeedForward.num_experts = 2",
-                               "T5Config.expert_d_ff = 16"])
+        parse_gin(
+            "tiny.gin",
+            [
+                "T5Config.encoder_sparse_step = 2",
+                "T5Config.encoder_sparse_ffn = @encoder/SwitchFeedForward",
+                "encoder/SwitchFeedForward.num_experts = 2",
+                "T5Config.expert_d_ff = 16",
+            ],
+        )
     # Without the moe_type every old file bound, nothing says which layer it was.
-    with pytest.raises(GinConfigError, match=r"bind `T5Config.sparse_ffn = @SwitchFeedForward` "
-                       r"\(or @GShardFeedForward\) and `SwitchFeedForward.aux_loss_factor"):
+    with pytest.raises(
+        GinConfigError,
+        match=r"bind `T5Config.sparse_ffn = @SwitchFeedForward` "
+        r"\(or @GShardFeedForward\) and `SwitchFeedForward.aux_loss_factor",
+    ):
         parse_gin("tiny.gin", "T5Config.aux_loss_factor = 0.1")
 
 
 def test_the_json_and_gin_translations_agree():
     from keras_moe.models.config import upgrade_flat_moe_fields
 
-    old = dict(moe_type="gshard", num_experts=4, expert_activation="gelu", jitter_noise=0.01,
-               router_bias=True, d_ff=64, activation="relu", encoder_sparse_step=2)
-    from_json = T5Config.from_dict(dict(old, d_model=32, num_heads=2, d_kv=16,
-                                        vocab_size=100))
-    from_gin = parse_gin("t5_1_1_small.gin", [f"T5Config.{k} = {v!r}" for k, v in dict(
-        old, d_model=32, num_heads=2, d_kv=16, vocab_size=100).items()])
+    old = dict(
+        moe_type="gshard",
+        num_experts=4,
+        expert_activation="gelu",
+        jitter_noise=0.01,
+        router_bias=True,
+        d_ff=64,
+        activation="relu",
+        encoder_sparse_step=2,
+    )
+    from_json = T5Config.from_dict(dict(old, d_model=32, num_heads=2, d_kv=16, vocab_size=100))
+    from_gin = parse_gin(
+        "t5_1_1_small.gin",
+        [
+            f"T5Config.{k} = {v!r}"
+            for k, v in dict(old, d_model=32, num_heads=2, d_kv=16, vocab_size=100).items()
+        ],
+    )
     assert from_gin.sparse_ffn == from_json.sparse_ffn
     assert T5Config(**upgrade_flat_moe_fields(old)).sparse_ffn == from_json.sparse_ffn
     assert from_gin.sparse_ffn["class_name"] == "keras_moe>GShardFeedForward"
-    assert from_gin.sparse_ffn == T5Config(
-        d_model=32, sparse_ffn=functools.partial(
-            GShardFeedForward, 4, 64, activation="gelu", jitter_noise=0.01, router_bias=True,
-            train_capacity_factor=1.25), encoder_sparse_step=2).sparse_ffn
+    assert (
+        from_gin.sparse_ffn
+        == T5Config(
+            d_model=32,
+            sparse_ffn=functools.partial(
+                GShardFeedForward,
+                4,
+                64,
+                activation="gelu",
+                jitter_noise=0.01,
+                router_bias=True,
+                train_capacity_factor=1.25,
+            ),
+            encoder_sparse_step=2,
+        ).sparse_ffn
+    )

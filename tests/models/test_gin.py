@@ -7,9 +7,22 @@ from keras_moe.gin_config import GinConfigError, parse_gin, resolve
 from keras_moe.models import count_params
 from keras_moe.moe import MoeLayer
 
-NAMES = ["t5_1_1_small", "t5_1_1_base", "t5_1_1_large", "switch_base_8", "switch_base_16",
-         "switch_base_32", "switch_base_64", "switch_base_128", "switch_large_128",
-         "gshard_top2_base", "tiny", "switch_tiny", "fine_grained_base", "fine_grained_tiny"]
+NAMES = [
+    "t5_1_1_small",
+    "t5_1_1_base",
+    "t5_1_1_large",
+    "switch_base_8",
+    "switch_base_16",
+    "switch_base_32",
+    "switch_base_64",
+    "switch_base_128",
+    "switch_large_128",
+    "gshard_top2_base",
+    "tiny",
+    "switch_tiny",
+    "fine_grained_base",
+    "fine_grained_tiny",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +46,8 @@ def test_gin_files_resolve_and_parse(name):
     if name.startswith("switch"):
         assert config.sparse_ffn["class_name"] == "keras_moe>SwitchFeedForward"
         assert config.resolved_encoder_sparse_layers() == tuple(
-            range(1, config.num_encoder_layers, 2))
+            range(1, config.num_encoder_layers, 2)
+        )
     if name.startswith("switch_base_"):
         assert config.num_experts == int(name.rsplit("_", 1)[1])
     if name == "gshard_top2_base":
@@ -52,8 +66,14 @@ def test_resolve_unknown_name():
 def test_build_switch_tiny_with_bindings():
     from keras_moe.models.model_configurables import build_model
 
-    parse_gin(["switch_tiny"], ["SwitchFeedForward.num_experts = 4", "T5Config.vocab_size = 100",
-                                "T5Config.decoder_sparse_step = 1"])
+    parse_gin(
+        ["switch_tiny"],
+        [
+            "SwitchFeedForward.num_experts = 4",
+            "T5Config.vocab_size = 100",
+            "T5Config.decoder_sparse_step = 1",
+        ],
+    )
     model = build_model()
     assert model.config.num_experts == 4 and model.config.vocab_size == 100
     assert [isinstance(b.ffn, MoeLayer) for b in model.encoder_layers] == [False, True]

@@ -27,8 +27,9 @@ def np_bucket(rel, bidirectional, num_buckets, max_distance):
         if n < max_exact:
             ret += n
         else:
-            val = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
-                                  * (nb - max_exact))
+            val = max_exact + int(
+                math.log(n / max_exact) / math.log(max_distance / max_exact) * (nb - max_exact)
+            )
             ret += min(val, nb - 1)
         out[idx] = ret
     return out
@@ -38,8 +39,11 @@ def np_bucket(rel, bidirectional, num_buckets, max_distance):
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20)])
 def test_relative_position_bucket_matches_reference(bidirectional, num_buckets, max_distance):
     rel = np.arange(-300, 301)
-    got = np.asarray(ops.convert_to_numpy(
-        relative_position_bucket(rel, bidirectional, num_buckets, max_distance)))
+    got = np.asarray(
+        ops.convert_to_numpy(
+            relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
+        )
+    )
     want = np_bucket(rel, bidirectional, num_buckets, max_distance)
     np.testing.assert_array_equal(got, want)
     assert got.min() >= 0 and got.max() < num_buckets
@@ -54,7 +58,7 @@ def test_rms_norm_matches_numpy(rng):
     scale = rng.normal(size=8).astype("float32")
     layer.scale.assign(scale)
     x64 = x.astype(np.float64)
-    want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * scale
+    want = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * scale
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x)), want, rtol=1e-5, atol=1e-6)
 
 
@@ -66,8 +70,10 @@ def test_attention_matches_numpy(rng):
     bias[0, :, :, -1] = NEG_INF
     attn = T5Attention(num_heads=h, d_kv=dk)
     got = ops.convert_to_numpy(attn(x, kv=kv, bias=bias))
-    wq, wk, wv, wo = (np.asarray(ops.convert_to_numpy(w), np.float64) for w in
-                      (attn.query, attn.key, attn.value, attn.output_kernel))
+    wq, wk, wv, wo = (
+        np.asarray(ops.convert_to_numpy(w), np.float64)
+        for w in (attn.query, attn.key, attn.value, attn.output_kernel)
+    )
     q = (x @ wq).reshape(b, lq, h, dk)
     k = (kv @ wk).reshape(b, lk, h, dk)
     v = (kv @ wv).reshape(b, lk, h, dk)
@@ -79,24 +85,32 @@ def test_attention_matches_numpy(rng):
 
 
 def _logits(model, enc, dec, **extra):
-    feats = {"encoder_input_tokens": np.asarray(enc, "int32"),
-             "decoder_input_tokens": np.asarray(dec, "int32")}
+    feats = {
+        "encoder_input_tokens": np.asarray(enc, "int32"),
+        "decoder_input_tokens": np.asarray(dec, "int32"),
+    }
     feats.update({k: np.asarray(v, "int32") for k, v in extra.items()})
     return np.asarray(ops.convert_to_numpy(model(feats)))
 
 
-@pytest.mark.parametrize("make", [tiny_config, lambda: tiny_switch_config(min_expert_capacity=32)],
-                         ids=["dense", "switch"])
+@pytest.mark.parametrize(
+    "make",
+    [tiny_config, lambda: tiny_switch_config(min_expert_capacity=32)],
+    ids=["dense", "switch"],
+)
 def test_packed_equals_separate(make):
     model = EncoderDecoder(make())
     a_enc, a_dec = [5, 6, 7, 1], [0, 8, 9]
     b_enc, b_dec = [11, 12, 1], [0, 13, 14, 15]
     packed = _logits(
-        model, [a_enc + b_enc + [0]], [a_dec + b_dec + [0]],
+        model,
+        [a_enc + b_enc + [0]],
+        [a_dec + b_dec + [0]],
         encoder_segment_ids=[[1] * 4 + [2] * 3 + [0]],
         encoder_positions=[[0, 1, 2, 3, 0, 1, 2, 0]],
         decoder_segment_ids=[[1] * 3 + [2] * 4 + [0]],
-        decoder_positions=[[0, 1, 2, 0, 1, 2, 3, 0]])
+        decoder_positions=[[0, 1, 2, 0, 1, 2, 3, 0]],
+    )
     alone_a = _logits(model, [a_enc], [a_dec])
     alone_b = _logits(model, [b_enc], [b_dec])
     np.testing.assert_allclose(packed[0, :3], alone_a[0], atol=1e-4)
@@ -108,13 +122,21 @@ def test_packing_without_segments_would_differ():
     model = EncoderDecoder(tiny_config())
     enc, dec = [[5, 6, 7, 1, 11, 12, 1]], [[0, 8, 9, 0, 13, 14, 15]]
     plain = _logits(model, enc, dec)
-    packed = _logits(model, enc, dec, encoder_segment_ids=[[1] * 4 + [2] * 3],
-                     decoder_segment_ids=[[1] * 3 + [2] * 4])
+    packed = _logits(
+        model,
+        enc,
+        dec,
+        encoder_segment_ids=[[1] * 4 + [2] * 3],
+        decoder_segment_ids=[[1] * 3 + [2] * 4],
+    )
     assert np.abs(plain[0, 3:] - packed[0, 3:]).max() > 1e-3
 
 
-@pytest.mark.parametrize("make", [tiny_config, lambda: tiny_switch_config(min_expert_capacity=32)],
-                         ids=["dense", "switch"])
+@pytest.mark.parametrize(
+    "make",
+    [tiny_config, lambda: tiny_switch_config(min_expert_capacity=32)],
+    ids=["dense", "switch"],
+)
 def test_padding_does_not_change_real_logits(make):
     model = EncoderDecoder(make())
     short = _logits(model, [[5, 6, 7, 1]], [[0, 8, 9]])
@@ -153,14 +175,17 @@ def test_model_init_scale_scales_every_weight():
     def stds(scale):
         keras.utils.set_random_seed(0)
         model = build_model(tiny_switch_config(init_scale=scale, expert_init_scale=scale))
-        return {v.path: float(np.std(v.numpy())) for v in model.weights
-                if v.path.split("/")[-1] in ("query", "wi_0", "wo", "kernel", "embeddings")
-                and "position_bias" not in v.path}  # T5 keeps the bias table at std 1
+        return {
+            v.path: float(np.std(v.numpy()))
+            for v in model.weights
+            if v.path.split("/")[-1] in ("query", "wi_0", "wo", "kernel", "embeddings")
+            and "position_bias" not in v.path
+        }  # T5 keeps the bias table at std 1
 
     full, tenth = stds(1.0), stds(0.1)
     assert {p.split("/")[-2] for p in full} >= {"experts", "router"}
     for path, std in full.items():
-        np.testing.assert_allclose(tenth[path] / std, 0.1 ** 0.5, rtol=0.1, err_msg=path)
+        np.testing.assert_allclose(tenth[path] / std, 0.1**0.5, rtol=0.1, err_msg=path)
 
 
 @pytest.mark.parametrize("moe_type", ["switch", "gshard"])
@@ -170,8 +195,9 @@ def test_sparse_ffn_is_the_ready_made_layer_with_the_configs_router(moe_type):
     import keras_moe
     from keras_moe.models.ffn_factories import sparse_ffn_factory
 
-    config = tiny_switch_config(moe_type=moe_type, router_bias=True, router_dtype="bfloat16",
-                                init_scale=0.5)
+    config = tiny_switch_config(
+        moe_type=moe_type, router_bias=True, router_dtype="bfloat16", init_scale=0.5
+    )
     ffn = sparse_ffn_factory(config, "decoder")(name="ffn")
     expected = keras_moe.GShardFeedForward if moe_type == "gshard" else keras_moe.SwitchFeedForward
     assert type(ffn) is expected

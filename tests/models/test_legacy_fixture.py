@@ -43,8 +43,9 @@ def test_legacy_weights_file_loads_by_path(reference):
     np.testing.assert_allclose(logits, reference["logits"], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("side,ffn_class", [("encoder", SwitchFeedForward),
-                                            ("decoder", DenseFeedForward)])
+@pytest.mark.parametrize(
+    "side,ffn_class", [("encoder", SwitchFeedForward), ("decoder", DenseFeedForward)]
+)
 def test_whole_config_block_configs_still_load(reference, side, ffn_class):
     with open(os.path.join(HERE, "legacy_blocks.json")) as f:
         old = json.load(f)[side]
@@ -54,19 +55,27 @@ def test_whole_config_block_configs_still_load(reference, side, ffn_class):
     assert type(block.ffn) is ffn_class and block.name == old["name"]
     data = inputs()
     x, memory = data["x"], data["memory"]
-    if side == "encoder":
-        call = lambda b: b(x, bias=np.zeros((1, 2, 5, 5), "float32"))  # noqa: E731
-    else:
-        self_bias = np.triu(np.full((5, 5), -1e9, "float32"), 1)[None, None]
-        call = lambda b: b(x, self_bias=self_bias, encoder_outputs=memory,  # noqa: E731
-                           cross_bias=np.zeros((1, 2, 5, 6), "float32"))
+    self_bias = np.triu(np.full((5, 5), -1e9, "float32"), 1)[None, None]
+
+    def call(b):
+        if side == "encoder":
+            return b(x, bias=np.zeros((1, 2, 5, 5), "float32"))
+        return b(
+            x,
+            self_bias=self_bias,
+            encoder_outputs=memory,
+            cross_bias=np.zeros((1, 2, 5, 6), "float32"),
+        )
+
     call(block)
     prefix = f"{side}_w"
-    weights = [reference[f"{prefix}{i}"]
-               for i in range(sum(k.startswith(prefix) for k in reference))]
+    weights = [
+        reference[f"{prefix}{i}"] for i in range(sum(k.startswith(prefix) for k in reference))
+    ]
     block.set_weights(weights)  # in the order the earlier code had them
-    np.testing.assert_allclose(np.asarray(call(block), "float64"),
-                               reference[f"{side}_block_out"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(call(block), "float64"), reference[f"{side}_block_out"], rtol=1e-5, atol=1e-6
+    )
     # It saves in the explicit form, which reloads the same FFN class.
     again = block_class.from_config(block.get_config())
     assert "config" not in block.get_config() and type(again.ffn) is ffn_class
@@ -77,8 +86,10 @@ def test_a_block_reloads_with_its_own_ffn():
     (the earlier form rebuilt the FFN from the whole config and the index)."""
     x = inputs()["x"]
     bias = np.zeros((1, 2, 5, 5), "float32")
-    for ffn in (DenseFeedForward(48, "relu", name="ffn"),
-                SwitchFeedForward(3, 8, track_metrics=False, name="ffn")):
+    for ffn in (
+        DenseFeedForward(48, "relu", name="ffn"),
+        SwitchFeedForward(3, 8, track_metrics=False, name="ffn"),
+    ):
         block = EncoderBlock(8, 2, 4, ffn=ffn, name="encoder_layer_0")
         block(x, bias=bias)
         again = EncoderBlock.from_config(block.get_config())
@@ -86,8 +97,9 @@ def test_a_block_reloads_with_its_own_ffn():
         assert type(again.ffn) is type(ffn) and again.ffn.get_config() == ffn.get_config()
         assert [v.path for v in again.weights] == [v.path for v in block.weights]
         again.set_weights(block.get_weights())
-        np.testing.assert_allclose(np.asarray(again(x, bias=bias)),
-                                   np.asarray(block(x, bias=bias)), rtol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(again(x, bias=bias)), np.asarray(block(x, bias=bias)), rtol=1e-6
+        )
 
 
 @pytest.mark.parametrize("form", ["partial", "class_kwargs_dict", "template"])
@@ -103,32 +115,59 @@ def test_validating_a_config_builds_no_layer(monkeypatch, form):
         made.append(type(self).__name__)
         init(self, *args, **kwargs)
 
-    sparse_ffn = {"partial": lambda: functools.partial(SwitchFeedForward, num_experts=4, d_ff=8),
-                  "class_kwargs_dict": lambda: {"class_name": "keras_moe>SwitchFeedForward",
-                                                "config": {"num_experts": 4, "d_ff": 8}},
-                  "template": lambda: SwitchFeedForward(4, 8)}[form]()
+    sparse_ffn = {
+        "partial": lambda: functools.partial(SwitchFeedForward, num_experts=4, d_ff=8),
+        "class_kwargs_dict": lambda: {
+            "class_name": "keras_moe>SwitchFeedForward",
+            "config": {"num_experts": 4, "d_ff": 8},
+        },
+        "template": lambda: SwitchFeedForward(4, 8),
+    }[form]()
     monkeypatch.setattr(keras.layers.Layer, "__init__", counting)
-    config = T5Config(d_model=16, num_heads=2, d_kv=8, d_ff=32, encoder_sparse_step=2,
-                      decoder_sparse_step=2, sparse_ffn=sparse_ffn)
+    config = T5Config(
+        d_model=16,
+        num_heads=2,
+        d_kv=8,
+        d_ff=32,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        sparse_ffn=sparse_ffn,
+    )
     config.replace(d_ff=64)
     assert made == [] and config.num_experts == 4
     with pytest.raises(ValueError, match="`sparse_ffn`: `num_experts`"):
-        T5Config(encoder_sparse_step=1,
-                 sparse_ffn=functools.partial(SwitchFeedForward, num_experts=0, d_ff=8))
-    with pytest.raises(TypeError, match="`sparse_ffn`: SwitchFeedForward takes no argument "
-                                        "`num_expert`"):
-        T5Config(encoder_sparse_step=1,
-                 sparse_ffn=functools.partial(SwitchFeedForward, num_expert=2, d_ff=8))
+        T5Config(
+            encoder_sparse_step=1,
+            sparse_ffn=functools.partial(SwitchFeedForward, num_experts=0, d_ff=8),
+        )
+    with pytest.raises(
+        TypeError, match="`sparse_ffn`: SwitchFeedForward takes no argument `num_expert`"
+    ):
+        T5Config(
+            encoder_sparse_step=1,
+            sparse_ffn=functools.partial(SwitchFeedForward, num_expert=2, d_ff=8),
+        )
     assert made == []
 
 
-@pytest.mark.parametrize("name,bad", [
-    ("dispatch", "sorted"), ("router_dtype", "float8"), ("group_size", 0),
-    ("train_capacity_factor", 0), ("eval_capacity_factor", -1.0), ("min_expert_capacity", -1),
-    ("aux_loss_factor", -0.1), ("z_loss_factor", "x"), ("jitter_noise", 1.0),
-    ("expert_dropout_rate", 1.5), ("init_scale", 0),
-    ("activation", "swish"), ("balance_loss", "batch"),
-])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("dispatch", "sorted"),
+        ("router_dtype", "float8"),
+        ("group_size", 0),
+        ("train_capacity_factor", 0),
+        ("eval_capacity_factor", -1.0),
+        ("min_expert_capacity", -1),
+        ("aux_loss_factor", -0.1),
+        ("z_loss_factor", "x"),
+        ("jitter_noise", 1.0),
+        ("expert_dropout_rate", 1.5),
+        ("init_scale", 0),
+        ("activation", "swish"),
+        ("balance_loss", "batch"),
+    ],
+)
 def test_a_bad_argument_is_refused_by_the_config_as_by_the_layer(name, bad):
     """T5Config refuses, without building a layer, what the layer's constructor refuses."""
     import functools
@@ -139,5 +178,9 @@ def test_a_bad_argument_is_refused_by_the_config_as_by_the_layer(name, bad):
     with pytest.raises(ValueError):  # its own words, not always the argument's name
         keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, **{name: bad})
     with pytest.raises(ValueError, match=rf"`sparse_ffn`: `{name}` .* for SwitchFeedForward"):
-        T5Config(encoder_sparse_step=1, sparse_ffn=functools.partial(
-            keras_moe.SwitchFeedForward, num_experts=4, d_ff=8, **{name: bad}))
+        T5Config(
+            encoder_sparse_step=1,
+            sparse_ffn=functools.partial(
+                keras_moe.SwitchFeedForward, num_experts=4, d_ff=8, **{name: bad}
+            ),
+        )

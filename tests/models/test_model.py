@@ -10,12 +10,16 @@ from tests.models.helpers import tiny_config, tiny_switch_config
 
 def _features(rng, n=16, le=10, ld=8, vocab=40):
     enc = rng.integers(2, vocab, size=(n, le)).astype("int32")
-    tgt = np.concatenate([enc[:, :ld - 1], np.ones((n, 1), "int32")], axis=1)  # copy task + EOS
+    tgt = np.concatenate([enc[:, : ld - 1], np.ones((n, 1), "int32")], axis=1)  # copy task + EOS
     enc[:, -2:] = 0  # some padding
     tgt[::2, -2:] = 0
     dec_in = np.concatenate([np.zeros((n, 1), "int32"), tgt[:, :-1]], axis=1)
-    return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-            "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype("int32")}
+    return {
+        "encoder_input_tokens": enc,
+        "decoder_input_tokens": dec_in,
+        "decoder_target_tokens": tgt,
+        "decoder_loss_weights": (tgt > 0).astype("int32"),
+    }
 
 
 def test_forward_shapes_and_moe_losses():
@@ -23,8 +27,9 @@ def test_forward_shapes_and_moe_losses():
     feats = _features(np.random.default_rng(0), n=2)
     logits = model(feats)
     assert tuple(logits.shape) == (2, 8, 40) and logits.dtype == "float32"
-    num_sparse = len(model.config.resolved_encoder_sparse_layers()) + \
-        len(model.config.resolved_decoder_sparse_layers())
+    num_sparse = len(model.config.resolved_encoder_sparse_layers()) + len(
+        model.config.resolved_decoder_sparse_layers()
+    )
     assert len(model.losses) == 2 * num_sparse  # aux + z per MoE layer
 
 
@@ -76,8 +81,9 @@ def test_keras_round_trip(tmp_path):
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, EncoderDecoder)
     assert loaded.config == model.config
-    np.testing.assert_allclose(ops.convert_to_numpy(loaded(inputs)),
-                               ops.convert_to_numpy(model(inputs)), atol=1e-6)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(loaded(inputs)), ops.convert_to_numpy(model(inputs)), atol=1e-6
+    )
 
 
 ENC = np.array([[5, 6, 7, 8, 1, 0], [9, 10, 11, 12, 13, 1]], "int32")
@@ -102,8 +108,9 @@ def test_cached_equals_uncached(decode_model, method):
 def test_greedy_is_argmax_of_teacher_forcing(decode_model):
     tokens = decode_model.generate(ENC, max_length=6)
     dec_in = np.concatenate([np.zeros((2, 1), "int32"), tokens[:, :-1]], axis=1)
-    logits = ops.convert_to_numpy(decode_model(
-        {"encoder_input_tokens": ENC, "decoder_input_tokens": dec_in}))
+    logits = ops.convert_to_numpy(
+        decode_model({"encoder_input_tokens": ENC, "decoder_input_tokens": dec_in})
+    )
     argmax = logits.argmax(-1)
     for row in range(2):
         n = tokens.shape[1]
@@ -116,11 +123,13 @@ def test_beam_scores_at_least_greedy(decode_model):
     from keras_moe.models.decoding import generate
 
     g_tok, g_score = generate(decode_model, ENC, max_length=6, return_scores=True)
-    one_tok, _ = generate(decode_model, ENC, max_length=6, method="beam", num_beams=1,
-                          return_scores=True)
+    one_tok, _ = generate(
+        decode_model, ENC, max_length=6, method="beam", num_beams=1, return_scores=True
+    )
     np.testing.assert_array_equal(g_tok, one_tok)
-    _, b_score = generate(decode_model, ENC, max_length=6, method="beam", num_beams=4,
-                          return_scores=True)
+    _, b_score = generate(
+        decode_model, ENC, max_length=6, method="beam", num_beams=4, return_scores=True
+    )
     assert (b_score >= g_score - 1e-5 * np.abs(g_score)).all()  # float32 scores
 
 

@@ -10,8 +10,17 @@ from keras_moe.models.decoding import generate
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 EOS = 1
-INPUTS = np.array([[5, 6, 7, 1, 0, 0, 0], [2, 3, 1, 0, 0, 0, 0], [7, 7, 7, 7, 7, 7, 1],
-                   [4, 1, 0, 0, 0, 0, 0], [3, 5, 2, 6, 1, 0, 0], [6, 2, 4, 3, 5, 1, 0]], "int32")
+INPUTS = np.array(
+    [
+        [5, 6, 7, 1, 0, 0, 0],
+        [2, 3, 1, 0, 0, 0, 0],
+        [7, 7, 7, 7, 7, 7, 1],
+        [4, 1, 0, 0, 0, 0, 0],
+        [3, 5, 2, 6, 1, 0, 0],
+        [6, 2, 4, 3, 5, 1, 0],
+    ],
+    "int32",
+)
 # Raising EOS's logit by these amounts makes the random 8-token model end rows at
 # different steps, early, late or never (a variable: the compiled search reads it).
 EOS_BOOSTS = (0.0, 0.5, 2.5)
@@ -31,11 +40,19 @@ def _boost(model, amount):
     model.eos_boost.assign(np.eye(8, dtype="float32")[EOS] * amount)
 
 
-@pytest.mark.parametrize("method, length_penalty, normalizer", [
-    ("greedy", 0.0, "gnmt"), ("beam", 0.0, "gnmt"), ("beam", 0.8, "gnmt"), ("beam", 0.8, "hf")])
+@pytest.mark.parametrize(
+    "method, length_penalty, normalizer",
+    [("greedy", 0.0, "gnmt"), ("beam", 0.0, "gnmt"), ("beam", 0.8, "gnmt"), ("beam", 0.8, "hf")],
+)
 def test_compiled_search_equals_the_eager_reference(model, method, length_penalty, normalizer):
-    kwargs = dict(max_length=10, method=method, num_beams=3, length_penalty=length_penalty,
-                  length_normalizer=normalizer, return_scores=True)
+    kwargs = dict(
+        max_length=10,
+        method=method,
+        num_beams=3,
+        length_penalty=length_penalty,
+        length_normalizer=normalizer,
+        return_scores=True,
+    )
     end_steps = set()
     for amount in EOS_BOOSTS:
         _boost(model, amount)
@@ -47,7 +64,7 @@ def test_compiled_search_equals_the_eager_reference(model, method, length_penalt
         first = np.where(ended, (reference == EOS).argmax(axis=1), 10)
         end_steps.update(first.tolist())
         for row in np.where(ended)[0]:  # padding follows EOS
-            assert (reference[row, first[row] + 1:] == 0).all()
+            assert (reference[row, first[row] + 1 :] == 0).all()
     _boost(model, 0.0)
     # The sweep exercised EOS: rows ended at the first step (except with "hf", whose
     # len ** 0.8 ranks a lone EOS below every longer output here), later, and never.
@@ -60,10 +77,10 @@ def test_xla_gives_the_same_tokens(model):
     # produces id 0 before EOS: the uncached pass masks such a token as padding.)
     for amount in EOS_BOOSTS:
         _boost(model, amount)
-        reference = generate(model, INPUTS, max_length=10, method="beam", num_beams=3,
-                             compiled=False)
-        xla = generate(model, INPUTS, max_length=10, method="beam", num_beams=3,
-                       jit_compile=True)
+        reference = generate(
+            model, INPUTS, max_length=10, method="beam", num_beams=3, compiled=False
+        )
+        xla = generate(model, INPUTS, max_length=10, method="beam", num_beams=3, jit_compile=True)
         np.testing.assert_array_equal(xla, reference, err_msg=f"EOS boost {amount}")
     _boost(model, 0.0)
 
@@ -88,8 +105,9 @@ def test_compiled_search_reads_the_current_weights():
     model = EncoderDecoder(tiny_switch_config(vocab_size=8, min_expert_capacity=32))
     before = generate(model, INPUTS, max_length=8)  # traces the function
     rng = np.random.default_rng(0)
-    model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
-                       for w in model.get_weights()])
+    model.set_weights(
+        [w + rng.normal(0, 0.5, w.shape).astype(w.dtype) for w in model.get_weights()]
+    )
     after = generate(model, INPUTS, max_length=8)
     np.testing.assert_array_equal(after, generate(model, INPUTS, max_length=8, compiled=False))
     assert not np.array_equal(before, after)
@@ -100,8 +118,12 @@ def test_decoding_adds_no_losses_and_no_router_statistics():
     model = EncoderDecoder(tiny_switch_config(vocab_size=8, track_router_metrics=True))
     generate(model, INPUTS, max_length=6, method="beam", num_beams=2)
     assert model.losses == []
-    trackers = [t for layer in model.encoder_layers + model.decoder_layers if layer.is_sparse
-                for t in layer.ffn._trackers.values()]
+    trackers = [
+        t
+        for layer in model.encoder_layers + model.decoder_layers
+        if layer.is_sparse
+        for t in layer.ffn._trackers.values()
+    ]
     counts = [float(ops.convert_to_numpy(t.count)) for t in trackers]
     assert counts and not any(counts), counts
 
@@ -117,8 +139,15 @@ def test_compiled_search_rejects_bad_arguments(model):
         compiled_search(model, max_length=4, num_beams=2, length_normalizer="HF")
     for compiled in (True, False):
         with pytest.raises(ValueError, match="`length_normalizer`.*got 't5x'"):
-            generate(model, INPUTS, max_length=4, method="beam", num_beams=2,
-                     length_normalizer="t5x", compiled=compiled)
+            generate(
+                model,
+                INPUTS,
+                max_length=4,
+                method="beam",
+                num_beams=2,
+                length_normalizer="t5x",
+                compiled=compiled,
+            )
 
 
 def test_a_model_that_decoded_can_be_garbage_collected():
@@ -135,12 +164,16 @@ def test_a_model_that_decoded_can_be_garbage_collected():
 
 # A Markov chain over 8 tokens (0 pad, 1 EOS, 2 A, 3 B, 4 C, 5-7 X Y Z) standing in
 # for the decoder: the next token's probabilities depend on the last token only.
-CHAIN = {0: {2: 0.45, 1: 0.30, 3: 0.25},   # start: A, EOS, B
-         2: {5: 0.34, 6: 0.33, 7: 0.33},   # A: X, Y or Z, never EOS
-         3: {4: 1.0},                      # B -> C
-         4: {1: 1.0},                      # C -> EOS
-         5: {5: 0.34, 6: 0.33, 7: 0.33}, 6: {5: 0.34, 6: 0.33, 7: 0.33},
-         7: {5: 0.34, 6: 0.33, 7: 0.33}, 1: {1: 1.0}}
+CHAIN = {
+    0: {2: 0.45, 1: 0.30, 3: 0.25},  # start: A, EOS, B
+    2: {5: 0.34, 6: 0.33, 7: 0.33},  # A: X, Y or Z, never EOS
+    3: {4: 1.0},  # B -> C
+    4: {1: 1.0},  # C -> EOS
+    5: {5: 0.34, 6: 0.33, 7: 0.33},
+    6: {5: 0.34, 6: 0.33, 7: 0.33},
+    7: {5: 0.34, 6: 0.33, 7: 0.33},
+    1: {1: 1.0},
+}
 
 
 def _chain_model(chain=CHAIN):
@@ -152,7 +185,9 @@ def _chain_model(chain=CHAIN):
             table[last, token] = p
     logits = ops.convert_to_tensor(np.log(table).astype("float32"))
     model.decode_step = lambda tokens, index, caches, mask: (
-        ops.take(logits, ops.cast(tokens, "int32"), axis=0), caches)
+        ops.take(logits, ops.cast(tokens, "int32"), axis=0),
+        caches,
+    )
     return model
 
 
@@ -164,9 +199,16 @@ def test_finished_hypotheses_do_not_take_live_beams(compiled):
     beats EOS's -1.204 / 1; A's paths lose 1.1 a step. Had the finished EOS kept
     a beam, B would have been pruned at step 0 and the answer would be EOS."""
     model = _chain_model()
-    tokens, scores = generate(model, np.array([[5, 1]]), max_length=6, method="beam",
-                              num_beams=2, length_penalty=1.0, compiled=compiled,
-                              return_scores=True)
+    tokens, scores = generate(
+        model,
+        np.array([[5, 1]]),
+        max_length=6,
+        method="beam",
+        num_beams=2,
+        length_penalty=1.0,
+        compiled=compiled,
+        return_scores=True,
+    )
     np.testing.assert_array_equal(tokens[0, :3], [3, 4, EOS])
     assert (tokens[0, 3:] == 0).all()
     np.testing.assert_allclose(scores, [np.log(0.25)], rtol=1e-5)
@@ -189,9 +231,15 @@ def _crowded_model():
     """MoE in every layer, one group for the whole batch and one slot per expert:
     what one input gets depends on the rest of its batch unless routed alone."""
     keras.utils.set_random_seed(6)
-    return EncoderDecoder(tiny_switch_config(
-        vocab_size=8, encoder_sparse_step=1, eval_capacity_factor=0.25, min_expert_capacity=1,
-        group_size="batch"))
+    return EncoderDecoder(
+        tiny_switch_config(
+            vocab_size=8,
+            encoder_sparse_step=1,
+            eval_capacity_factor=0.25,
+            min_expert_capacity=1,
+            group_size="batch",
+        )
+    )
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam"])
@@ -200,12 +248,12 @@ def test_an_input_decodes_the_same_alone_or_in_a_batch(method):
     kwargs = dict(max_length=6, method=method, num_beams=3, return_scores=True)
     together = generate(model, INPUTS, **kwargs)
     for row in (0, 3):
-        alone = generate(model, INPUTS[row:row + 1], **kwargs)
-        np.testing.assert_array_equal(alone[0][0], together[0][row][:alone[0].shape[1]])
+        alone = generate(model, INPUTS[row : row + 1], **kwargs)
+        np.testing.assert_array_equal(alone[0][0], together[0][row][: alone[0].shape[1]])
         np.testing.assert_allclose(alone[1][0], together[1][row], rtol=1e-5)
         # One input is one batch group: its beams share one encoding, so the
         # layers' own grouping gives the same result (beam copies would compete).
-        own_grouping = generate(model, INPUTS[row:row + 1], independent_routing=False, **kwargs)
+        own_grouping = generate(model, INPUTS[row : row + 1], independent_routing=False, **kwargs)
         np.testing.assert_allclose(own_grouping[1], alone[1], rtol=1e-5)
     # The layers' own batch grouping does mix them (what the default avoids).
     mixed = generate(model, INPUTS, independent_routing=False, **kwargs)
@@ -220,8 +268,9 @@ def test_any_batch_size_reuses_one_trace_per_input_length():
     run = compiled_search(model, max_length=3)
     for batch in (1, 4, 6, 2):
         run(INPUTS[:batch])
-    traces = [cell.cell_contents for cell in run.__closure__
-              if isinstance(cell.cell_contents, dict)][0]
+    traces = [
+        cell.cell_contents for cell in run.__closure__ if isinstance(cell.cell_contents, dict)
+    ][0]
     assert list(traces) == [INPUTS.shape[1]]
     assert traces[INPUTS.shape[1]].experimental_get_tracing_count() == 1
 
@@ -236,8 +285,15 @@ def test_an_input_decodes_the_same_beside_a_longer_input(method):
     """The layers' defaults (8 experts, eval capacity factor 2, at least 4 slots): a 20-token
     input padded to a 64-token neighbour's width must not get the capacity of 64 tokens."""
     keras.utils.set_random_seed(11)
-    model = EncoderDecoder(tiny_config(vocab_size=40, moe_type="switch", num_experts=8,
-                                       encoder_sparse_step=1, decoder_sparse_step=1))
+    model = EncoderDecoder(
+        tiny_config(
+            vocab_size=40,
+            moe_type="switch",
+            num_experts=8,
+            encoder_sparse_step=1,
+            decoder_sparse_step=1,
+        )
+    )
     rng = np.random.default_rng(5)
     short = np.r_[rng.integers(2, 40, size=19), EOS].astype("int32")[None]
     longer = np.r_[rng.integers(2, 40, size=63), EOS].astype("int32")[None]
@@ -246,13 +302,17 @@ def test_an_input_decodes_the_same_beside_a_longer_input(method):
     alone_tokens, alone_scores = generate(model, short, **kwargs)
     for batch in (padded, np.concatenate([padded, longer])):
         tokens, scores = generate(model, batch, **kwargs)
-        np.testing.assert_array_equal(tokens[0][:alone_tokens.shape[1]], alone_tokens[0])
+        np.testing.assert_array_equal(tokens[0][: alone_tokens.shape[1]], alone_tokens[0])
         np.testing.assert_allclose(scores[0], alone_scores[0], rtol=1e-5)
 
 
 # Start: EOS (.5), B (.3) or A (.2); B -> EOS; A -> A for ever.
-LONG_CHAIN = {0: {1: 0.5, 3: 0.3, 2: 0.2}, 3: {1: 1.0}, 2: {2: 1.0},
-              **{t: {1: 1.0} for t in (1, 4, 5, 6, 7)}}
+LONG_CHAIN = {
+    0: {1: 0.5, 3: 0.3, 2: 0.2},
+    3: {1: 1.0},
+    2: {2: 1.0},
+    **{t: {1: 1.0} for t in (1, 4, 5, 6, 7)},
+}
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -268,12 +328,21 @@ def test_each_length_normalizer_ranks_and_stops_as_its_library(compiled):
     model = _chain_model(LONG_CHAIN)
     want = {"gnmt": ([EOS], np.log(0.5)), "hf": ([3, EOS], np.log(0.3))}
     for normalizer, (tokens_want, score_want) in want.items():
-        tokens, scores = generate(model, np.array([[5, 1]]), max_length=6, method="beam",
-                                  num_beams=2, length_penalty=1.0, compiled=compiled,
-                                  length_normalizer=normalizer, return_scores=True)
-        np.testing.assert_array_equal(tokens[0, :len(tokens_want)], tokens_want,
-                                      err_msg=normalizer)
-        assert (tokens[0, len(tokens_want):] == 0).all(), (normalizer, tokens)
+        tokens, scores = generate(
+            model,
+            np.array([[5, 1]]),
+            max_length=6,
+            method="beam",
+            num_beams=2,
+            length_penalty=1.0,
+            compiled=compiled,
+            length_normalizer=normalizer,
+            return_scores=True,
+        )
+        np.testing.assert_array_equal(
+            tokens[0, : len(tokens_want)], tokens_want, err_msg=normalizer
+        )
+        assert (tokens[0, len(tokens_want) :] == 0).all(), (normalizer, tokens)
         np.testing.assert_allclose(scores, [score_want], rtol=1e-5, err_msg=normalizer)
 
 
@@ -281,8 +350,10 @@ def test_each_length_normalizer_ranks_and_stops_as_its_library(compiled):
 def test_generate_refuses_ids_outside_the_vocabulary_naming_the_id(model, compiled):
     bad = INPUTS.copy()
     bad[1, 2] = model.config.vocab_size + 3
-    message = (rf"token id {model.config.vocab_size + 3} \(at \[1, 2\]\).*"
-               rf"vocab_size={model.config.vocab_size}")
+    message = (
+        rf"token id {model.config.vocab_size + 3} \(at \[1, 2\]\).*"
+        rf"vocab_size={model.config.vocab_size}"
+    )
     with pytest.raises(ValueError, match=message):
         model.generate(bad, max_length=4, compiled=compiled)
     with pytest.raises(ValueError, match=r"token id -1 \(at \[0, 0\]\)"):
@@ -315,7 +386,7 @@ def test_generate_text_to_text_is_the_token_path_encoded_and_decoded_by_hand(mod
         tokens = model.generate(ids, max_length=6, **kwargs)
         expected = []
         for row in tokens.tolist():
-            row = row[:row.index(EOS)] if EOS in row else row
+            row = row[: row.index(EOS)] if EOS in row else row
             expected.append("".join(chr(i - 2 + ord("a")) for i in row if i >= 2))
         assert model.generate(texts, max_length=6, vocabulary=Letters(), **kwargs) == expected
         assert model.generate("fed", max_length=6, vocabulary=Letters(), **kwargs) == expected[1]
@@ -327,22 +398,37 @@ def test_generate_with_the_tasks_sentencepiece_vocabulary_round_trips_text():
 
     vocab = tasks.get_vocabulary()
     keras.utils.set_random_seed(0)
-    model = EncoderDecoder(T5Config(vocab_size=vocab.vocab_size, d_model=16, num_heads=2,
-                                    d_kv=8, d_ff=32, num_encoder_layers=1, num_decoder_layers=1))
+    model = EncoderDecoder(
+        T5Config(
+            vocab_size=vocab.vocab_size,
+            d_model=16,
+            num_heads=2,
+            d_kv=8,
+            d_ff=32,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+        )
+    )
     ids = np.array([vocab.encode("In the beginning") + [EOS]], "int32")
     tokens = model.generate(ids, max_length=5)[0].tolist()
-    tokens = tokens[:tokens.index(EOS)] if EOS in tokens else tokens
+    tokens = tokens[: tokens.index(EOS)] if EOS in tokens else tokens
     assert model.generate(["In the beginning"], max_length=5, vocabulary=vocab) == [
-        vocab.decode(tokens)]
+        vocab.decode(tokens)
+    ]
 
 
 def test_generate_takes_the_clis_beam_size(model):
     beam = model.generate(INPUTS, max_length=6, method="beam", num_beams=3)
     np.testing.assert_array_equal(model.generate(INPUTS, max_length=6, beam_size=3), beam)
-    np.testing.assert_array_equal(model.generate(INPUTS, max_length=6, beam_size=1),
-                                  model.generate(INPUTS, max_length=6, method="greedy"))
-    with pytest.raises(ValueError, match=r"`beam_size=3` asks for beam search but "
-                                         r"`method='greedy'`"):
+    np.testing.assert_array_equal(
+        model.generate(INPUTS, max_length=6, beam_size=1),
+        model.generate(INPUTS, max_length=6, method="greedy"),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"`beam_size=3` asks for beam search but "
+        r"`method='greedy'`",
+    ):
         model.generate(INPUTS, max_length=6, method="greedy", beam_size=3)
     with pytest.raises(ValueError, match=r"`beam_size=3` and `num_beams=2` disagree"):
         model.generate(INPUTS, max_length=6, beam_size=3, num_beams=2)

@@ -24,8 +24,13 @@ def _ckpt_dir(model_dir):
 @pytest.fixture(scope="session")
 def _trained_to_8(tmp_path_factory):
     """One run for all pytest workers; the tests change copies of it."""
-    return str(built_once(tmp_path_factory, "integrity_run_at_8",
-                          lambda path: helpers.train_in_process(path, RUN + ["TRAIN_STEPS = 8"])))
+    return str(
+        built_once(
+            tmp_path_factory,
+            "integrity_run_at_8",
+            lambda path: helpers.train_in_process(path, RUN + ["TRAIN_STEPS = 8"]),
+        )
+    )
 
 
 @pytest.fixture
@@ -71,7 +76,8 @@ def test_all_checkpoints_corrupt_is_a_clear_error(run_at_8):
 
 
 def test_death_in_the_middle_of_a_checkpoint_write_keeps_the_last_good_one(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     model_dir = str(tmp_path / "run")
     original = keras.Model.save_weights
 
@@ -90,7 +96,10 @@ def test_death_in_the_middle_of_a_checkpoint_write_keeps_the_last_good_one(
     manager = ckpt_lib.CheckpointManager(_ckpt_dir(model_dir))
     assert [m["step"] for m in manager.all()] == [4]
     assert sorted(os.listdir(_ckpt_dir(model_dir))) == [
-        "checkpoint", "ckpt-00000004.json", "ckpt-00000004.weights.h5"]
+        "checkpoint",
+        "ckpt-00000004.json",
+        "ckpt-00000004.weights.h5",
+    ]
     capsys.readouterr()
     summary = helpers.train_in_process(model_dir, RUN + ["TRAIN_STEPS = 12"])
     assert "at step 4" in capsys.readouterr().out

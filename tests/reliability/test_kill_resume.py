@@ -30,20 +30,32 @@ EVERY = 4
 
 
 def _bindings(record):
-    return helpers.FAST + [f"TRAIN_STEPS = {STEPS}", f"CheckpointConfig.every = {EVERY}",
-                           f"train.record_batches = '{record}'"]
+    return helpers.FAST + [
+        f"TRAIN_STEPS = {STEPS}",
+        f"CheckpointConfig.every = {EVERY}",
+        f"train.record_batches = '{record}'",
+    ]
 
 
 def test_sigkill_at_a_random_point_then_restart_continues_exactly(tmp_path):
     kill_at = random.Random(2024).randint(EVERY + 1, STEPS - 2)  # batches consumed at the kill
     straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
     straight_rec, killed_rec = tmp_path / "straight.batches", tmp_path / "killed.batches"
-    straight = subprocess.Popen(helpers.cli_args(straight_dir, _bindings(straight_rec)),
-                                cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    victim = subprocess.Popen(helpers.cli_args(killed_dir, _bindings(killed_rec)),
-                              cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    straight = subprocess.Popen(
+        helpers.cli_args(straight_dir, _bindings(straight_rec)),
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    victim = subprocess.Popen(
+        helpers.cli_args(killed_dir, _bindings(killed_rec)),
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 240
         while len(helpers.read_lines(killed_rec)) < kill_at:
@@ -63,8 +75,9 @@ def test_sigkill_at_a_random_point_then_restart_continues_exactly(tmp_path):
 
     result = helpers.run(killed_dir, _bindings(killed_rec))  # The same command again.
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    match = re.search(r"resumed from checkpoint (\S+) at step (\d+) \(skipping (\d+) consumed",
-                      result.stdout)
+    match = re.search(
+        r"resumed from checkpoint (\S+) at step (\d+) \(skipping (\d+) consumed", result.stdout
+    )
     assert match, result.stdout[-3000:]
     resumed_at = int(match.group(2))
     assert resumed_at % EVERY == 0 and resumed_at == int(match.group(3))
@@ -77,7 +90,7 @@ def test_sigkill_at_a_random_point_then_restart_continues_exactly(tmp_path):
     assert summary["start_step"] == resumed_at and summary["end_step"] == STEPS
 
     reference = helpers.read_lines(straight_rec)
-    after = helpers.read_lines(killed_rec)[len(before):]
+    after = helpers.read_lines(killed_rec)[len(before) :]
     assert len(reference) == STEPS and len(set(reference)) == STEPS
     assert before[:resumed_at] + after == reference  # nothing lost, nothing out of order
     repeated = len(before) - resumed_at

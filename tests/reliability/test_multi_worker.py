@@ -15,8 +15,11 @@ from tests.training.helpers import lines_in_background, wait_for_line
 
 pytestmark = pytest.mark.slow
 
-RUN = helpers.FAST + ["CheckpointConfig.every = 3", "train.collective_timeout = 30",
-                      "train.cluster_wait_timeout = 120"]
+RUN = helpers.FAST + [
+    "CheckpointConfig.every = 3",
+    "train.collective_timeout = 30",
+    "train.cluster_wait_timeout = 120",
+]
 
 
 def _free_ports(n):
@@ -34,10 +37,16 @@ def _start_workers(model_dir, bindings):
     procs = []
     for index in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        procs.append(subprocess.Popen(
-            helpers.cli_args(model_dir, bindings + ['train.strategy = "multi_worker"']),
-            cwd=helpers.REPO, env=helpers.env({"TF_CONFIG": tf_config}),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                helpers.cli_args(model_dir, bindings + ['train.strategy = "multi_worker"']),
+                cwd=helpers.REPO,
+                env=helpers.env({"TF_CONFIG": tf_config}),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -46,14 +55,22 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
     # sequence and capacity for every token, 1 x 8 and 2 x 4 examples route
     # alike (a batch-wide group would give each replica its own load-balancing
     # loss, a few 1e-5 of the loss here).
-    bindings = RUN + ["TRAIN_STEPS = 6", "train.summary_batches = 1",
-                      'SwitchFeedForward.group_size = "sequence"',
-                      "SwitchFeedForward.train_capacity_factor = 4.0",
-                      "SwitchFeedForward.eval_capacity_factor = 4.0"]
+    bindings = RUN + [
+        "TRAIN_STEPS = 6",
+        "train.summary_batches = 1",
+        'SwitchFeedForward.group_size = "sequence"',
+        "SwitchFeedForward.train_capacity_factor = 4.0",
+        "SwitchFeedForward.eval_capacity_factor = 4.0",
+    ]
     procs = _start_workers(str(tmp_path / "mwms"), bindings)
-    single = subprocess.Popen(helpers.cli_args(str(tmp_path / "single"), bindings),
-                              cwd=helpers.REPO, env=helpers.env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    single = subprocess.Popen(
+        helpers.cli_args(str(tmp_path / "single"), bindings),
+        cwd=helpers.REPO,
+        env=helpers.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     outputs = []
     try:
         for proc in procs + [single]:
@@ -71,8 +88,9 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
     assert multi["replicas"] == 2 and multi["end_step"] == one["end_step"] == 6
     assert os.path.isfile(tmp_path / "mwms" / "checkpoints" / "ckpt-00000006.weights.h5")
     assert multi["eval_end"] is not None  # evaluate works under MWMS too.
-    np.testing.assert_allclose([loss for _, loss in multi["history"]],
-                               [loss for _, loss in one["history"]], rtol=1e-5)
+    np.testing.assert_allclose(
+        [loss for _, loss in multi["history"]], [loss for _, loss in one["history"]], rtol=1e-5
+    )
     step_a, weights_a, _ = helpers.final_weights(str(tmp_path / "mwms"), bindings)
     step_b, weights_b, _ = helpers.final_weights(str(tmp_path / "single"), bindings)
     assert step_a == step_b == 6
@@ -83,14 +101,19 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
 
 
 def test_a_dead_worker_makes_the_other_fail_clearly_not_hang(tmp_path):
-    procs = _start_workers(str(tmp_path / "mwms"), RUN + ["TRAIN_STEPS = 100000",
-                                                          "train.summary_batches = 0"])
+    procs = _start_workers(
+        str(tmp_path / "mwms"), RUN + ["TRAIN_STEPS = 100000", "train.summary_batches = 0"]
+    )
     survivor, victim = procs
     lines = lines_in_background(survivor.stdout)
     try:
         # Wait until training really runs; a silent hang fails at the deadline.
-        wait_for_line(lines, r"\[keras_moe\] step \d+/", time.monotonic() + 200,
-                       "the workers did not start training")
+        wait_for_line(
+            lines,
+            r"\[keras_moe\] step \d+/",
+            time.monotonic() + 200,
+            "the workers did not start training",
+        )
         victim.send_signal(signal.SIGKILL)
         t_kill = time.monotonic()
         try:

@@ -12,17 +12,30 @@ from tests.reliability import helpers
 
 
 def _config(**kw):
-    base = dict(vocab_size=64, d_model=32, num_heads=2, d_kv=16, d_ff=64, num_encoder_layers=2,
-                num_decoder_layers=2, moe_type="switch", num_experts=4, encoder_sparse_step=1,
-                decoder_sparse_step=1, min_expert_capacity=1)
+    base = dict(
+        vocab_size=64,
+        d_model=32,
+        num_heads=2,
+        d_kv=16,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        moe_type="switch",
+        num_experts=4,
+        encoder_sparse_step=1,
+        decoder_sparse_step=1,
+        min_expert_capacity=1,
+    )
     base.update(kw)
     return t5_config(**base)
 
 
 def _batches(n=6, batch=8, seed=0):
     rng = np.random.default_rng(seed)
-    x = {"encoder_input_tokens": rng.integers(2, 64, (n * batch, 12)).astype("int32"),
-         "decoder_input_tokens": rng.integers(2, 64, (n * batch, 6)).astype("int32")}
+    x = {
+        "encoder_input_tokens": rng.integers(2, 64, (n * batch, 12)).astype("int32"),
+        "decoder_input_tokens": rng.integers(2, 64, (n * batch, 6)).astype("int32"),
+    }
     return x, rng.integers(2, 64, (n * batch, 6)).astype("int32")
 
 
@@ -55,8 +68,12 @@ def test_router_dtype_is_validated_and_gin_configurable():
     with pytest.raises(ValueError, match="router_dtype"):
         _config(router_dtype="float8")
     gshard = build_model(_config(router_dtype="bfloat16", moe_type="gshard"))
-    gshard({"encoder_input_tokens": np.ones((1, 4), "int32"),
-            "decoder_input_tokens": np.zeros((1, 4), "int32")})
+    gshard(
+        {
+            "encoder_input_tokens": np.ones((1, 4), "int32"),
+            "decoder_input_tokens": np.zeros((1, 4), "int32"),
+        }
+    )
     routers = [layer for layer in gshard._flatten_layers() if layer.name == "router"]
     assert routers and all(r.dtype_policy.name == "bfloat16" for r in routers)
     helpers.parse(["SwitchFeedForward.router_dtype = 'bfloat16'"])
@@ -70,10 +87,22 @@ def test_router_dtype_is_validated_and_gin_configurable():
 
 def _built_switch_model(d_model, d_ff=512):
     keras.utils.set_random_seed(0)
-    model = build_model(_config(d_model=d_model, d_ff=d_ff, d_kv=32, num_encoder_layers=1,
-                                num_decoder_layers=1, num_experts=8))
-    model({"encoder_input_tokens": np.ones((1, 4), "int32"),
-           "decoder_input_tokens": np.zeros((1, 4), "int32")})
+    model = build_model(
+        _config(
+            d_model=d_model,
+            d_ff=d_ff,
+            d_kv=32,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            num_experts=8,
+        )
+    )
+    model(
+        {
+            "encoder_input_tokens": np.ones((1, 4), "int32"),
+            "decoder_input_tokens": np.zeros((1, 4), "int32"),
+        }
+    )
     return model
 
 
@@ -81,10 +110,23 @@ def _built_switch_model(d_model, d_ff=512):
 def test_router_init_follows_the_model_init_scale(init_scale):
     d_model = 256
     keras.utils.set_random_seed(0)
-    model = build_model(_config(d_model=d_model, d_ff=512, d_kv=32, num_encoder_layers=1,
-                                num_decoder_layers=1, num_experts=8, init_scale=init_scale))
-    model({"encoder_input_tokens": np.ones((1, 4), "int32"),
-           "decoder_input_tokens": np.zeros((1, 4), "int32")})
+    model = build_model(
+        _config(
+            d_model=d_model,
+            d_ff=512,
+            d_kv=32,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            num_experts=8,
+            init_scale=init_scale,
+        )
+    )
+    model(
+        {
+            "encoder_input_tokens": np.ones((1, 4), "int32"),
+            "decoder_input_tokens": np.zeros((1, 4), "int32"),
+        }
+    )
     for router in _routers(model):
         std = float(np.std(router.kernel.numpy()))
         assert std == pytest.approx(np.sqrt(init_scale / d_model), rel=0.1), router.path
@@ -108,8 +150,9 @@ def test_nan_loss_stops_training_naming_the_step_without_a_checkpoint(tmp_path, 
 
     model_dir = tmp_path / "run"
     args = ["--gin_file=tiny_local.gin", f"--model_dir={model_dir}"] + helpers.cli_bindings(
-        helpers.FAST + ["TRAIN_STEPS = 20", "CheckpointConfig.every = 1",
-                        "make_optimizer.learning_rate = 1e30"])
+        helpers.FAST
+        + ["TRAIN_STEPS = 20", "CheckpointConfig.every = 1", "make_optimizer.learning_rate = 1e30"]
+    )
     import gin
 
     gin.clear_config()

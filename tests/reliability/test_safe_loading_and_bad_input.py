@@ -15,17 +15,28 @@ from keras_moe.training.errors import TrainingConfigError
 
 
 def _tiny():
-    return T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-                    num_encoder_layers=1, num_decoder_layers=1, encoder_sparse_step=1,
-                    decoder_sparse_step=1,
-                    sparse_ffn=functools.partial(SwitchFeedForward, num_experts=4, d_ff=32,
-                                                 activation="gated-gelu"))
+    return T5Config(
+        vocab_size=64,
+        d_model=16,
+        num_heads=2,
+        d_kv=8,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        encoder_sparse_step=1,
+        decoder_sparse_step=1,
+        sparse_ffn=functools.partial(
+            SwitchFeedForward, num_experts=4, d_ff=32, activation="gated-gelu"
+        ),
+    )
 
 
 def _inputs(high=60):
     rng = np.random.default_rng(0)
-    return {"encoder_input_tokens": rng.integers(2, high, (2, 7)).astype("int32"),
-            "decoder_input_tokens": rng.integers(2, 60, (2, 5)).astype("int32")}
+    return {
+        "encoder_input_tokens": rng.integers(2, high, (2, 7)).astype("int32"),
+        "decoder_input_tokens": rng.integers(2, 60, (2, 5)).astype("int32"),
+    }
 
 
 def test_keras_moe_model_loads_in_safe_mode_and_a_lambda_model_is_refused(tmp_path):
@@ -48,9 +59,11 @@ def test_keras_moe_model_loads_in_safe_mode_and_a_lambda_model_is_refused(tmp_pa
 def test_gin_file_binding_an_unregistered_callable_is_rejected(tmp_path):
     import gin
 
-    for text in ("os.system.command = 'touch pwned'\n",
-                 "train.optimizer = @os.system()\n",
-                 "import os\nMIXTURE_OR_TASK_NAME = @system()\n"):
+    for text in (
+        "os.system.command = 'touch pwned'\n",
+        "train.optimizer = @os.system()\n",
+        "import os\nMIXTURE_OR_TASK_NAME = @system()\n",
+    ):
         bad = tmp_path / "bad.gin"
         bad.write_text("include 'runs/tiny_local.gin'\n" + text)
         gin.clear_config()
@@ -60,14 +73,17 @@ def test_gin_file_binding_an_unregistered_callable_is_rejected(tmp_path):
     gin.clear_config()
 
 
-@pytest.mark.parametrize("binding,message", [
-    ("T5Config.d_model = 'wide'", "d_model"),
-    ("T5Config.sparse_ffn = 'switch'", "sparse_ffn"),
-    ("SwitchFeedForward.router_dtype = 'int8'", "router_dtype"),
-    ("TASK_FEATURE_LENGTHS = {'inputs': 64}", "TASK_FEATURE_LENGTHS"),
-    ("TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': -1}", "targets"),
-    ("BATCH_SIZE = 0", "batch_size"),
-])
+@pytest.mark.parametrize(
+    "binding,message",
+    [
+        ("T5Config.d_model = 'wide'", "d_model"),
+        ("T5Config.sparse_ffn = 'switch'", "sparse_ffn"),
+        ("SwitchFeedForward.router_dtype = 'int8'", "router_dtype"),
+        ("TASK_FEATURE_LENGTHS = {'inputs': 64}", "TASK_FEATURE_LENGTHS"),
+        ("TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': -1}", "targets"),
+        ("BATCH_SIZE = 0", "batch_size"),
+    ],
+)
 def test_bad_bindings_fail_before_the_model_dir_is_written(tmp_path, binding, message):
     from tests.reliability import helpers
 
@@ -97,7 +113,6 @@ def test_invalid_layer_and_model_arguments_name_the_argument():
         keras_moe.SwitchFeedForward(num_experts=0, d_ff=8)
     with pytest.raises(ValueError, match="vocab_size"):
         T5Config(vocab_size=0)
-
 
 
 def test_gin_imports_outside_the_allow_list_are_refused_before_running(tmp_path):
@@ -154,7 +169,8 @@ def test_a_gin_syntax_error_names_the_binding_and_the_position(binding, where):
         gin.clear_config()
     message = str(raised.value)
     assert message == f"gin binding {binding!r}: {where}" or message.startswith(
-        f"gin binding {binding!r}: {where}"), message
+        f"gin binding {binding!r}: {where}"
+    ), message
     assert "\n" not in message
 
 
@@ -172,8 +188,9 @@ def test_a_gin_file_syntax_error_names_the_file_line_and_column(tmp_path):
         bad.write_text("include 'runs/tiny_local.gin'\nTRAIN_STEPS = [1,, 2]\n")
         with pytest.raises(GinConfigError) as raised:  # reported in the file that has it
             parse_gin([str(including)])
-        assert str(raised.value) == (f"bad gin file {bad}: syntax error at line 2, column 18: "
-                                     "unable to parse value")
+        assert str(raised.value) == (
+            f"bad gin file {bad}: syntax error at line 2, column 18: unable to parse value"
+        )
     finally:
         gin.clear_config()
 
@@ -183,9 +200,12 @@ def _mains():
     from keras_moe.tpu_compile import compile_cli
     from keras_moe.training import eval_cli, train_cli
 
-    return {"keras-moe-train": train_cli.main, "keras-moe-eval": eval_cli.main,
-            "python -m keras_moe.distill": distill_cli.main,
-            "keras-moe-compile": compile_cli.main}
+    return {
+        "keras-moe-train": train_cli.main,
+        "keras-moe-eval": eval_cli.main,
+        "python -m keras_moe.distill": distill_cli.main,
+        "keras-moe-compile": compile_cli.main,
+    }
 
 
 @pytest.mark.parametrize("command", sorted(_mains()))

@@ -17,15 +17,24 @@ from tests.reliability import helpers
 
 STEPS = 4
 EVERY = 2
-RANDOM = ["T5Config.dropout_rate = 0.1", "SwitchFeedForward.jitter_noise = 0.01",
-          "SwitchFeedForward.expert_dropout_rate = 0.1"]
+RANDOM = [
+    "T5Config.dropout_rate = 0.1",
+    "SwitchFeedForward.jitter_noise = 0.01",
+    "SwitchFeedForward.expert_dropout_rate = 0.1",
+]
 RUN = helpers.FAST + RANDOM + [f"CheckpointConfig.every = {EVERY}", f"TRAIN_STEPS = {STEPS}"]
 X = np.ones((2, 8), "float32")
 
 
 def _model(rate=0.5):
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dropout(rate),
-                              keras.layers.Dense(8), keras.layers.Dropout(0.5)])
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dropout(rate),
+            keras.layers.Dense(8),
+            keras.layers.Dropout(0.5),
+        ]
+    )
     model.compile("sgd", "mse")
     model.optimizer.build(model.trainable_variables)
     return model
@@ -93,31 +102,46 @@ def checkpoints_of_a_fit(directory):
     keras.utils.set_random_seed(0)
     model = _model()
     manager = ckpt_lib.CheckpointManager(directory, keep=2)
-    model.fit(np.ones((8, 8)), np.zeros((8, 8)), batch_size=2, shuffle=False, verbose=0,
-              callbacks=[ckpt_lib.StepCheckpoint(manager, every=2)])
-    counters = {str(m["step"]): sorted(c for _, c in m["seed_states"].values())
-                for m in manager.all()}
+    model.fit(
+        np.ones((8, 8)),
+        np.zeros((8, 8)),
+        batch_size=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[ckpt_lib.StepCheckpoint(manager, every=2)],
+    )
+    counters = {
+        str(m["step"]): sorted(c for _, c in m["seed_states"].values()) for m in manager.all()
+    }
     other = _model()
     ckpt_lib.restore(other, manager.all()[0])
     return counters, ckpt_lib.read_seed_states(other) == manager.all()[0]["seed_states"]
 
 
 def _in_jax(tmp_path):
-    code = ("import json, sys; from tests.reliability.test_seed_state_resume import "
-            "checkpoints_of_a_fit as f; print('RESULT', json.dumps(f(sys.argv[1])))")
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=helpers.REPO,
-                            env=helpers.env({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}),
-                            capture_output=True, text=True, timeout=240)
+    code = (
+        "import json, sys; from tests.reliability.test_seed_state_resume import "
+        "checkpoints_of_a_fit as f; print('RESULT', json.dumps(f(sys.argv[1])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=helpers.REPO,
+        env=helpers.env({"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
-    return tuple(json.loads(lines[-1][len("RESULT "):]))
+    return tuple(json.loads(lines[-1][len("RESULT ") :]))
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.jax)])
 def test_a_checkpoint_at_batch_end_holds_the_states_of_that_step(tmp_path, backend):
     # JAX's fit keeps the state outside the variables between steps.
-    counters, restored = (checkpoints_of_a_fit(str(tmp_path)) if backend == "tensorflow"
-                          else _in_jax(tmp_path))
+    counters, restored = (
+        checkpoints_of_a_fit(str(tmp_path)) if backend == "tensorflow" else _in_jax(tmp_path)
+    )
     assert counters == {"2": [2, 2], "4": [4, 4]}  # one draw per Dropout per step
     assert restored
 
@@ -149,7 +173,9 @@ def test_resume_with_dropout_and_jitter_continues_like_an_uninterrupted_run(tmp_
     # The same draws, data and weights: equal up to float rounding.
     np.testing.assert_allclose(_losses(resumed, EVERY), expected, rtol=1e-6, atol=0)
     # And the generators stand where the uninterrupted run's do.
-    latest = [ckpt_lib.CheckpointManager(os.path.join(d, "checkpoints")).latest()
-              for d in (straight_dir, resumed_dir)]
+    latest = [
+        ckpt_lib.CheckpointManager(os.path.join(d, "checkpoints")).latest()
+        for d in (straight_dir, resumed_dir)
+    ]
     assert latest[0]["step"] == latest[1]["step"] == STEPS
     assert latest[0]["seed_states"] == latest[1]["seed_states"]

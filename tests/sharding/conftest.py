@@ -20,14 +20,26 @@ SCRIPTS = {
     # queued by async dispatch can leave a collective one device short and hang
     # (docs/sharding.md). The longer collective limit covers a loaded 2-core
     # machine; the script's own deadline (TIMEOUT_S) still bounds the run.
-    "jax": ("jax_checks.py", {"KERAS_BACKEND": "jax", "PJRT_NPROC": "16",
-                              "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
-                                           "--xla_cpu_collective_call_terminate_timeout_seconds=400",
-                              "JAX_PLATFORMS": "cpu"}),
+    "jax": (
+        "jax_checks.py",
+        {
+            "KERAS_BACKEND": "jax",
+            "PJRT_NPROC": "16",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+            "--xla_cpu_collective_call_terminate_timeout_seconds=400",
+            "JAX_PLATFORMS": "cpu",
+        },
+    ),
     "tf": ("tf_checks.py", {"KERAS_BACKEND": "tensorflow"}),
-    "exchange": ("exchange_checks.py", {"KERAS_BACKEND": "jax", "PJRT_NPROC": "16",
-                                        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-                                        "JAX_PLATFORMS": "cpu"}),
+    "exchange": (
+        "exchange_checks.py",
+        {
+            "KERAS_BACKEND": "jax",
+            "PJRT_NPROC": "16",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "JAX_PLATFORMS": "cpu",
+        },
+    ),
 }
 TIMEOUT_S = 420
 
@@ -36,8 +48,12 @@ class _Run:
     def __init__(self, script, extra_env):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, script)], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, os.path.join(HERE, script)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self._result = None
 
     def result(self):
@@ -49,9 +65,11 @@ class _Run:
                 stdout, stderr = self.proc.communicate()
             lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
             if self.proc.returncode != 0 or not lines:
-                pytest.fail(f"check script failed (rc={self.proc.returncode}):\n"
-                            f"{stdout[-3000:]}\n{stderr[-6000:]}")
-            self._result = json.loads(lines[-1][len("RESULT "):])
+                pytest.fail(
+                    f"check script failed (rc={self.proc.returncode}):\n"
+                    f"{stdout[-3000:]}\n{stderr[-6000:]}"
+                )
+            self._result = json.loads(lines[-1][len("RESULT ") :])
         return self._result
 
 

@@ -10,8 +10,9 @@ Prints one line "RESULT <json>".
 import json
 import os
 
-os.environ.update(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_SKIP_MDS_QUERY="1",
-                  TPU_WORKER_HOSTNAMES="localhost")
+os.environ.update(
+    ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost"
+)
 
 import jax
 import keras
@@ -26,9 +27,14 @@ E, D, F = 8, 16, 32
 
 def make_layer(group_size="sequence", pad_to_group_size=False):
     return keras_moe.MoeLayer(
-        keras_moe.SwitchRouter(num_experts=E), keras_moe.FeedForwardExperts(num_experts=E, d_ff=F),
-        group_size=group_size, dispatch="einsum", train_capacity_factor=1.0,
-        track_metrics=False, pad_to_group_size=pad_to_group_size)
+        keras_moe.SwitchRouter(num_experts=E),
+        keras_moe.FeedForwardExperts(num_experts=E, d_ff=F),
+        group_size=group_size,
+        dispatch="einsum",
+        train_capacity_factor=1.0,
+        track_metrics=False,
+        pad_to_group_size=pad_to_group_size,
+    )
 
 
 def loss_and_grads(layer, x):
@@ -39,7 +45,8 @@ def loss_and_grads(layer, x):
         return jax.numpy.sum(y * y), y
 
     (value, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-        [v.value for v in layer.trainable_variables], x)
+        [v.value for v in layer.trainable_variables], x
+    )
     return np.asarray(y, "float64"), [np.asarray(g, "float64") for g in (*grads[0], grads[1])]
 
 
@@ -60,10 +67,13 @@ def numerics():
             layer.set_weights(weights)
             y, grads = loss_and_grads(layer, x)
             scale = max(float(np.abs(g).max()) for g in g_ref)
-            out[mode] = {"max_y_diff": float(np.abs(y - y_ref).max()),
-                         "max_grad_diff": max(float(np.abs(a - b).max())
-                                              for a, b in zip(grads, g_ref, strict=False)),
-                         "grad_scale": scale}
+            out[mode] = {
+                "max_y_diff": float(np.abs(y - y_ref).max()),
+                "max_grad_diff": max(
+                    float(np.abs(a - b).max()) for a, b in zip(grads, g_ref, strict=False)
+                ),
+                "grad_scale": scale,
+            }
             if mode == "all_to_all":
                 try:  # 3 sequences: the mesh cannot split them, one "batch" group
                     make_layer(group_size="batch")(x[:3])
@@ -77,7 +87,7 @@ def numerics():
 
 
 def local_groups():
-    """"batch" and integer groups on meshes that split the batch 8 ways, against the
+    """ "batch" and integer groups on meshes that split the batch 8 ways, against the
     layer without a mesh applied to each shard's 2 sequences (16 x 12 tokens)."""
     x = np.random.default_rng(2).normal(size=(16, 12, D)).astype("float32")
     shards = np.split(x, 8)
@@ -105,7 +115,8 @@ def local_groups():
                 "max_diff_per_shard": float(np.abs(y - per_shard).max()),
                 "max_diff_whole": float(np.abs(y - whole).max()),
                 "dropped_per_shard": int(np.all(per_shard == 0, axis=-1).sum()),
-                "exchanges": [c["exchange"] for c in choices]}
+                "exchanges": [c["exchange"] for c in choices],
+            }
     sharding.configure_mesh({"data": 2, "expert": 4})
     try:
         make_layer(group_size=16)(x)  # 24 tokens per shard
@@ -131,17 +142,21 @@ def tpu_collectives():
                 layer.build((8, 32, D))
             mesh = distribution.device_mesh
             weights = abstract_arrays.abstract_variables(layer.trainable_variables, distribution)
-            state = [abstract_arrays.abstract_array(v.shape, v.dtype, mesh)  # replicated
-                     for v in layer.non_trainable_variables]
-            x = abstract_arrays.abstract_array((8, 32, D), "float32", mesh,
-                                               jax.sharding.PartitionSpec("expert"))
+            state = [
+                abstract_arrays.abstract_array(v.shape, v.dtype, mesh)  # replicated
+                for v in layer.non_trainable_variables
+            ]
+            x = abstract_arrays.abstract_array(
+                (8, 32, D), "float32", mesh, jax.sharding.PartitionSpec("expert")
+            )
 
             def forward(weights, state, x):
                 return layer.stateless_call(weights, state, x, training=True)[0]  # noqa: B023 - called in this iteration
 
             def backward(weights, state, x):
-                return jax.grad(lambda w, x: jax.numpy.sum(forward(w, state, x) ** 2),
-                                argnums=(0, 1))(weights, x)
+                return jax.grad(
+                    lambda w, x: jax.numpy.sum(forward(w, state, x) ** 2), argnums=(0, 1)
+                )(weights, x)
 
             out[mode] = {}
             for name, fn in (("forward", forward), ("forward_backward", backward)):
@@ -154,8 +169,13 @@ def tpu_collectives():
 
 
 def _dropless_layer(k, **kwargs):
-    return keras_moe.MoeLayer(keras_moe.TopKRouter(E, k=k), keras_moe.FeedForwardExperts(E, F),
-                              dispatch="dropless", track_metrics=False, **kwargs)
+    return keras_moe.MoeLayer(
+        keras_moe.TopKRouter(E, k=k),
+        keras_moe.FeedForwardExperts(E, F),
+        dispatch="dropless",
+        track_metrics=False,
+        **kwargs,
+    )
 
 
 def _dropless_run(layer, x):
@@ -163,14 +183,17 @@ def _dropless_run(layer, x):
     state = [v.value for v in layer.non_trainable_variables]
 
     def loss(weights, x):
-        y, _, losses = layer.stateless_call(weights, state, x, training=True,
-                                            return_losses=True)
+        y, _, losses = layer.stateless_call(weights, state, x, training=True, return_losses=True)
         return jax.numpy.sum(y * y), (y, losses)
 
     (_, (y, losses)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-        [v.value for v in layer.trainable_variables], x)
-    return (np.asarray(y, "float64"), np.asarray(losses, "float64"),
-            [np.asarray(g, "float64") for g in (*grads[0], grads[1])])
+        [v.value for v in layer.trainable_variables], x
+    )
+    return (
+        np.asarray(y, "float64"),
+        np.asarray(losses, "float64"),
+        [np.asarray(g, "float64") for g in (*grads[0], grads[1])],
+    )
 
 
 def dropless():
@@ -200,10 +223,12 @@ def dropless():
             "max_y_diff": float(np.abs(y - y_ref).max()),
             "y_scale": float(np.abs(y_ref).max()),
             "max_loss_diff": float(np.abs(losses - losses_ref).max()),
-            "max_grad_diff": max(float(np.abs(a - b).max())
-                                 for a, b in zip(grads, g_ref, strict=False)),
+            "max_grad_diff": max(
+                float(np.abs(a - b).max()) for a, b in zip(grads, g_ref, strict=False)
+            ),
             "grad_scale": max(float(np.abs(g).max()) for g in g_ref),
-            "exchanges": [c["exchange"] for c in choices]}
+            "exchanges": [c["exchange"] for c in choices],
+        }
     # A receive buffer of 0.6 x a device's rows: the rows past it are dropped, counted.
     keras.utils.set_random_seed(5)
     reference = _dropless_layer(1, return_metrics=True, dropless_buffer_factor=0.6)
@@ -222,7 +247,8 @@ def dropless():
     out["buffer_0.6"] = {
         "zero_fraction": float(zero.mean()),
         "dropped_fraction": float(stats["dropped_fraction"]),
-        "max_diff_of_the_others": float(np.abs(y - y_ref)[~zero].max())}
+        "max_diff_of_the_others": float(np.abs(y - y_ref)[~zero].max()),
+    }
     return out
 
 
@@ -230,22 +256,27 @@ def dropless_tpu_collectives():
     """The dropless layer with its experts split over v5e:2x2's 4 chips, forward and backward."""
     from keras_moe.tpu_compile.compile_only import topology_devices
 
-    distribution = sharding.configure_mesh({"data": 1, "expert": 4},
-                                           devices=topology_devices("v5e:2x2"))
+    distribution = sharding.configure_mesh(
+        {"data": 1, "expert": 4}, devices=topology_devices("v5e:2x2")
+    )
     try:
         with keras.StatelessScope(initialize_variables=False):
             layer = _dropless_layer(1)
             layer.build((8, 32, D))
         mesh = distribution.device_mesh
         weights = abstract_arrays.abstract_variables(layer.trainable_variables, distribution)
-        state = [abstract_arrays.abstract_array(v.shape, v.dtype, mesh)
-                 for v in layer.non_trainable_variables]
-        x = abstract_arrays.abstract_array((8, 32, D), "float32", mesh,
-                                           jax.sharding.PartitionSpec("expert"))
+        state = [
+            abstract_arrays.abstract_array(v.shape, v.dtype, mesh)
+            for v in layer.non_trainable_variables
+        ]
+        x = abstract_arrays.abstract_array(
+            (8, 32, D), "float32", mesh, jax.sharding.PartitionSpec("expert")
+        )
 
         def backward(weights, state, x):
             def loss(w, x):
                 return jax.numpy.sum(layer.stateless_call(w, state, x, training=True)[0] ** 2)
+
             return jax.grad(loss, argnums=(0, 1))(weights, x)
 
         hlo = jax.jit(backward).lower(weights, state, x).compile().as_text()
@@ -256,6 +287,15 @@ def dropless_tpu_collectives():
 
 if __name__ == "__main__":
     assert keras.backend.backend() == "jax" and len(jax.devices()) == 8, jax.devices()
-    print("RESULT " + json.dumps({"numerics": numerics(), "local_groups": local_groups(),
-                                  "tpu": tpu_collectives(), "dropless": dropless(),
-                                  "dropless_tpu": dropless_tpu_collectives()}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "numerics": numerics(),
+                "local_groups": local_groups(),
+                "tpu": tpu_collectives(),
+                "dropless": dropless(),
+                "dropless_tpu": dropless_tpu_collectives(),
+            }
+        )
+    )

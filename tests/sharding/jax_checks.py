@@ -33,9 +33,14 @@ def count_collectives(hlo):
 
 def build(dispatch):
     inp = keras.Input((L, D), batch_size=B)
-    h = keras_moe.SwitchFeedForward(num_experts=E, d_ff=32, dispatch=dispatch,
-                                    min_expert_capacity=2, name="moe",
-                                    group_size="sequence")(inp)  # groups shard over data
+    h = keras_moe.SwitchFeedForward(
+        num_experts=E,
+        d_ff=32,
+        dispatch=dispatch,
+        min_expert_capacity=2,
+        name="moe",
+        group_size="sequence",
+    )(inp)  # groups shard over data
     return keras.Model(inp, keras.layers.Dense(D, name="head")(h))
 
 
@@ -52,9 +57,15 @@ def loss_and_grads(model, x, y):
 
 
 def train_step_hlo(model, x, y):
-    state = tuple([v.value for v in s] for s in (
-        model.trainable_variables, model.non_trainable_variables,
-        model.optimizer.variables, model.metrics_variables))
+    state = tuple(
+        [v.value for v in s]
+        for s in (
+            model.trainable_variables,
+            model.non_trainable_variables,
+            model.optimizer.variables,
+            model.metrics_variables,
+        )
+    )
     return jax.jit(model.train_step).lower(state, (x, y)).compile().as_text()
 
 
@@ -92,8 +103,9 @@ for mesh, dispatches in (((2, 4), ("einsum", "gather")), ((1, 8), ("einsum",))):
                 "spec": str(arr.sharding.spec),
                 "shard_shapes": sorted({tuple(s.data.shape) for s in arr.addressable_shards}),
                 "num_shards": len(arr.addressable_shards),
-                "expert_slices": sorted({(s.index[0].start or 0, s.index[0].stop or E)
-                                         for s in arr.addressable_shards}),
+                "expert_slices": sorted(
+                    {(s.index[0].start or 0, s.index[0].stop or E) for s in arr.addressable_shards}
+                ),
             }
         router = model.get_layer("moe").router.kernel.value
         shards["router_spec"] = str(router.sharding.spec)
@@ -104,9 +116,11 @@ for mesh, dispatches in (((2, 4), ("einsum", "gather")), ((1, 8), ("einsum",))):
         hlo_counts = count_collectives(train_step_hlo(model, xs, ys))
         res[dispatch] = {
             "shards": shards,
-            "loss": loss, "ref_loss": ref_loss,
-            "max_grad_diff": max(float(np.abs(a - b).max())
-                                 for a, b in zip(grads, ref_grads, strict=False)),
+            "loss": loss,
+            "ref_loss": ref_loss,
+            "max_grad_diff": max(
+                float(np.abs(a - b).max()) for a, b in zip(grads, ref_grads, strict=False)
+            ),
             "max_grad": max(float(np.abs(b).max()) for b in ref_grads),
             "hlo": hlo_counts,
         }
@@ -125,12 +139,26 @@ from keras_moe import SwitchFeedForward  # noqa: E402
 from keras_moe.models import build_model  # noqa: E402
 from keras_moe.models.config import T5Config  # noqa: E402
 
-cfg = T5Config(vocab_size=64, d_model=16, num_heads=4, d_kv=4, d_ff=32, num_encoder_layers=2,
-               num_decoder_layers=2, activation="relu", encoder_sparse_step=2,
-               decoder_sparse_step=2,
-               sparse_ffn=functools.partial(SwitchFeedForward, num_experts=E, d_ff=32,
-                                            activation="relu", min_expert_capacity=2,
-                                            group_size="sequence"))
+cfg = T5Config(
+    vocab_size=64,
+    d_model=16,
+    num_heads=4,
+    d_kv=4,
+    d_ff=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    activation="relu",
+    encoder_sparse_step=2,
+    decoder_sparse_step=2,
+    sparse_ffn=functools.partial(
+        SwitchFeedForward,
+        num_experts=E,
+        d_ff=32,
+        activation="relu",
+        min_expert_capacity=2,
+        group_size="sequence",
+    ),
+)
 t5 = build_model(cfg, compile=True)
 enc = rs.randint(2, 64, (B, L)).astype("int32")
 dec = rs.randint(2, 64, (B, L)).astype("int32")
@@ -156,8 +184,10 @@ def expect_error(name, fn):
 
 expect_error("mesh_size", lambda: sharding.configure_mesh({"data": 2, "expert": 2}))
 expect_error("num_experts", lambda: sharding.configure_mesh({"expert": 8}, num_experts=6))
-expect_error("unknown_logical", lambda: sharding.configure_mesh(
-    {"expert": 8}, rules=(("experts", "expert"),)))
+expect_error(
+    "unknown_logical",
+    lambda: sharding.configure_mesh({"expert": 8}, rules=(("experts", "expert"),)),
+)
 expect_error("unknown_mesh_axis", lambda: sharding.configure_mesh({"tensor": 8}))
 
 
@@ -177,7 +207,8 @@ def constrain_unknown():
 expect_error("unknown_tag", constrain_unknown)
 out["errors"] = errors
 sharding.clear_mesh()
-out["cleared"] = (sharding.get_logical_axis_rules() is None
-                  and keras.distribution.distribution() is None)
+out["cleared"] = (
+    sharding.get_logical_axis_rules() is None and keras.distribution.distribution() is None
+)
 out["time"] = time.time() - t0
 print("RESULT " + json.dumps(out))

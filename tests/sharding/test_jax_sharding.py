@@ -6,8 +6,11 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jax_checks")]
 
 MESHES = {"data=2,expert=4": 4, "data=1,expert=8": 8}
-CASES = [("data=2,expert=4", "einsum"), ("data=2,expert=4", "gather"),
-         ("data=1,expert=8", "einsum")]
+CASES = [
+    ("data=2,expert=4", "einsum"),
+    ("data=2,expert=4", "gather"),
+    ("data=1,expert=8", "einsum"),
+]
 
 
 def test_eight_devices_and_no_op_without_mesh(jax_result):
@@ -70,14 +73,17 @@ def test_switch_t5_fits_sharded(jax_result):
     assert specs["token_embedding/embeddings"] == "P(None, None)"
 
 
-@pytest.mark.parametrize("name,needle", [
-    ("mesh_size", "4 devices but 8 devices"),
-    ("num_experts", "`num_experts`=6 is not divisible by the 'expert' mesh axis size 8"),
-    ("unknown_logical", "Unknown logical axis 'experts'"),
-    ("unknown_mesh_axis", "Unknown mesh axis 'tensor'"),
-    ("indivisible_layer", "'moe6/experts/wi'"),
-    ("unknown_tag", "Unknown logical axis 'hidden'"),
-])
+@pytest.mark.parametrize(
+    "name,needle",
+    [
+        ("mesh_size", "4 devices but 8 devices"),
+        ("num_experts", "`num_experts`=6 is not divisible by the 'expert' mesh axis size 8"),
+        ("unknown_logical", "Unknown logical axis 'experts'"),
+        ("unknown_mesh_axis", "Unknown mesh axis 'tensor'"),
+        ("indivisible_layer", "'moe6/experts/wi'"),
+        ("unknown_tag", "Unknown logical axis 'hidden'"),
+    ],
+)
 def test_setup_errors(jax_result, name, needle):
     message = jax_result["errors"][name]
     assert message is not None, f"{name}: no ValueError"

@@ -28,17 +28,28 @@ def test_rules_on_tf_backend_without_spmd_are_no_op():
         sharding.set_logical_axis_rules(None)
 
 
-@pytest.mark.parametrize("axes,mesh,shape,expected", [
-    (("expert", "batch", None, "embed"), MESH, None, ("expert", "data", None, None)),
-    (("batch", "length", "embed"), MESH, None, (("data", "expert"), None, None)),
-    (("batch", "length", "embed"), {"data": 1, "expert": 8, "model": 1}, None,
-     ("expert", None, None)),
-    (("expert", "embed", "mlp"), {"data": 1, "expert": 4, "model": 2}, None,
-     ("expert", None, "model")),
-    # 6 groups cannot be split 8 ways: fall back to "data".
-    (("batch", "length", "embed"), MESH, (6, 4, 8), ("data", None, None)),
-    (("vocab", "embed"), {"data": 2, "expert": 2, "model": 2}, None, ("model", None)),
-])
+@pytest.mark.parametrize(
+    "axes,mesh,shape,expected",
+    [
+        (("expert", "batch", None, "embed"), MESH, None, ("expert", "data", None, None)),
+        (("batch", "length", "embed"), MESH, None, (("data", "expert"), None, None)),
+        (
+            ("batch", "length", "embed"),
+            {"data": 1, "expert": 8, "model": 1},
+            None,
+            ("expert", None, None),
+        ),
+        (
+            ("expert", "embed", "mlp"),
+            {"data": 1, "expert": 4, "model": 2},
+            None,
+            ("expert", None, "model"),
+        ),
+        # 6 groups cannot be split 8 ways: fall back to "data".
+        (("batch", "length", "embed"), MESH, (6, 4, 8), ("data", None, None)),
+        (("vocab", "embed"), {"data": 2, "expert": 2, "model": 2}, None, ("model", None)),
+    ],
+)
 def test_logical_to_mesh_axes(axes, mesh, shape, expected):
     assert layouts.logical_to_mesh_axes(axes, layouts.DEFAULT_RULES, mesh, shape) == expected
 
@@ -46,27 +57,32 @@ def test_logical_to_mesh_axes(axes, mesh, shape, expected):
 def test_rule_order_gives_priority():
     rules = (("batch", ("data", "expert")), ("expert", "expert"), ("batch", "data"))
     # batch takes "expert" first, so the expert dim stays replicated.
-    assert (layouts.logical_to_mesh_axes(("expert", "batch"), rules, MESH)
-            == (None, ("data", "expert")))
+    assert layouts.logical_to_mesh_axes(("expert", "batch"), rules, MESH) == (
+        None,
+        ("data", "expert"),
+    )
 
 
-@pytest.mark.parametrize("path,rank,expected", [
-    ("moe/experts/wi", 3, ("expert", "embed", "mlp")),
-    ("encoder_layer_1/ffn/experts/wi_0", 3, ("expert", "embed", "mlp")),
-    ("encoder_layer_1/ffn/experts/wo", 3, ("expert", "mlp", "embed")),
-    ("encoder_layer_1/ffn/router/kernel", 2, ("embed", None)),
-    ("token_embedding/embeddings", 2, ("vocab", "embed")),
-    ("encoder_layer_0/attention/query", 2, ("embed", "heads")),
-    ("decoder_layer_0/cross_attention/value", 2, ("embed", "heads")),
-    ("decoder_layer_0/self_attention/output", 2, ("heads", "embed")),
-    ("mha/attention_output/kernel", 3, ("heads", "kv", "embed")),
-    ("encoder_layer_0/ffn/wi_1", 2, ("embed", "mlp")),
-    ("encoder_layer_0/ffn/wo", 2, ("mlp", "embed")),
-    ("lm_head/kernel", 2, ("embed", "vocab")),
-    ("encoder_position_bias/embeddings", 2, (None, "heads")),
-    ("encoder_norm/scale", 1, None),
-    ("dense/kernel", 2, None),
-])
+@pytest.mark.parametrize(
+    "path,rank,expected",
+    [
+        ("moe/experts/wi", 3, ("expert", "embed", "mlp")),
+        ("encoder_layer_1/ffn/experts/wi_0", 3, ("expert", "embed", "mlp")),
+        ("encoder_layer_1/ffn/experts/wo", 3, ("expert", "mlp", "embed")),
+        ("encoder_layer_1/ffn/router/kernel", 2, ("embed", None)),
+        ("token_embedding/embeddings", 2, ("vocab", "embed")),
+        ("encoder_layer_0/attention/query", 2, ("embed", "heads")),
+        ("decoder_layer_0/cross_attention/value", 2, ("embed", "heads")),
+        ("decoder_layer_0/self_attention/output", 2, ("heads", "embed")),
+        ("mha/attention_output/kernel", 3, ("heads", "kv", "embed")),
+        ("encoder_layer_0/ffn/wi_1", 2, ("embed", "mlp")),
+        ("encoder_layer_0/ffn/wo", 2, ("mlp", "embed")),
+        ("lm_head/kernel", 2, ("embed", "vocab")),
+        ("encoder_position_bias/embeddings", 2, (None, "heads")),
+        ("encoder_norm/scale", 1, None),
+        ("dense/kernel", 2, None),
+    ],
+)
 def test_variable_table(path, rank, expected):
     assert layouts.variable_logical_axes(path, rank) == expected
 
@@ -84,16 +100,21 @@ def test_variable_table_is_extendable():
     assert layouts.variable_logical_axes("blk/my_proj/kernel", 2) is None
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(mesh_shape={"data": 2, "expert": 2}, num_devices=8), "4 devices but 8 devices"),
-    (dict(mesh_shape={"expert": 4}, num_experts=6), "`num_experts`=6 is not divisible"),
-    (dict(mesh_shape={"expert": 4}, rules=(("experts", "expert"),)),
-     "Unknown logical axis 'experts'"),
-    (dict(mesh_shape={"expert": 4}, rules=(("expert", "tensor"),)), "mesh axis 'tensor'"),
-    (dict(mesh_shape={"tensor": 4}), "Unknown mesh axis 'tensor'"),
-    (dict(mesh_shape={"expert": 0}), "must be an integer >= 1"),
-    (dict(mesh_shape=[4]), "`mesh_shape` must be a dict"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(mesh_shape={"data": 2, "expert": 2}, num_devices=8), "4 devices but 8 devices"),
+        (dict(mesh_shape={"expert": 4}, num_experts=6), "`num_experts`=6 is not divisible"),
+        (
+            dict(mesh_shape={"expert": 4}, rules=(("experts", "expert"),)),
+            "Unknown logical axis 'experts'",
+        ),
+        (dict(mesh_shape={"expert": 4}, rules=(("expert", "tensor"),)), "mesh axis 'tensor'"),
+        (dict(mesh_shape={"tensor": 4}), "Unknown mesh axis 'tensor'"),
+        (dict(mesh_shape={"expert": 0}), "must be an integer >= 1"),
+        (dict(mesh_shape=[4]), "`mesh_shape` must be a dict"),
+    ],
+)
 def test_validate_mesh_errors(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("`", "`")):
         sharding.validate_mesh(**kwargs)
@@ -118,9 +139,14 @@ def test_tpu_spmd_annotations_reach_the_hlo():
     """On CPU XLA ignores them, so only their presence is checked here."""
     import tensorflow as tf
 
-    layer = keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, dispatch="einsum",
-                                        min_expert_capacity=2, track_metrics=False,
-                                        group_size="sequence")
+    layer = keras_moe.SwitchFeedForward(
+        num_experts=4,
+        d_ff=8,
+        dispatch="einsum",
+        min_expert_capacity=2,
+        track_metrics=False,
+        group_size="sequence",
+    )
     x = tf.constant(np.random.RandomState(0).randn(8, 4, 8).astype("float32"))
     layer(x)
     fn = tf.function(lambda t: layer(t), jit_compile=True)

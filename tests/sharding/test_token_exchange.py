@@ -49,8 +49,10 @@ def test_backward_adds_two_all_to_alls_and_no_all_gather(exchange_result):
 def test_gspmd_exchange_moves_more_in_the_backward(exchange_result):
     gspmd = exchange_result["tpu"]["gspmd"]["forward_backward"]
     explicit = exchange_result["tpu"]["all_to_all"]["forward_backward"]
-    moved = [sum(c["received_bytes"] for c in run if c["kind"] != "all-reduce")
-             for run in (explicit, gspmd)]
+    moved = [
+        sum(c["received_bytes"] for c in run if c["kind"] != "all-reduce")
+        for run in (explicit, gspmd)
+    ]
     assert moved[1] > moved[0]
 
 
@@ -60,8 +62,11 @@ def test_all_to_all_refuses_a_single_group_by_name(exchange_result):
     assert "group_size='batch'" in message
 
 
-LOCAL_CASES = [f"{group} {mesh}" for group in ("batch", 8, 40)
-               for mesh in ({"data": 2, "expert": 4}, {"data": 8}, {"expert": 8})]
+LOCAL_CASES = [
+    f"{group} {mesh}"
+    for group in ("batch", 8, 40)
+    for mesh in ({"data": 2, "expert": 4}, {"data": 8}, {"expert": 8})
+]
 
 
 @pytest.mark.parametrize("case", LOCAL_CASES)

@@ -16,7 +16,8 @@ import tensorflow as tf
 
 N = 8
 tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N)
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N
+)
 
 import keras  # noqa: E402
 
@@ -32,9 +33,16 @@ strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(N)])
 
 
 def make_layer(dispatch, activation="relu"):
-    return expert_parallel_switch(E, 16, activation=activation, dispatch=dispatch,
-                                  min_expert_capacity=2, track_metrics=False, name="moe",
-                                  group_size="sequence")
+    return expert_parallel_switch(
+        E,
+        16,
+        activation=activation,
+        dispatch=dispatch,
+        min_expert_capacity=2,
+        track_metrics=False,
+        name="moe",
+        group_size="sequence",
+    )
 
 
 def single_device(layer, xs, rs_):
@@ -82,10 +90,13 @@ for dispatch, activation in (("gather", "relu"), ("einsum", "gated-gelu")):
         "local_experts": layer.experts.local_experts,
         "max_out_diff": float(np.abs(y_d - y_ref.numpy()).max()),
         "max_out": float(np.abs(y_ref.numpy()).max()),
-        "loss": float(loss_d), "ref_loss": float(loss_ref.numpy()),
-        "max_grad_diff": max(float(np.abs(a - b.numpy()).max())
-                             for a, b in zip(g_d, g_ref, strict=False)),
-        "num_losses": n_losses[0], "ref_num_losses": len(ref.losses),
+        "loss": float(loss_d),
+        "ref_loss": float(loss_ref.numpy()),
+        "max_grad_diff": max(
+            float(np.abs(a - b.numpy()).max()) for a, b in zip(g_d, g_ref, strict=False)
+        ),
+        "num_losses": n_losses[0],
+        "ref_num_losses": len(ref.losses),
         "ref_aux": [float(v) for v in ref.losses],
         "grad_names": [w.path for w in layer.trainable_weights],
         "max_grad": max(float(np.abs(b.numpy()).max()) for b in g_ref),
@@ -115,11 +126,13 @@ hist = model.fit(x, y_target, batch_size=B, epochs=2, verbose=0, shuffle=False)
 out["fit"] = {
     "loss": [float(v) for v in hist.history["loss"]],
     "ref_loss": [float(v) for v in ref_hist.history["loss"]],
-    "max_weight_diff": max(float(np.abs(a - b).max())
-                           for a, b in zip(model.get_weights(), ref_model.get_weights(),
-                                           strict=False)),
-    "weight_change": max(float(np.abs(a - b).max())
-                         for a, b in zip(ref_model.get_weights(), w0, strict=False)),
+    "max_weight_diff": max(
+        float(np.abs(a - b).max())
+        for a, b in zip(model.get_weights(), ref_model.get_weights(), strict=False)
+    ),
+    "weight_change": max(
+        float(np.abs(a - b).max()) for a, b in zip(ref_model.get_weights(), w0, strict=False)
+    ),
     "local_experts": model.get_layer("moe").experts.local_experts,
 }
 

@@ -40,7 +40,7 @@ def merge_span_corruption(inputs, targets, vocab_size):
         else:
             assert current is not None, "targets must start with a sentinel"
             spans[current].append(t)
-    assert list(spans) == expected[:len(spans)]
+    assert list(spans) == expected[: len(spans)]
     merged = []
     for t in inputs:
         if t >= first_sentinel:
@@ -52,4 +52,4 @@ def merge_span_corruption(inputs, targets, vocab_size):
 
 def is_sublist(small, big):
     n = len(small)
-    return any(big[i:i + n] == small for i in range(len(big) - n + 1))
+    return any(big[i : i + n] == small for i in range(len(big) - n + 1))

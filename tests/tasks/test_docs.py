@@ -78,23 +78,41 @@ Use L<perlfunc/open> or L<the manual|perlop>; E<lt>tagE<gt> X<index>.
 
 def test_strip_rest_keeps_prose_drops_code_tables_directives():
     out = markup.strip_rest(REST)
-    for kept in ["glob --- Pathname expansion", "The glob module finds all the "
-                 "pathnames, see fnmatch.fnmatch and the docs.",
-                 "Use ** for recursion:",
-                 "Files beginning with a dot are special.",
-                 "Return a list of path names."]:
+    for kept in [
+        "glob --- Pathname expansion",
+        "The glob module finds all the pathnames, see fnmatch.fnmatch and the docs.",
+        "Use ** for recursion:",
+        "Files beginning with a dot are special.",
+        "Return a list of path names.",
+    ]:
         assert kept in out, (kept, out)
-    for dropped in ["SECRETCODE", "also_secret", "TABLEA", "SIMPA", "first  row",
-                    "DOCTESTCODE", "synopsis", "index", "====", ":func:", "``",
-                    ".. ", "<https"]:
+    for dropped in [
+        "SECRETCODE",
+        "also_secret",
+        "TABLEA",
+        "SIMPA",
+        "first  row",
+        "DOCTESTCODE",
+        "synopsis",
+        "index",
+        "====",
+        ":func:",
+        "``",
+        ".. ",
+        "<https",
+    ]:
         assert dropped not in out, (dropped, out)
 
 
 def test_strip_pod_keeps_prose_drops_code_and_formatting():
     out = markup.strip_pod(POD)
     assert out.split("\n\n") == [
-        "NAME", "perlfoo - bold and $x->y text", "Details",
-        "Use perlfunc open or the manual; <tag> .", "First item"]
+        "NAME",
+        "perlfoo - bold and $x->y text",
+        "Details",
+        "Use perlfunc open or the manual; <tag> .",
+        "First item",
+    ]
 
 
 def test_real_docs_are_stripped():
@@ -124,25 +142,22 @@ def test_real_docs_are_stripped():
 def test_docs_task_yields_span_corruption_examples():
     task = seqio.get_mixture_or_task("docs_span_corruption")
     vocab = tasks.get_vocabulary()
-    ds = task.get_dataset({"inputs": 128, "targets": 32}, split="validation",
-                          shuffle=False, seed=0)
+    ds = task.get_dataset({"inputs": 128, "targets": 32}, split="validation", shuffle=False, seed=0)
     for ex in ds.take(4).as_numpy_iterator():
         assert len(ex["inputs"]) == 128 and len(ex["targets"]) <= 32
         assert ex["targets"][0] == vocab.vocab_size - 1  # First sentinel.
-    ids = [doc_id for doc_id, _, _ in docs.split_files(
-        [docs.PYTHON_DOCS, docs.PERL_DOCS], "validation")]
-    train = {i for i, _, _ in docs.split_files(
-        [docs.PYTHON_DOCS, docs.PERL_DOCS], "train")}
+    ids = [
+        doc_id
+        for doc_id, _, _ in docs.split_files([docs.PYTHON_DOCS, docs.PERL_DOCS], "validation")
+    ]
+    train = {i for i, _, _ in docs.split_files([docs.PYTHON_DOCS, docs.PERL_DOCS], "train")}
     assert ids and not set(ids) & train
 
 
 def test_missing_docs_name_the_apt_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(docs, "PYTHON_DOCS",
-                        docs.PYTHON_DOCS._replace(root=str(tmp_path)))
-    with pytest.raises(tasks.SourceMissingError,
-                       match="apt-get install -y python3.11-doc"):
-        next(iter(tasks.get_dataset("docs_span_corruption",
-                                    {"inputs": 64, "targets": 16})))
+    monkeypatch.setattr(docs, "PYTHON_DOCS", docs.PYTHON_DOCS._replace(root=str(tmp_path)))
+    with pytest.raises(tasks.SourceMissingError, match="apt-get install -y python3.11-doc"):
+        next(iter(tasks.get_dataset("docs_span_corruption", {"inputs": 64, "targets": 16})))
 
 
 def test_one_apt_command_names_every_missing_package(tmp_path, monkeypatch):

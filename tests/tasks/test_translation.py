@@ -13,10 +13,12 @@ NAMES = ["wmt14_ende", "wmt14_enfr", "wmt16_enro", "wmt19_ende", "wmt14_deen"]
 
 
 def test_wmt_tasks_are_registered_with_the_tfds_sources():
-    expected = {"wmt14_ende": "wmt14_translate/de-en:1.0.0",
-                "wmt14_enfr": "wmt14_translate/fr-en:1.0.0",
-                "wmt16_enro": "wmt16_translate/ro-en:1.0.0",
-                "wmt19_ende": "wmt19_translate/de-en:1.0.0"}
+    expected = {
+        "wmt14_ende": "wmt14_translate/de-en:1.0.0",
+        "wmt14_enfr": "wmt14_translate/fr-en:1.0.0",
+        "wmt16_enro": "wmt16_translate/ro-en:1.0.0",
+        "wmt19_ende": "wmt19_translate/de-en:1.0.0",
+    }
     for name, tfds_name in expected.items():
         for kind in tasks.VOCAB_KINDS:
             task = seqio.get_mixture_or_task(tasks.task_name(name, kind))
@@ -25,26 +27,26 @@ def test_wmt_tasks_are_registered_with_the_tfds_sources():
 
 
 def test_wmt_recipe_on_local_pairs():
-    pairs = {"de": ["Das Haus ist klein.", "Guten Morgen."],
-             "en": ["The house is small.", "Good morning."]}
+    pairs = {
+        "de": ["Das Haus ist klein.", "Guten Morgen."],
+        "en": ["The house is small.", "Good morning."],
+    }
     name = "wmt_local_test"
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
     task = seqio.TaskRegistry.add(
         name,
         source=seqio.FunctionDataSource(
-            lambda split, shuffle_files: tf.data.Dataset.from_tensor_slices(
-                pairs), splits=["train"]),
+            lambda split, shuffle_files: tf.data.Dataset.from_tensor_slices(pairs), splits=["train"]
+        ),
         preprocessors=translation.translation_preprocessors("en", "de"),
-        output_features=tasks.output_features())
+        output_features=tasks.output_features(),
+    )
     vocab = tasks.get_vocabulary()
-    out = list(task.get_dataset({"inputs": 64, "targets": 64}, shuffle=False)
-               .as_numpy_iterator())
+    out = list(task.get_dataset({"inputs": 64, "targets": 64}, shuffle=False).as_numpy_iterator())
     for ex, en, de in zip(out, pairs["en"], pairs["de"], strict=False):
-        assert ex["inputs_pretokenized"].decode() == (
-            f"translate English to German: {en}")
-        assert ex["inputs"].tolist() == vocab.encode(
-            f"translate English to German: {en}") + [1]
+        assert ex["inputs_pretokenized"].decode() == (f"translate English to German: {en}")
+        assert ex["inputs"].tolist() == vocab.encode(f"translate English to German: {en}") + [1]
         assert ex["targets"].tolist() == vocab.encode(de) + [1]
 
 
@@ -61,9 +63,9 @@ def test_bleu_matches_sacrebleu():
 @pytest.mark.parametrize("name", ["c4_span_corruption", "wmt14_ende"])
 def test_missing_tfds_data_names_the_fix(tmp_path, name):
     task = seqio.get_mixture_or_task(name)
-    source = CheckedTfdsSource(task.source.tfds_dataset.name,
-                               fix=task.source._fix,
-                               tfds_data_dir=str(tmp_path))
+    source = CheckedTfdsSource(
+        task.source.tfds_dataset.name, fix=task.source._fix, tfds_data_dir=str(tmp_path)
+    )
     with pytest.raises(tasks.SourceMissingError, match="tfds build") as err:
         source.get_dataset("train")
     assert task.source.tfds_dataset.name.split(":")[0] in str(err.value)

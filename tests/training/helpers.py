@@ -14,10 +14,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # A very small Switch model and short sequences: a step takes milliseconds.
 TINY = [
-    "T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
-    "T5Config.d_ff = 64", "SwitchFeedForward.d_ff = 64", "SwitchFeedForward.num_experts = 4",
-    'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}', "BATCH_SIZE = 8",
-    "train.log_every = 5", "train.summary_batches = 2", "train.expert_load_every = 0",
+    "T5Config.d_model = 32",
+    "T5Config.num_heads = 2",
+    "T5Config.d_kv = 16",
+    "T5Config.d_ff = 64",
+    "SwitchFeedForward.d_ff = 64",
+    "SwitchFeedForward.num_experts = 4",
+    'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}',
+    "BATCH_SIZE = 8",
+    "train.log_every = 5",
+    "train.summary_batches = 2",
+    "train.expert_load_every = 0",
 ]
 
 
@@ -32,11 +39,22 @@ def parse(bindings=(), files=("tiny_local.gin",)):
 def run_cli(args, timeout, env=None, module="keras_moe.training"):
     """Runs a CLI in a subprocess from the repository root; returns CompletedProcess."""
     full_env = dict(os.environ)
-    full_env.update({"PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
-                     "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
+    full_env.update(
+        {
+            "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", module] + list(args), cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module] + list(args),
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_cli_here(args, main=None):
@@ -92,8 +110,9 @@ def wait_for_line(lines, pattern, deadline, what):
         try:
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            pytest.fail(f"{what}: nothing matched {pattern!r} in time; last output:\n"
-                        + "".join(seen[-40:]))
+            pytest.fail(
+                f"{what}: nothing matched {pattern!r} in time; last output:\n" + "".join(seen[-40:])
+            )
         if line is None:
             pytest.fail(f"{what}: output ended; last output:\n" + "".join(seen[-40:]))
         seen.append(line)

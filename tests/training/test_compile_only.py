@@ -22,13 +22,19 @@ from tests.training.helpers import REPO, run_cli
 MODULE = "keras_moe.tpu_compile.compile_cli"
 FILES = ["--gin_file=tiny_local.gin", "--gin_file=switch_tiny.gin"]
 # The default routing groups (group_size="batch"): one per shard of the batch.
-BINDINGS = ["BATCH_SIZE = 8",
-            'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
-            'train.mesh_shape = {"data": 1, "expert": 4, "model": 1}']
+BINDINGS = [
+    "BATCH_SIZE = 8",
+    'TASK_FEATURE_LENGTHS = {"inputs": 32, "targets": 8}',
+    'train.mesh_shape = {"data": 1, "expert": 4, "model": 1}',
+]
 # What the CLI would set itself (it re-executes without them); set here so the
 # main run starts once.
-ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1",
-       "TPU_WORKER_HOSTNAMES": "localhost"}
+ENV = {
+    "KERAS_BACKEND": "jax",
+    "JAX_PLATFORMS": "cpu",
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+}
 
 
 # The tests of the shared compiles run on one pytest worker, one after the other (the
@@ -61,8 +67,11 @@ def _compiled_once(tmp_path_factory, name, extra):
 
     path = built_once(tmp_path_factory, name, build)
     done = subprocess.CompletedProcess(
-        MODULE, int((path / "returncode").read_text()), (path / "stdout").read_text(),
-        (path / "stderr").read_text())
+        MODULE,
+        int((path / "returncode").read_text()),
+        (path / "stdout").read_text(),
+        (path / "stderr").read_text(),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -74,7 +83,7 @@ def report_run(libtpu, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def report(report_run):
-    return json.loads(report_run.stdout[report_run.stdout.index("{"):])
+    return json.loads(report_run.stdout[report_run.stdout.index("{") :])
 
 
 @SHARED
@@ -85,10 +94,15 @@ def test_each_stage_is_announced_on_stderr_in_order_and_nothing_else(report_run)
     lines = report_run.stderr.strip().splitlines()
     stages = [line for line in lines if not line.startswith("keras-moe-compile: still ")]
     assert [line.split(": ", 1)[0] for line in lines] == ["keras-moe-compile"] * len(lines), lines
-    expected = ["loading the TPU compiler (libtpu) for v5e:2x2", "reading the gin job",
-                "building the abstract model", "lowering the train step (1.4M parameters)",
-                "compiling for 4 chips of v5e:2x2 with the TPU compiler (expect seconds for "
-                "tiny models, 10-25 minutes for Switch-Base-128", "compiled in "]
+    expected = [
+        "loading the TPU compiler (libtpu) for v5e:2x2",
+        "reading the gin job",
+        "building the abstract model",
+        "lowering the train step (1.4M parameters)",
+        "compiling for 4 chips of v5e:2x2 with the TPU compiler (expect seconds for "
+        "tiny models, 10-25 minutes for Switch-Base-128",
+        "compiled in ",
+    ]
     assert len(stages) == len(expected), lines
     for line, start in zip(stages, expected, strict=False):
         assert line.startswith("keras-moe-compile: " + start), (line, start)
@@ -108,14 +122,18 @@ def hand_count_param_bytes(expert_shards):
     dense_ffn = 2 * d * d_ff
     router = d * experts
     expert_weights = 2 * experts * d * d_ff // expert_shards
-    encoder = [2 * d + attention + dense_ffn,                   # layer 0: dense
-               2 * d + attention + router + expert_weights]     # layer 1: sparse
-    decoder = [3 * d + 2 * attention + dense_ffn,
-               3 * d + 2 * attention + router + expert_weights]
-    total = (2 * vocab * d              # token embedding + lm head (untied)
-             + 2 * buckets * heads       # encoder and decoder relative position bias
-             + sum(encoder) + sum(decoder)
-             + 2 * d)                    # final layer norms
+    encoder = [
+        2 * d + attention + dense_ffn,  # layer 0: dense
+        2 * d + attention + router + expert_weights,
+    ]  # layer 1: sparse
+    decoder = [3 * d + 2 * attention + dense_ffn, 3 * d + 2 * attention + router + expert_weights]
+    total = (
+        2 * vocab * d  # token embedding + lm head (untied)
+        + 2 * buckets * heads  # encoder and decoder relative position bias
+        + sum(encoder)
+        + sum(decoder)
+        + 2 * d
+    )  # final layer norms
     return 4 * total
 
 
@@ -127,14 +145,15 @@ def test_v5e_2x2_report(report):
     assert report["mesh"] == {"data": 1, "expert": 4, "model": 1}
     assert report["dispatch"] == "einsum"  # what "auto" is on TPU (this host would pick gather)
     assert report["fits"] is True and report["error"] is None
-    assert report["hbm_bytes"] == 16 * 2 ** 30
+    assert report["hbm_bytes"] == 16 * 2**30
     assert report["flops_per_chip"] > 0
     assert report["collectives"]["all_to_all"] >= 1
     assert 0 < report["peak_bytes"] < report["hbm_bytes"]
     roof = report["roofline"]  # v5e's published peaks against the compiled program
     assert roof["compute_seconds"] == pytest.approx(report["flops_per_chip"] / 197e12)
-    assert roof["bound_seconds"] == max(roof["compute_seconds"], roof["memory_seconds"],
-                                        roof["ici_seconds"])
+    assert roof["bound_seconds"] == max(
+        roof["compute_seconds"], roof["memory_seconds"], roof["ici_seconds"]
+    )
     assert report["collective_bytes_per_chip"]["all_to_all"] > 0 and roof["ici_seconds"] > 0
     assert 0 < roof["mfu_at_bound"] <= 1
 
@@ -172,14 +191,15 @@ def test_param_bytes_match_a_hand_count(report):
     # The compiler's arguments hold the weights, the moments and the batch (TPU
     # tiling may pad them, never shrink them).
     state = report["param_bytes"] + report["optimizer_bytes"]
-    assert state <= report["argument_bytes"] <= 1.25 * state + 2 ** 20
+    assert state <= report["argument_bytes"] <= 1.25 * state + 2**20
 
 
 @pytest.fixture(scope="session")
 def mixed_report(libtpu, tmp_path_factory):
-    done = _compiled_once(tmp_path_factory, "compile_v5e_2x2_bf16",
-                          ["--dtype_policy=mixed_bfloat16", "--json"])
-    return json.loads(done.stdout[done.stdout.index("{"):])
+    done = _compiled_once(
+        tmp_path_factory, "compile_v5e_2x2_bf16", ["--dtype_policy=mixed_bfloat16", "--json"]
+    )
+    return json.loads(done.stdout[done.stdout.index("{") :])
 
 
 @SHARED
@@ -210,12 +230,18 @@ REFUSALS = {
     # A batch the mesh cannot split (every chip would compute all of it): refused as
     # keras-moe-train refuses it, from the job's BATCH_SIZE or from --batch_size.
     # (v5litepod-4, tpu_scripts/' name of v5e:2x2, is read as that slice.)
-    "batch_over_4_data_chips": _args(BINDINGS[1:] + [
-        "BATCH_SIZE = 6", 'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}'],
-        topology="v5litepod-4"),
-    "batch_flag_over_2x2": [*_args(BINDINGS[1:] + [
-        "BATCH_SIZE = 8", 'train.mesh_shape = {"data": 2, "expert": 2, "model": 1}']),
-        "--batch_size=7"],
+    "batch_over_4_data_chips": _args(
+        BINDINGS[1:]
+        + ["BATCH_SIZE = 6", 'train.mesh_shape = {"data": 4, "expert": 1, "model": 1}'],
+        topology="v5litepod-4",
+    ),
+    "batch_flag_over_2x2": [
+        *_args(
+            BINDINGS[1:]
+            + ["BATCH_SIZE = 8", 'train.mesh_shape = {"data": 2, "expert": 2, "model": 1}']
+        ),
+        "--batch_size=7",
+    ],
 }
 REFUSAL_RUNNER = """
 import json, sys
@@ -235,16 +261,23 @@ def refusals(libtpu, tmp_path_factory):
     """{case: (exit code, stderr)} of the REFUSALS cases, run once for all pytest workers."""
 
     def build(path):
-        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
-                   **ENV)
-        done = subprocess.run([sys.executable, "-c", REFUSAL_RUNNER, json.dumps(REFUSALS)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        env = dict(
+            os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", **ENV
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", REFUSAL_RUNNER, json.dumps(REFUSALS)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         (path / "stderr").write_text(done.stderr)
 
     stderr = (built_once(tmp_path_factory, "compile_refusals", build) / "stderr").read_text()
     out, start = {}, 0
     for match in re.finditer(r"^=== (\w+) exited (\S+)$", stderr, flags=re.M):
-        out[match.group(1)] = (match.group(2), stderr[start:match.start()])
+        out[match.group(1)] = (match.group(2), stderr[start : match.start()])
         start = match.end()
     assert sorted(out) == sorted(REFUSALS), stderr[-3000:]
     return out
@@ -271,8 +304,10 @@ def test_unknown_topology_is_refused(refusals):
 
 @SHARED
 def test_a_batch_the_mesh_cannot_split_is_refused_in_one_line(refusals):
-    for case, name, value, devices in (("batch_over_4_data_chips", "BATCH_SIZE", 6, 4),
-                                       ("batch_flag_over_2x2", "--batch_size", 7, 4)):
+    for case, name, value, devices in (
+        ("batch_over_4_data_chips", "BATCH_SIZE", 6, 4),
+        ("batch_flag_over_2x2", "--batch_size", 7, 4),
+    ):
         code, stderr = refusals[case]
         assert code == "2", (case, stderr[-2000:])
         errors = [line for line in stderr.splitlines() if "error" in line.lower()]
@@ -300,14 +335,25 @@ def test_topology_names():
     # Cloud TPU accelerator types, as tpu_scripts/ names them (Google's published shapes):
     # v5e and v6e count chips, v4 and v5p TensorCores (two per chip).
     for accelerator_type, topology in (
-            ("v5litepod-1", "v5e:1x1"), ("v5litepod-4", "v5e:2x2"), ("v5litepod-8", "v5e:2x4"),
-            ("v5litepod-16", "v5e:4x4"), ("v5litepod-64", "v5e:8x8"),
-            ("v5litepod-256", "v5e:16x16"), ("v6e-32", "v6e:4x8"), ("v4-8", "v4:2x2x1"),
-            ("v4-16", "v4:2x2x2"), ("v4-32", "v4:2x2x4"), ("v4-64", "v4:2x4x4"),
-            ("v4-128", "v4:4x4x4"), ("v4-4096", "v4:8x16x16"), ("v5p-8", "v5p:2x2x1")):
+        ("v5litepod-1", "v5e:1x1"),
+        ("v5litepod-4", "v5e:2x2"),
+        ("v5litepod-8", "v5e:2x4"),
+        ("v5litepod-16", "v5e:4x4"),
+        ("v5litepod-64", "v5e:8x8"),
+        ("v5litepod-256", "v5e:16x16"),
+        ("v6e-32", "v6e:4x8"),
+        ("v4-8", "v4:2x2x1"),
+        ("v4-16", "v4:2x2x2"),
+        ("v4-32", "v4:2x2x4"),
+        ("v4-64", "v4:2x4x4"),
+        ("v4-128", "v4:4x4x4"),
+        ("v4-4096", "v4:8x16x16"),
+        ("v5p-8", "v5p:2x2x1"),
+    ):
         assert compile_only.canonical_topology(accelerator_type) == topology, accelerator_type
         assert compile_only.parse_topology(accelerator_type) == compile_only.parse_topology(
-            topology)
+            topology
+        )
     for bad in ("v5litepod-6", "v5litepod-2", "v4-12"):
         with pytest.raises(compile_only.CompileOnlyError, match=r"unknown Cloud TPU type"):
             compile_only.parse_topology(bad)

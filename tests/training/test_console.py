@@ -13,17 +13,25 @@ def test_filtered_stderr_keeps_real_errors_and_drops_known_noise(capfd):
 
     capfd.readouterr()
     with filtered_stderr():  # descriptor 2 itself, as C++ code writes it
-        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called "
-                    b"are written to STDERR\n")
-        os.write(2, b"I0000 1 cpu_feature_guard.cc:227] This TensorFlow binary is "
-                    b"optimized to use available CPU instructions\n")
+        os.write(
+            2,
+            b"WARNING: All log messages before absl::InitializeLog() is called "
+            b"are written to STDERR\n",
+        )
+        os.write(
+            2,
+            b"I0000 1 cpu_feature_guard.cc:227] This TensorFlow binary is "
+            b"optimized to use available CPU instructions\n",
+        )
         os.write(2, b"E0000 1 some_kernel.cc:9] a real error\n")
     with pytest.raises(RuntimeError, match="boom"):
         with filtered_stderr():
             os.write(2, b"written before a crash\n")
             raise RuntimeError("boom")
-    assert capfd.readouterr().err.splitlines() == ["E0000 1 some_kernel.cc:9] a real error",
-                                                   "written before a crash"]
+    assert capfd.readouterr().err.splitlines() == [
+        "E0000 1 some_kernel.cc:9] a real error",
+        "written before a crash",
+    ]
 
 
 # The CLIs' consoles are checked on the README's commands:
@@ -37,8 +45,11 @@ def test_the_training_console_explains_its_router_table_once(tmp_path_factory):
     _, console = tiny_run(tmp_path_factory)
     headers = [line for line in console.splitlines() if line.strip().startswith("MoE layer")]
     assert len(headers) == 2, console[-3000:]  # steps 5 and 10
-    legend = " ".join(line.strip() for line in console.splitlines()
-                      if line.startswith("  (") or line.startswith("   "))
+    legend = " ".join(
+        line.strip()
+        for line in console.splitlines()
+        if line.startswith("  (") or line.startswith("   ")
+    )
     assert console.count("(dropped: tokens no expert took") == 1, console[-3000:]
     assert "MaxVio: the busiest expert's selections over the mean, minus 1" in legend, legend
     assert "imbalance: the busiest expert's share of first choices x experts" in legend, legend

@@ -24,9 +24,19 @@ def test_missing_debian_docs_stop_the_command_in_one_line_before_the_model(tmp_p
     env = dict(os.environ, PYTHONPATH=REPO, KERAS_MOE_DOCS_PREFIX=str(empty))
     # Two steps of a small batch: a build that ignores the missing docs fails fast.
     result = subprocess.run(
-        [executable, "--gin_file=pretrain_docs.gin", f"--model_dir={model_dir}",
-         "--gin_bindings=TRAIN_STEPS = 2", "--gin_bindings=BATCH_SIZE = 2"],
-        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+        [
+            executable,
+            "--gin_file=pretrain_docs.gin",
+            f"--model_dir={model_dir}",
+            "--gin_bindings=TRAIN_STEPS = 2",
+            "--gin_bindings=BATCH_SIZE = 2",
+        ],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     console = result.stdout + result.stderr
     assert result.returncode == 2, console[-4000:]
     errors = [line for line in console.splitlines() if "error" in line.lower()]
@@ -50,24 +60,40 @@ def _clean_gin():
 def test_the_short_variant_is_the_same_job_with_fewer_steps(_clean_gin):
     from keras_moe.gin_config import parse_gin
 
-    names = ("MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE", "TRAIN_STEPS",
-             "CheckpointConfig.every", "train.log_every", "train.expert_load_every",
-             "make_optimizer.learning_rate", "make_optimizer.warmup_steps",
-             "SwitchFeedForward.num_experts", "T5Config.d_model", "T5Config.num_encoder_layers")
+    names = (
+        "MIXTURE_OR_TASK_NAME",
+        "TASK_FEATURE_LENGTHS",
+        "BATCH_SIZE",
+        "TRAIN_STEPS",
+        "CheckpointConfig.every",
+        "train.log_every",
+        "train.expert_load_every",
+        "make_optimizer.learning_rate",
+        "make_optimizer.warmup_steps",
+        "SwitchFeedForward.num_experts",
+        "T5Config.d_model",
+        "T5Config.num_encoder_layers",
+    )
 
     def job(files):
         parse_gin(files, [])
-        values = {name: gin.query_parameter(name if "." in name else f"%{name}")
-                  for name in names}
+        values = {name: gin.query_parameter(name if "." in name else f"%{name}") for name in names}
         gin.clear_config()
         return values
 
     full, short = job(["pretrain_docs.gin"]), job(["pretrain_docs_short.gin"])
     assert (full["TRAIN_STEPS"], short["TRAIN_STEPS"]) == (20000, 100)
     # A checkpoint, an expert-load plot and a log line every 50 / 50 / 10 steps.
-    assert (short["CheckpointConfig.every"], short["train.expert_load_every"],
-            short["train.log_every"]) == (50, 50, 10)
-    rest = set(names) - {"TRAIN_STEPS", "CheckpointConfig.every", "train.log_every",
-                         "train.expert_load_every"}
+    assert (
+        short["CheckpointConfig.every"],
+        short["train.expert_load_every"],
+        short["train.log_every"],
+    ) == (50, 50, 10)
+    rest = set(names) - {
+        "TRAIN_STEPS",
+        "CheckpointConfig.every",
+        "train.log_every",
+        "train.expert_load_every",
+    }
     assert {k: short[k] for k in rest} == {k: full[k] for k in rest}
     assert short["MIXTURE_OR_TASK_NAME"] == "docs_span_corruption" and short["BATCH_SIZE"] == 32

@@ -21,8 +21,12 @@ def _train(model_dir, bindings=(), model=None):
     parse(list(bindings))
     kwargs = {} if model is None else {"model": model}
     return train_configurables.train(
-        str(model_dir), write_config=train_configurables.write_operative_config,
-        tensorboard=False, verbose=0, **kwargs)
+        str(model_dir),
+        write_config=train_configurables.write_operative_config,
+        tensorboard=False,
+        verbose=0,
+        **kwargs,
+    )
 
 
 @pytest.mark.slow
@@ -38,28 +42,35 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
 
     before = keras.config.dtype_policy().name
     keras.utils.set_random_seed(0)
-    summary = _train(tmp_path, ['train.dtype_policy = "mixed_bfloat16"', "TRAIN_STEPS = 12",
-                                "CheckpointConfig.every = 6"], model=factory)
+    summary = _train(
+        tmp_path,
+        ['train.dtype_policy = "mixed_bfloat16"', "TRAIN_STEPS = 12", "CheckpointConfig.every = 6"],
+        model=factory,
+    )
     assert keras.config.dtype_policy().name == before  # restored once train returned
     assert summary["dtype_policy"] == "mixed_bfloat16" and summary["end_step"] == 12
     model = built[0]
     assert model.compute_dtype == "bfloat16" and model.variable_dtype == "float32"
     assert {v.dtype for v in model.weights} == {"float32"}
-    assert {v.dtype for v in model.optimizer.variables if "iteration" not in v.path} == {
-        "float32"}
+    assert {v.dtype for v in model.optimizer.variables if "iteration" not in v.path} == {"float32"}
     layers = model._flatten_layers(include_self=False, recursive=True)
     routers = [layer for layer in layers if isinstance(layer, Router)]
     assert len(routers) == 2  # switch_tiny: one sparse layer in the encoder, one in the decoder
     assert {r.compute_dtype for r in routers} == {"float32"}
-    dense = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-             if isinstance(layer, keras.layers.Dense)]
+    dense = [
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.Dense)
+    ]
     assert dense and {layer.compute_dtype for layer in dense} == {"bfloat16"}
     # Held-out loss before and after the 12 steps (model.evaluate).
     start, end = summary["eval_start"]["loss"], summary["eval_end"]["loss"]
     assert np.isfinite(start) and np.isfinite(end) and end < start - 0.1, (start, end)
     config = open(tmp_path / "operative_config.gin").read()
-    assert "train.dtype_policy = 'mixed_bfloat16'" in config or \
-        'train.dtype_policy = "mixed_bfloat16"' in config
+    assert (
+        "train.dtype_policy = 'mixed_bfloat16'" in config
+        or 'train.dtype_policy = "mixed_bfloat16"' in config
+    )
 
 
 def test_the_default_is_float32_bound_on_train():
@@ -74,9 +85,11 @@ def test_a_bad_policy_fails_before_anything_is_written(tmp_path, value):
     from keras_moe.training.errors import TrainingConfigError
 
     before = keras.config.dtype_policy().name
-    with pytest.raises(TrainingConfigError,
-                       match=r"train\.dtype_policy must be one of 'float32', "
-                             r"'mixed_bfloat16', 'bfloat16'"):
+    with pytest.raises(
+        TrainingConfigError,
+        match=r"train\.dtype_policy must be one of 'float32', "
+        r"'mixed_bfloat16', 'bfloat16'",
+    ):
         _train(tmp_path / "bad", [f"train.dtype_policy = {value!r}"])
     assert not os.path.exists(tmp_path / "bad")
     assert keras.config.dtype_policy().name == before

@@ -65,8 +65,14 @@ def test_resumed_logger_keeps_the_history_up_to_its_step_and_extends_it(tmp_path
     model.optimizer.build(model.trainable_variables)
     model.optimizer.iterations.assign(4)
 
-    logger = TrainingLogger(None, tokens_per_step=24, log_every=100, probe_batch=x[:4],
-                            expert_load_every=2, history_dir=str(tmp_path))
+    logger = TrainingLogger(
+        None,
+        tokens_per_step=24,
+        log_every=100,
+        probe_batch=x[:4],
+        expert_load_every=2,
+        history_dir=str(tmp_path),
+    )
     model.fit(x, x, batch_size=4, epochs=1, callbacks=[logger], verbose=0)  # steps 5, 6
 
     history = json.loads((tmp_path / "expert_load_history.json").read_text())
@@ -96,8 +102,10 @@ def test_the_history_plot_spans_the_steps_of_the_run(monkeypatch):
     300 (it ran to 350, half a cell past the end)."""
     from keras_moe.training.run.load_history import plot_history
 
-    entries = [{"step": s, "load": {"enc": [0.5, 0.5]}, "dropped_fraction": {"enc": 0.1}}
-               for s in (0, 100, 200, 300)]
+    entries = [
+        {"step": s, "load": {"enc": [0.5, 0.5]}, "dropped_fraction": {"enc": 0.1}}
+        for s in (0, 100, 200, 300)
+    ]
     fig = _drawn(monkeypatch, plot_history, entries)
     for ax in fig.axes:
         if ax.get_xlabel() == "step" or ax.get_ylabel() in ("expert", "dropped"):
@@ -111,8 +119,9 @@ def test_expert_load_plot_labels_do_not_overlap_at_32_or_128_experts(monkeypatch
         load = np.full(num_experts, 1.0 / num_experts)
         fig = _drawn(monkeypatch, plot_expert_load, {"encoder/ffn": load, "decoder/ffn": load})
         for ax in fig.axes:
-            boxes = [label.get_window_extent() for label in ax.get_xticklabels()
-                     if label.get_text()]
+            boxes = [
+                label.get_window_extent() for label in ax.get_xticklabels() if label.get_text()
+            ]
             assert len(boxes) >= min(num_experts, 8), num_experts
             for left, right in zip(boxes, boxes[1:], strict=False):
                 assert left.x1 < right.x0, (num_experts, left, right)

@@ -35,8 +35,14 @@ def test_max_violation_is_logged_per_layer(tmp_path, rng):
     model.compile("adam", "mse")
     x = rng.normal(size=(8, 6, 16)).astype("float32")
     stream = io.StringIO()
-    logger = TrainingLogger(str(tmp_path), tokens_per_step=48, log_every=2, probe_batch=x[:4],
-                            expert_load_every=2, stream=stream)
+    logger = TrainingLogger(
+        str(tmp_path),
+        tokens_per_step=48,
+        log_every=2,
+        probe_batch=x[:4],
+        expert_load_every=2,
+        stream=stream,
+    )
     model.fit(x, x, batch_size=4, epochs=1, callbacks=[logger], verbose=0)
     tags = _tags(tmp_path)
     path = next(iter(expert_load.moe_layers(model)))
@@ -44,6 +50,7 @@ def test_max_violation_is_logged_per_layer(tmp_path, rng):
     assert logged >= 0.0
     loads = expert_load.measure_expert_load(model, [x[:4]])[path]
     # 4 sequences x 6 tokens x 3 choices over 8 experts: MaxVio is max load / mean - 1
-    np.testing.assert_allclose(tags[f"moe/{path}/expert_load/max_violation"],
-                               8 * loads.max() - 1.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        tags[f"moe/{path}/expert_load/max_violation"], 8 * loads.max() - 1.0, rtol=1e-5
+    )
     assert "MaxVio" in stream.getvalue()

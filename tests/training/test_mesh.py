@@ -24,7 +24,7 @@ def _doc_command():
     # than XLA's default 40 s to all reach a collective while the other test worker runs.
     env["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=400"
     env["JAX_PLATFORMS"] = "cpu"
-    return env, command[start + 1:], block
+    return env, command[start + 1 :], block
 
 
 def _with_model_dir(args, model_dir):
@@ -33,16 +33,23 @@ def _with_model_dir(args, model_dir):
 
 # Short runs of the doc command; the input is read as 2 seqio shards, so a run with 2
 # processes (one shard each) sees the same global batches as one process reading both.
-SHORT = ["TRAIN_STEPS = 4", "CheckpointConfig.every = 2", "train.summary_batches = 0",
-         "DatasetConfig.input_shards = 2"]
+SHORT = [
+    "TRAIN_STEPS = 4",
+    "CheckpointConfig.every = 2",
+    "train.summary_batches = 0",
+    "DatasetConfig.input_shards = 2",
+]
 
 
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory):
     env, args, block = _doc_command()
     model_dir = tmp_path_factory.mktemp("mesh") / "run"
-    result = run_cli(_with_model_dir(args, model_dir) + [f"--gin_bindings={b}" for b in SHORT],
-                     timeout=600, env=env)
+    result = run_cli(
+        _with_model_dir(args, model_dir) + [f"--gin_bindings={b}" for b in SHORT],
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return block, result, model_dir
 
@@ -85,13 +92,24 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
     env["XLA_FLAGS"] = env["XLA_FLAGS"].replace("device_count=8", "device_count=4")
     model_dir = tmp_path / "run"
     address = f"127.0.0.1:{_free_port()}"
-    command = [sys.executable, "-m", "keras_moe.training"] + _with_model_dir(args, model_dir) + [
-        f"--gin_bindings={b}" for b in SHORT] + [
-        f"--coordinator_address={address}", "--process_count=2"]
+    command = (
+        [sys.executable, "-m", "keras_moe.training"]
+        + _with_model_dir(args, model_dir)
+        + [f"--gin_bindings={b}" for b in SHORT]
+        + [f"--coordinator_address={address}", "--process_count=2"]
+    )
     full_env = {**os.environ, **env, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    processes = [subprocess.Popen(command + [f"--process_index={i}"], cwd=REPO, env=full_env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for i in range(2)]
+    processes = [
+        subprocess.Popen(
+            command + [f"--process_index={i}"],
+            cwd=REPO,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     try:
         outputs = [p.communicate(timeout=600)[0] for p in processes]
     finally:  # a hung or failed process must not outlive the test (its peer waits for it)
@@ -120,9 +138,12 @@ def test_two_processes_train_like_one_and_resume_on_another_mesh(one_process_run
     # the weights are resharded and the data continues where it was.
     os.remove(model_dir / "checkpoints" / "ckpt-00000004.json")
     env = _doc_command()[0]
-    resumed = run_cli(_with_model_dir(args, model_dir) + [
-        f"--gin_bindings={b}" for b in SHORT + ['train.mesh_shape = {"data": 4, "expert": 2}']],
-        timeout=600, env=env)
+    resumed = run_cli(
+        _with_model_dir(args, model_dir)
+        + [f"--gin_bindings={b}" for b in SHORT + ['train.mesh_shape = {"data": 4, "expert": 2}']],
+        timeout=600,
+        env=env,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout and "ckpt-00000002.orbax" in resumed.stdout
     summary, losses = _losses(model_dir)
@@ -137,21 +158,29 @@ def test_a_batch_that_does_not_split_over_the_mesh_is_refused_at_start_up(tmp_pa
     batch size, the mesh and the sizes that divide, before the model dir is written."""
     env, args, _ = _doc_command()
     model_dir = tmp_path / "run"
-    result = run_cli(_with_model_dir(args, model_dir) + ["--gin_bindings=BATCH_SIZE = 15"],
-                     timeout=300, env=env)
+    result = run_cli(
+        _with_model_dir(args, model_dir) + ["--gin_bindings=BATCH_SIZE = 15"], timeout=300, env=env
+    )
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
-    assert ("keras-moe-train: error: BATCH_SIZE=15 does not split over the device mesh "
-            "{'data': 2, 'expert': 4}: the batch is split over the mesh axes ('data', 'expert') "
-            "= 8 devices, so BATCH_SIZE must be a multiple of 8 (e.g. 8 or 16).") in result.stderr
+    assert (
+        "keras-moe-train: error: BATCH_SIZE=15 does not split over the device mesh "
+        "{'data': 2, 'expert': 4}: the batch is split over the mesh axes ('data', 'expert') "
+        "= 8 devices, so BATCH_SIZE must be a multiple of 8 (e.g. 8 or 16)."
+    ) in result.stderr
     assert "Traceback" not in result.stderr
     assert not os.path.exists(model_dir / "checkpoints")
 
 
-@pytest.mark.parametrize("bindings,message", [
-    (['train.mesh_shape = {"data": 2}'], "needs KERAS_BACKEND=jax.*StrategyPlacement.strategy"),
-    (["train.logical_axis_rules = [('batch', 'data')]"],
-     "train.logical_axis_rules is set but train.mesh_shape"),
-])
+@pytest.mark.parametrize(
+    "bindings,message",
+    [
+        (['train.mesh_shape = {"data": 2}'], "needs KERAS_BACKEND=jax.*StrategyPlacement.strategy"),
+        (
+            ["train.logical_axis_rules = [('batch', 'data')]"],
+            "train.logical_axis_rules is set but train.mesh_shape",
+        ),
+    ],
+)
 def test_mesh_settings_are_refused_where_they_cannot_apply(tmp_path, bindings, message):
     from keras_moe.training.errors import TrainingConfigError
     from tests.reliability import helpers
@@ -161,16 +190,21 @@ def test_mesh_settings_are_refused_where_they_cannot_apply(tmp_path, bindings, m
     assert not os.path.exists(tmp_path / "run") or os.listdir(tmp_path / "run") == []
 
 
-@pytest.mark.parametrize("mesh_shape,message", [
-    ({"data": 2, "expert": 2}, "4 devices but 8 devices are available"),
-    # More devices than this CPU host has: the error says how to emulate them.
-    ({"data": 4, "expert": 4}, "16 devices but 8 devices are available.*On a CPU host, emulate "
-                               "16 devices: start the command with XLA_FLAGS=--xla_force_host_"
-                               "platform_device_count=16 PJRT_NPROC=32"),
-    ({"data": 2, "experts": 4}, "Unknown mesh axis 'experts'"),
-])
-def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh_shape,
-                                                              message):
+@pytest.mark.parametrize(
+    "mesh_shape,message",
+    [
+        ({"data": 2, "expert": 2}, "4 devices but 8 devices are available"),
+        # More devices than this CPU host has: the error says how to emulate them.
+        (
+            {"data": 4, "expert": 4},
+            "16 devices but 8 devices are available.*On a CPU host, emulate "
+            "16 devices: start the command with XLA_FLAGS=--xla_force_host_"
+            "platform_device_count=16 PJRT_NPROC=32",
+        ),
+        ({"data": 2, "experts": 4}, "Unknown mesh axis 'experts'"),
+    ],
+)
+def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh_shape, message):
     """On JAX (faked here: the check itself needs no devices), the mesh is validated
     with the arguments, not only when the model is built."""
     import keras
@@ -185,17 +219,28 @@ def test_a_bad_mesh_is_refused_before_the_model_dir_is_written(monkeypatch, mesh
     mesh.check_mesh({"data": 2, "expert": 4}, None, "default")  # the right size passes
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(process_count=2, process_index=0), "need --coordinator_address"),
-    (dict(coordinator_address="h:1", process_count=2, process_index=0, backend="tensorflow"),
-     'StrategyPlacement.strategy = "multi_worker"'),
-    (dict(coordinator_address="host0", process_count=2, process_index=0, backend="jax"),
-     "must be HOST:PORT or 'auto'"),
-    (dict(coordinator_address="h:1", process_count=None, process_index=0, backend="jax"),
-     "--process_count must be an integer >= 1"),
-    (dict(coordinator_address="h:1", process_count=2, process_index=2, backend="jax"),
-     r"--process_index must be an integer in \[0, 2\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(process_count=2, process_index=0), "need --coordinator_address"),
+        (
+            dict(coordinator_address="h:1", process_count=2, process_index=0, backend="tensorflow"),
+            'StrategyPlacement.strategy = "multi_worker"',
+        ),
+        (
+            dict(coordinator_address="host0", process_count=2, process_index=0, backend="jax"),
+            "must be HOST:PORT or 'auto'",
+        ),
+        (
+            dict(coordinator_address="h:1", process_count=None, process_index=0, backend="jax"),
+            "--process_count must be an integer >= 1",
+        ),
+        (
+            dict(coordinator_address="h:1", process_count=2, process_index=2, backend="jax"),
+            r"--process_index must be an integer in \[0, 2\)",
+        ),
+    ],
+)
 def test_bad_process_flags_are_refused_before_jax_starts(kwargs, message):
     from keras_moe.training.errors import TrainingConfigError
     from keras_moe.training.placement import multihost
@@ -204,23 +249,29 @@ def test_bad_process_flags_are_refused_before_jax_starts(kwargs, message):
         multihost.initialize(**kwargs)
 
 
-@pytest.mark.parametrize("args,expected", [
-    ((16, None, 0, 1), ([0], 1, 16)),   # one process: the task unsharded
-    ((16, 2, 0, 1), ([0, 1], 2, 8)),    # one process reading 2 shards
-    ((16, 4, 1, 2), ([2, 3], 4, 4)),    # process 1 of 2: the second half of 4 shards
-    ((16, None, 3, 4), ([3], 4, 4)),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        ((16, None, 0, 1), ([0], 1, 16)),  # one process: the task unsharded
+        ((16, 2, 0, 1), ([0, 1], 2, 8)),  # one process reading 2 shards
+        ((16, 4, 1, 2), ([2, 3], 4, 4)),  # process 1 of 2: the second half of 4 shards
+        ((16, None, 3, 4), ([3], 4, 4)),
+    ],
+)
 def test_input_plan_gives_each_process_its_block_of_the_global_batch(args, expected):
     from keras_moe.training.placement import multihost
 
     assert multihost.input_plan(*args) == expected
 
 
-@pytest.mark.parametrize("args,message", [
-    ((16, 3, 0, 2), "positive multiple of the 2 process"),
-    ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into DatasetConfig.input_shards=4"),
-    ((16, 0, 0, 1), "positive multiple"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((16, 3, 0, 2), "positive multiple of the 2 process"),
+        ((10, 4, 0, 1), "BATCH_SIZE=10 must divide into DatasetConfig.input_shards=4"),
+        ((16, 0, 0, 1), "positive multiple"),
+    ],
+)
 def test_input_plan_refuses_shards_that_do_not_split_evenly(args, message):
     from keras_moe.training.errors import TrainingConfigError
     from keras_moe.training.placement import multihost

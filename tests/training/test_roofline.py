@@ -21,13 +21,15 @@ HLO = """
 
 def test_collective_bytes_count_what_each_chip_must_send():
     sent = roofline.collective_bytes(HLO, num_devices=8)
-    assert sent == pytest.approx({
-        "all_to_all": 8 * 2 * 4 * 64 * 2 * 3 / 4,       # groups of 4: 3/4 of the buffer leaves
-        "all_gather": 16 * 32 * 4 * 7,                  # its 16-row shard to each of the 7 others
-        "all_reduce": (100 + 28) * 4 * 2 * 7 / 8,       # reduce-scatter + all-gather, 8 chips
-        "reduce_scatter": 6 * 2 * 1,                    # groups of 2: the other chip's block
-        "collective_permute": 10 * 4,
-    })
+    assert sent == pytest.approx(
+        {
+            "all_to_all": 8 * 2 * 4 * 64 * 2 * 3 / 4,  # groups of 4: 3/4 of the buffer leaves
+            "all_gather": 16 * 32 * 4 * 7,  # its 16-row shard to each of the 7 others
+            "all_reduce": (100 + 28) * 4 * 2 * 7 / 8,  # reduce-scatter + all-gather, 8 chips
+            "reduce_scatter": 6 * 2 * 1,  # groups of 2: the other chip's block
+            "collective_permute": 10 * 4,
+        }
+    )
 
 
 def test_model_flops_match_a_hand_count():
@@ -40,31 +42,41 @@ def test_model_flops_match_a_hand_count():
     encoder_params = 2 * (attention + 3 * d * d_ff)
     decoder_params = 2 * (2 * attention + 3 * d * d_ff)
     cross_kv = 2 * (2 * d * inner)  # keys and values of the encoder outputs
-    matmul = 6 * (encoder_params * batch * inputs
-                  + (decoder_params - cross_kv) * batch * targets
-                  + cross_kv * batch * inputs
-                  + vocab * d * batch * targets)
-    scores = 3 * 4 * batch * inner * (2 * inputs * inputs + 2 * targets * targets
-                                       + 2 * targets * inputs)
+    matmul = 6 * (
+        encoder_params * batch * inputs
+        + (decoder_params - cross_kv) * batch * targets
+        + cross_kv * batch * inputs
+        + vocab * d * batch * targets
+    )
+    scores = (
+        3 * 4 * batch * inner * (2 * inputs * inputs + 2 * targets * targets + 2 * targets * inputs)
+    )
     assert roofline.model_flops_per_step(model, batch, inputs, targets) == matmul + scores
 
 
 def test_model_flops_count_k_of_the_experts():
     dense = EncoderDecoder(tiny_config())
-    sparse = EncoderDecoder(tiny_config(moe_type="gshard", num_experts=4, encoder_sparse_step=1,
-                                        decoder_sparse_step=1))
+    sparse = EncoderDecoder(
+        tiny_config(moe_type="gshard", num_experts=4, encoder_sparse_step=1, decoder_sparse_step=1)
+    )
     # Top-2 of 4 experts of the dense FFN's shape: twice the dense FFN's FLOPs.
     ffn = 3 * 16 * 24
     extra = 6 * ffn * (2 * 3 * 10 + 2 * 3 * 4)  # one more FFN per layer and token
-    assert (roofline.model_flops_per_step(sparse, 3, 10, 4)
-            == roofline.model_flops_per_step(dense, 3, 10, 4) + extra)
+    assert (
+        roofline.model_flops_per_step(sparse, 3, 10, 4)
+        == roofline.model_flops_per_step(dense, 3, 10, 4) + extra
+    )
 
 
 def test_the_bound_is_the_slowest_resource():
     chip = roofline.CHIPS["v5p"]
-    result = roofline.estimate(chip.peak_flops * 0.002, chip.hbm_bytes_per_second * 0.003,
-                               {"all_to_all": chip.ici_bytes_per_second / 2 * 0.001}, "v5p",
-                               model_flops_per_chip=chip.peak_flops * 0.0015)
+    result = roofline.estimate(
+        chip.peak_flops * 0.002,
+        chip.hbm_bytes_per_second * 0.003,
+        {"all_to_all": chip.ici_bytes_per_second / 2 * 0.001},
+        "v5p",
+        model_flops_per_chip=chip.peak_flops * 0.0015,
+    )
     assert result["bound_by"] == "memory"
     assert result["bound_seconds"] == pytest.approx(0.003)
     assert result["ici_seconds"] == pytest.approx(0.001)

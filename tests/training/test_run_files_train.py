@@ -17,13 +17,24 @@ from tests.training.tiny_run import GROUP, tiny_run
 
 RUNS = pathlib.Path(REPO) / "gin" / "runs"
 
-SMALL = ["T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
-         "T5Config.d_ff = 64", "T5Config.num_encoder_layers = 2",
-         "T5Config.num_decoder_layers = 2", 'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 16}',
-         "BATCH_SIZE = 8", "TRAIN_STEPS = 3", "CheckpointConfig.every = 3",
-         "CheckpointConfig.backup_every = None", "train.log_every = 1", "train.summary_batches = 0",
-         "train.expert_load_every = 0", "train.steps_per_execution = 1",
-         "train.validation_freq = 0"]
+SMALL = [
+    "T5Config.d_model = 32",
+    "T5Config.num_heads = 2",
+    "T5Config.d_kv = 16",
+    "T5Config.d_ff = 64",
+    "T5Config.num_encoder_layers = 2",
+    "T5Config.num_decoder_layers = 2",
+    'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 16}',
+    "BATCH_SIZE = 8",
+    "TRAIN_STEPS = 3",
+    "CheckpointConfig.every = 3",
+    "CheckpointConfig.backup_every = None",
+    "train.log_every = 1",
+    "train.summary_batches = 0",
+    "train.expert_load_every = 0",
+    "train.steps_per_execution = 1",
+    "train.validation_freq = 0",
+]
 # C4 comes from a TFDS download: the same job on the embedded corpus, on this host's CPU.
 OFFLINE_C4 = ['MIXTURE_OR_TASK_NAME = "embedded_span_corruption"', "SwitchFeedForward.d_ff = 64"]
 
@@ -32,16 +43,19 @@ STANDALONE = {
     "tiny_local_fine_grained": (["tiny_local_fine_grained.gin"], []),
     "pretrain_docs_short": (["pretrain_docs_short.gin"], ["SwitchFeedForward.d_ff = 64"]),
     "translate_bible_x2en": (["translate_bible_x2en.gin"], ["SwitchFeedForward.d_ff = 64"]),
-    "pretrain_c4": (["pretrain_c4.gin"], OFFLINE_C4 + ['StrategyPlacement.strategy = "default"',
-                                                      "StrategyPlacement.tpu_name = None"]),
+    "pretrain_c4": (
+        ["pretrain_c4.gin"],
+        OFFLINE_C4
+        + ['StrategyPlacement.strategy = "default"', "StrategyPlacement.tpu_name = None"],
+    ),
 }
 MESH = {"pretrain_c4_mesh": (["pretrain_c4_mesh.gin"], OFFLINE_C4)}
 # Trained by other tests (a test module or helper that runs them as users type them).
 ELSEWHERE = {
-    "tiny_local": "tests/training/tiny_run.py",            # README command 1
+    "tiny_local": "tests/training/tiny_run.py",  # README command 1
     "finetune": "tests/training/test_run_files_train.py",  # from tiny_run, below
     "tiny_local_job": "tests/training/test_upcycle_cli.py",  # README section 5, dense run
-    "upcycle": "tests/training/test_upcycle_cli.py",         # README section 5, upcycled run
+    "upcycle": "tests/training/test_upcycle_cli.py",  # README section 5, upcycled run
     "distill": "tests/distill/test_cli.py",
 }
 # pretrain_docs.gin with these bindings is pretrain_docs_short.gin (tests/training/
@@ -51,8 +65,9 @@ SAME_AS_TRAINED = {"pretrain_docs", "defaults"}
 
 
 def _flags(files, bindings):
-    return ([f"--gin_file={f}" for f in files]
-            + [f"--gin_bindings={b}" for b in SMALL + list(bindings)])
+    return [f"--gin_file={f}" for f in files] + [
+        f"--gin_bindings={b}" for b in SMALL + list(bindings)
+    ]
 
 
 def _trained(model_dir, result):
@@ -86,22 +101,32 @@ def test_finetune_gin_header_example_trains_from_the_tiny_run(tmp_path_factory, 
     gradient row into NaN at step 1 and failed at step 2."""
     source_dir, _ = tiny_run(tmp_path_factory)
     model_dir = tmp_path / "finetuned"
-    result = run_cli_here(["--gin_file=finetune.gin", f"--model_dir={model_dir}"] + cli_bindings(
-        [f'INIT_CHECKPOINT = "{source_dir}"', "TRAIN_STEPS = 8", "CheckpointConfig.every = 4",
-         "train.summary_batches = 1"]))
+    result = run_cli_here(
+        ["--gin_file=finetune.gin", f"--model_dir={model_dir}"]
+        + cli_bindings(
+            [
+                f'INIT_CHECKPOINT = "{source_dir}"',
+                "TRAIN_STEPS = 8",
+                "CheckpointConfig.every = 4",
+                "train.summary_batches = 1",
+            ]
+        )
+    )
     _trained(model_dir, result)
 
 
 @pytest.mark.slow
 @pytest.mark.jax
 def test_the_mesh_run_file_trains_on_eight_emulated_devices(tmp_path):
-    (files, bindings), = MESH.values()
+    ((files, bindings),) = MESH.values()
     model_dir = tmp_path / "mesh"
-    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
-                        "--xla_cpu_collective_call_terminate_timeout_seconds=400"}
-    result = run_cli(_flags(files, bindings) + [f"--model_dir={model_dir}"], timeout=600,
-                     env=env)
+    env = {
+        "KERAS_BACKEND": "jax",
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=400",
+    }
+    result = run_cli(_flags(files, bindings) + [f"--model_dir={model_dir}"], timeout=600, env=env)
     summary = _trained(model_dir, result)
     assert summary["mesh"] == {"data": 1, "expert": 8, "model": 1}, summary
     assert os.path.isfile(model_dir / "checkpoints" / "ckpt-00000003.weights.h5")

@@ -34,7 +34,7 @@ def _metric(tag):
     `loss` are one metric; so are `batch_encoder_layer_1/ffn/z_loss`,
     `encoder_layer_1/ffn/z_loss` and `moe/encoder_layer_1/ffn/z_loss`."""
     name = KERAS_FORMS.sub("", tag)
-    return name[len("moe/"):] if name.startswith("moe/") else name
+    return name[len("moe/") :] if name.startswith("moe/") else name
 
 
 def _router_tags(tags):
@@ -43,8 +43,9 @@ def _router_tags(tags):
 
 def _train(model_dir, steps):
     bindings = RUN + [f"TRAIN_STEPS = {steps}"]
-    result = run_cli_here(["--gin_file=tiny_local.gin", f"--model_dir={model_dir}",
-                           *cli_bindings(bindings)])
+    result = run_cli_here(
+        ["--gin_file=tiny_local.gin", f"--model_dir={model_dir}", *cli_bindings(bindings)]
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -56,8 +57,9 @@ def readme_run(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
-def test_cli_writes_one_tag_per_metric_validation_beside_train_and_load_history(tmp_path,
-                                                                                readme_run):
+def test_cli_writes_one_tag_per_metric_validation_beside_train_and_load_history(
+    tmp_path, readme_run
+):
     """The README's first command (10 steps of the TINY model) leaves what the README
     says it leaves; a run resumed from it extends the expert-load history."""
     model_dir = tmp_path / "run"

@@ -16,8 +16,11 @@ def _train(model_dir, bindings=()):
 
     parse(list(bindings))
     return train_configurables.train(
-        str(model_dir), write_config=train_configurables.write_operative_config,
-        tensorboard=False, verbose=0)
+        str(model_dir),
+        write_config=train_configurables.write_operative_config,
+        tensorboard=False,
+        verbose=0,
+    )
 
 
 @pytest.mark.slow
@@ -45,8 +48,11 @@ def _final_weights(model_dir):
     meta = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
     model = trainer.build_compiled_model(optimizer=train_configurables.make_optimizer)
     ckpt_lib.restore(model, meta)
-    return int(model.optimizer.iterations.numpy()), [v.numpy() for v in model.weights], [
-        v.numpy() for v in model.optimizer.variables]
+    return (
+        int(model.optimizer.iterations.numpy()),
+        [v.numpy() for v in model.weights],
+        [v.numpy() for v in model.optimizer.variables],
+    )
 
 
 @pytest.mark.slow
@@ -59,9 +65,13 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
     # SGD: Adam's m/sqrt(v) turns float round-off of near-zero gradients into
     # lr-sized steps, which would hide nothing but makes exact comparison noisy.
-    common = ["CheckpointConfig.every = 6", "train.summary_batches = 0",
-              "make_optimizer.name = 'sgd'", "make_optimizer.learning_rate = 0.5",
-              "TRAIN_STEPS = 12"]
+    common = [
+        "CheckpointConfig.every = 6",
+        "train.summary_batches = 0",
+        "make_optimizer.name = 'sgd'",
+        "make_optimizer.learning_rate = 0.5",
+        "TRAIN_STEPS = 12",
+    ]
     keras.utils.set_random_seed(1)
     _train(tmp_path / "straight", common)
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
@@ -86,8 +96,9 @@ def test_skip_reproduces_the_data_position():
     lengths = {"inputs": 64, "targets": 14}
     stream = input_pipeline.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3)
     reference = [b[0]["encoder_input_tokens"].numpy() for b in stream.take(5)]
-    skipped = input_pipeline.make_dataset("embedded_span_corruption", lengths, "train", 4, seed=3,
-                                skip_batches=3)
+    skipped = input_pipeline.make_dataset(
+        "embedded_span_corruption", lengths, "train", 4, seed=3, skip_batches=3
+    )
     got = [b[0]["encoder_input_tokens"].numpy() for b in skipped.take(2)]
     np.testing.assert_array_equal(got[0], reference[3])
     np.testing.assert_array_equal(got[1], reference[4])
@@ -99,8 +110,10 @@ def _fixed_batches(num, batch, seed=0):
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(num):
-        x = {"encoder_input_tokens": rng.integers(2, 60, (batch, 12)).astype("int32"),
-             "decoder_input_tokens": rng.integers(2, 60, (batch, 6)).astype("int32")}
+        x = {
+            "encoder_input_tokens": rng.integers(2, 60, (batch, 12)).astype("int32"),
+            "decoder_input_tokens": rng.integers(2, 60, (batch, 6)).astype("int32"),
+        }
         x["decoder_input_tokens"][:, 0] = 0
         y = rng.integers(2, 60, (batch, 6)).astype("int32")
         out.append((x, y, np.ones((batch, 6), "float32")))
@@ -122,15 +135,29 @@ def _tiny_switch(strategy, init_weights, z_loss_factor=0.01, dispatch="auto"):
     """A compiled 2+2-layer Switch T5 built under `strategy`, with `init_weights` if given."""
     from keras_moe.models import T5Config, build_model
 
-    config = T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-                      num_encoder_layers=2, num_decoder_layers=2, encoder_sparse_step=2,
-                      decoder_sparse_step=2,
-                      sparse_ffn=functools.partial(SwitchFeedForward, num_experts=4, d_ff=32,
-                                                   activation="gated-gelu", aux_loss_factor=0.1,
-                                                   z_loss_factor=z_loss_factor,
-                                                   min_expert_capacity=1,
-                                                   train_capacity_factor=1.0,
-                                                   group_size="sequence", dispatch=dispatch))
+    config = T5Config(
+        vocab_size=64,
+        d_model=16,
+        num_heads=2,
+        d_kv=8,
+        d_ff=32,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        sparse_ffn=functools.partial(
+            SwitchFeedForward,
+            num_experts=4,
+            d_ff=32,
+            activation="gated-gelu",
+            aux_loss_factor=0.1,
+            z_loss_factor=z_loss_factor,
+            min_expert_capacity=1,
+            train_capacity_factor=1.0,
+            group_size="sequence",
+            dispatch=dispatch,
+        ),
+    )
     with strategy.scope():
         model = build_model(config)
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.SGD(0.5)))
@@ -161,8 +188,9 @@ def test_mirrored_two_cpus_matches_one_device(two_cpu_strategy, dispatch):
 
     batches = _fixed_batches(4, batch=8)
     keras.utils.set_random_seed(0)
-    init, single, aux, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches,
-                                                   dispatch=dispatch)
+    init, single, aux, w_single = _loss_trajectory(
+        tf.distribute.get_strategy(), None, batches, dispatch=dispatch
+    )
     assert len(aux) == 4 and all(a > 0 for a in aux)  # 2 MoE layers x (aux, z) in the loss.
     mirrored = two_cpu_strategy
     assert mirrored.num_replicas_in_sync == 2
@@ -182,10 +210,10 @@ def test_mirrored_normalises_by_the_global_token_count(two_cpu_strategy):
 
     batches = _padded_batches(3, batch=8)
     keras.utils.set_random_seed(0)
-    init, single, _, w_single = _loss_trajectory(tf.distribute.get_strategy(), None, batches,
-                                                 z_loss_factor=0.0)
-    _, double, _, w_double = _loss_trajectory(two_cpu_strategy, init, batches,
-                                              z_loss_factor=0.0)
+    init, single, _, w_single = _loss_trajectory(
+        tf.distribute.get_strategy(), None, batches, z_loss_factor=0.0
+    )
+    _, double, _, w_double = _loss_trajectory(two_cpu_strategy, init, batches, z_loss_factor=0.0)
     np.testing.assert_allclose(double, single, rtol=1e-5, atol=1e-6)
     for a, b in zip(w_single, w_double, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -199,9 +227,12 @@ def test_mirrored_fit_trains_on_the_first_pass_of_a_reshuffling_dataset(two_cpu_
     import tensorflow as tf
 
     batches = _fixed_batches(4, batch=8)
-    stacked = tuple(np.stack([b[i] for b in batches]) if i else
-                    {k: np.stack([b[0][k] for b in batches]) for k in batches[0][0]}
-                    for i in range(3))
+    stacked = tuple(
+        np.stack([b[i] for b in batches])
+        if i
+        else {k: np.stack([b[0][k] for b in batches]) for k in batches[0][0]}
+        for i in range(3)
+    )
     ds = tf.data.Dataset.from_tensor_slices(stacked).shuffle(4, seed=7)
     passes = [[int(x["encoder_input_tokens"][0, 0]) for x, _, _ in ds] for _ in range(2)]
     assert passes[0] != passes[1]
@@ -212,8 +243,11 @@ def test_mirrored_fit_trains_on_the_first_pass_of_a_reshuffling_dataset(two_cpu_
         model = _tiny_switch(strategy, init)
         init = model.get_weights()
         fresh = tf.data.Dataset.from_tensor_slices(stacked).shuffle(4, seed=7)
-        losses.append(model.fit(fresh, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)
-                      .history["loss"][0])
+        losses.append(
+            model.fit(fresh, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False).history["loss"][
+                0
+            ]
+        )
         weights.append([v.numpy() for v in model.weights])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     for a, b in zip(*weights, strict=False):
@@ -231,12 +265,16 @@ def test_empty_dataset_and_unknown_task_fail_before_writing(tmp_path):
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add(
-        name, source=seqio.FunctionDataSource(
+        name,
+        source=seqio.FunctionDataSource(
             lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
-                {"inputs": tf.constant([], tf.string), "targets": tf.constant([], tf.string)}),
-            splits=["train", "validation"]),
+                {"inputs": tf.constant([], tf.string), "targets": tf.constant([], tf.string)}
+            ),
+            splits=["train", "validation"],
+        ),
         preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
-        output_features=tasks.output_features())
+        output_features=tasks.output_features(),
+    )
     with pytest.raises(TrainingConfigError, match="produced no batch"):
         _train(tmp_path / "empty", [f'MIXTURE_OR_TASK_NAME = "{name}"'])
     assert os.listdir(tmp_path / "empty") == []

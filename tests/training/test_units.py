@@ -40,12 +40,15 @@ def test_make_optimizer_kinds_and_errors():
         make_optimizer("adam", learning_rate="fast")
 
 
-@pytest.mark.parametrize("start,total,spe,expected", [
-    (0, 30, 10, [(0, 3, 10, 0)]),
-    (15, 30, 10, [(1, 2, 5, 15), (2, 3, 10, 20)]),
-    (0, 25, 10, [(0, 2, 10, 0), (2, 3, 5, 20)]),
-    (30, 30, 10, []),
-])
+@pytest.mark.parametrize(
+    "start,total,spe,expected",
+    [
+        (0, 30, 10, [(0, 3, 10, 0)]),
+        (15, 30, 10, [(1, 2, 5, 15), (2, 3, 10, 20)]),
+        (0, 25, 10, [(0, 2, 10, 0), (2, 3, 5, 20)]),
+        (30, 30, 10, []),
+    ],
+)
 def test_fit_segments_cover_exactly_the_remaining_steps(start, total, spe, expected):
     segments = training_run.fit_segments(start, total, spe)
     assert segments == expected
@@ -75,8 +78,12 @@ def test_checkpoint_retention_and_latest(tmp_path):
     assert [m["step"] for m in manager.all()] == [20, 30]
     assert manager.latest()["step"] == 30
     assert sorted(os.listdir(tmp_path)) == [
-        "checkpoint", "ckpt-00000020.json", "ckpt-00000020.weights.h5",
-        "ckpt-00000030.json", "ckpt-00000030.weights.h5"]
+        "checkpoint",
+        "ckpt-00000020.json",
+        "ckpt-00000020.weights.h5",
+        "ckpt-00000030.json",
+        "ckpt-00000030.weights.h5",
+    ]
     assert json.load(open(tmp_path / "checkpoint"))["latest"] == "ckpt-00000030.json"
 
 
@@ -106,14 +113,17 @@ def test_gin_files_resolve_by_name():
         gin_config.resolve("no_such_run.gin")
 
 
-@pytest.mark.parametrize("binding,message", [
-    ("BATCH_SIZ = 4", "macro 'BATCH_SIZ' is not defined"),
-    ("train.no_such_arg = 4", "no_such_arg"),
-    ("no_such_configurable.x = 1", "no_such_configurable"),
-    ("BATCH_SIZE 4", "NAME = VALUE"),
-    ("CHECKPOINT_EVERY = 5", r"CHECKPOINT_EVERY is no longer a macro.*CheckpointConfig\.every"),
-    ("LEARNING_RATE = 0.1", r"bind make_optimizer\.learning_rate instead"),
-])
+@pytest.mark.parametrize(
+    "binding,message",
+    [
+        ("BATCH_SIZ = 4", "macro 'BATCH_SIZ' is not defined"),
+        ("train.no_such_arg = 4", "no_such_arg"),
+        ("no_such_configurable.x = 1", "no_such_configurable"),
+        ("BATCH_SIZE 4", "NAME = VALUE"),
+        ("CHECKPOINT_EVERY = 5", r"CHECKPOINT_EVERY is no longer a macro.*CheckpointConfig\.every"),
+        ("LEARNING_RATE = 0.1", r"bind make_optimizer\.learning_rate instead"),
+    ],
+)
 def test_bad_gin_bindings_are_named(binding, message):
     import gin
 
@@ -130,16 +140,18 @@ def test_a_run_file_setting_a_retired_macro_is_refused(tmp_path):
     run_file = tmp_path / "old_run.gin"
     run_file.write_text("include 'runs/tiny_local.gin'\nMESH_SHAPE = {'data': 2}\n")
     gin.clear_config()
-    with pytest.raises(GinConfigError,
-                       match=r"old_run.gin: MESH_SHAPE .*MeshPlacement\.mesh_shape"):
+    with pytest.raises(
+        GinConfigError, match=r"old_run.gin: MESH_SHAPE .*MeshPlacement\.mesh_shape"
+    ):
         gin_config.parse_gin([str(run_file)])
     gin.clear_config()
     gin_config.parse_gin(["tiny_local.gin"], ["CheckpointConfig.every = 7"])
     assert gin.query_parameter("CheckpointConfig.every") == 7
     # A file that defines such a macro and reads it itself is left alone.
     own = tmp_path / "own_macro.gin"
-    own.write_text("include 'runs/tiny_local.gin'\nOPTIMIZER = 'sgd'\n"
-                   "make_optimizer.name = %OPTIMIZER\n")
+    own.write_text(
+        "include 'runs/tiny_local.gin'\nOPTIMIZER = 'sgd'\nmake_optimizer.name = %OPTIMIZER\n"
+    )
     gin_config.parse_gin([str(own)], ["OPTIMIZER = 'adam'"])
     assert gin.query_parameter("%OPTIMIZER") == "adam"
     # ... also when a later file (or binding) is the one that reads it.
@@ -147,8 +159,10 @@ def test_a_run_file_setting_a_retired_macro_is_refused(tmp_path):
     defines.write_text("include 'runs/tiny_local.gin'\nOPTIMIZER = 'sgd'\n")
     reads = tmp_path / "reads.gin"
     reads.write_text("make_optimizer.name = %OPTIMIZER\n")
-    for files, bindings in (([defines, reads], []),
-                            ([defines], ["make_optimizer.name = %OPTIMIZER"])):
+    for files, bindings in (
+        ([defines, reads], []),
+        ([defines], ["make_optimizer.name = %OPTIMIZER"]),
+    ):
         gin_config.parse_gin([str(f) for f in files], bindings)
         assert str(gin.query_parameter("make_optimizer.name")) == "%OPTIMIZER"
         assert gin.query_parameter("%OPTIMIZER") == "sgd"
@@ -175,9 +189,11 @@ def test_parse_gin_takes_one_file_or_a_list(tmp_path):
         own.write_text("BATCH_SIZE = 2\n")
         assert batch_size([path, own]) == 2  # a list of paths, applied in order
         for bad in (5, b"tiny_local.gin", {"tiny_local.gin": 1}, ["tiny_local.gin", 5]):
-            with pytest.raises(GinConfigError,
-                               match=r"`files` must be a gin file name or path \(str or "
-                                     r"os.PathLike\), or a list of them"):
+            with pytest.raises(
+                GinConfigError,
+                match=r"`files` must be a gin file name or path \(str or "
+                r"os.PathLike\), or a list of them",
+            ):
                 gin_config.parse_gin(bad)
     finally:
         gin.clear_config()
@@ -187,8 +203,14 @@ def test_all_run_files_parse():
     import gin
     from keras_moe.training import train_configurables
 
-    for name in ("tiny_local", "pretrain_c4", "pretrain_c4_mesh", "pretrain_docs",
-                 "translate_bible_x2en", "finetune"):
+    for name in (
+        "tiny_local",
+        "pretrain_c4",
+        "pretrain_c4_mesh",
+        "pretrain_docs",
+        "translate_bible_x2en",
+        "finetune",
+    ):
         gin.clear_config()
         gin_config.parse_gin([name + ".gin"], ['INIT_CHECKPOINT = "/x"'] * (name == "finetune"))
         dataset = train_configurables.job_config().dataset.check()
@@ -239,8 +261,10 @@ def test_init_checkpoint_reads_into_the_models_own_factory(tmp_path):
     def factory():
         return build_model(tiny_config(d_model=24))
 
-    tokens = {"encoder_input_tokens": np.ones((1, 4), "int32"),
-              "decoder_input_tokens": np.zeros((1, 4), "int32")}
+    tokens = {
+        "encoder_input_tokens": np.ones((1, 4), "int32"),
+        "decoder_input_tokens": np.zeros((1, 4), "int32"),
+    }
     keras.utils.set_random_seed(1)
     trained = factory()
     trained(tokens)
@@ -257,9 +281,11 @@ def test_a_required_macro_left_unbound_is_named():
     import gin
 
     try:
-        for files, missing in ((["finetune.gin"], "INIT_CHECKPOINT"),
-                               (["tiny_local.gin", "distill.gin"], "TEACHER_CHECKPOINT"),
-                               (["switch_tiny.gin", "runs/defaults.gin"], "MIXTURE_OR_TASK_NAME")):
+        for files, missing in (
+            (["finetune.gin"], "INIT_CHECKPOINT"),
+            (["tiny_local.gin", "distill.gin"], "TEACHER_CHECKPOINT"),
+            (["switch_tiny.gin", "runs/defaults.gin"], "MIXTURE_OR_TASK_NAME"),
+        ):
             gin.clear_config()
             with pytest.raises(GinConfigError, match=rf"require a value for \['{missing}'\]"):
                 gin_config.parse_gin(files)

@@ -20,24 +20,44 @@ from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.run.schedules import make_optimizer
 
-DENSE = T5Config(vocab_size=40, d_model=16, num_heads=2, d_kv=8, d_ff=32,
-                 num_encoder_layers=2, num_decoder_layers=2, activation="gated-gelu")
+DENSE = T5Config(
+    vocab_size=40,
+    d_model=16,
+    num_heads=2,
+    d_kv=8,
+    d_ff=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    activation="gated-gelu",
+)
 
 
 def _sparse_config(d_ff=32, k=1, num_experts=4):
     # No balance or z loss and no dropping, so that only the experts' own updates differ.
-    return dataclasses.replace(DENSE, encoder_sparse_step=2, decoder_sparse_step=2,
-                               sparse_ffn=TopKFeedForward(
-                                   num_experts=num_experts, d_ff=d_ff, k=k,
-                                   normalize_top_k=True, train_capacity_factor=8.0,
-                                   eval_capacity_factor=8.0, aux_loss_factor=0.0,
-                                   z_loss_factor=0.0, activation="gated-gelu"))
+    return dataclasses.replace(
+        DENSE,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        sparse_ffn=TopKFeedForward(
+            num_experts=num_experts,
+            d_ff=d_ff,
+            k=k,
+            normalize_top_k=True,
+            train_capacity_factor=8.0,
+            eval_capacity_factor=8.0,
+            aux_loss_factor=0.0,
+            z_loss_factor=0.0,
+            activation="gated-gelu",
+        ),
+    )
 
 
 def _batch(seed):
     rng = np.random.default_rng(seed)
-    x = {"encoder_input_tokens": rng.integers(2, 40, (4, 10)).astype("int32"),
-         "decoder_input_tokens": rng.integers(2, 40, (4, 7)).astype("int32")}
+    x = {
+        "encoder_input_tokens": rng.integers(2, 40, (4, 10)).astype("int32"),
+        "decoder_input_tokens": rng.integers(2, 40, (4, 7)).astype("int32"),
+    }
     return x, rng.integers(2, 40, (4, 7)).astype("int32"), np.ones((4, 7), "float32")
 
 
@@ -78,8 +98,9 @@ def test_the_upcycled_run_continues_the_dense_run_step_for_step(dense_checkpoint
     assert start_step == 3 == int(sparse.optimizer.iterations.numpy())
 
     batch = _batch(7)
-    np.testing.assert_allclose(sparse.predict_on_batch(batch[0]),
-                               dense.predict_on_batch(batch[0]), atol=2e-5)
+    np.testing.assert_allclose(
+        sparse.predict_on_batch(batch[0]), dense.predict_on_batch(batch[0]), atol=2e-5
+    )
     sparse_loss = sparse.train_on_batch(*batch)
     dense_loss = dense.train_on_batch(*batch)
     np.testing.assert_allclose(sparse_loss, dense_loss, rtol=1e-5)
@@ -87,15 +108,17 @@ def test_the_upcycled_run_continues_the_dense_run_step_for_step(dense_checkpoint
     shared = [p for p in theirs if p in ours]
     assert len(shared) > 30
     for path in shared:
-        np.testing.assert_allclose(ours[path].numpy(), theirs[path].numpy(), atol=1e-6,
-                                   err_msg=path)
+        np.testing.assert_allclose(
+            ours[path].numpy(), theirs[path].numpy(), atol=1e-6, err_msg=path
+        )
 
 
 @pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
 def test_without_the_optimizer_state_the_first_step_differs(dense_checkpoint, tmp_path):
     # The check above can fail: an optimizer started afresh moves the weights otherwise.
-    sparse, start_step = _upcycled(dense_checkpoint, tmp_path,
-                                   upcycle=Upcycle(optimizer_state=False))
+    sparse, start_step = _upcycled(
+        dense_checkpoint, tmp_path, upcycle=Upcycle(optimizer_state=False)
+    )
     dense = _compiled(DENSE)
     dense.optimizer.build(dense.trainable_variables)
     dense.load_weights(dense_checkpoint)
@@ -104,13 +127,14 @@ def test_without_the_optimizer_state_the_first_step_differs(dense_checkpoint, tm
     sparse.train_on_batch(*batch)
     dense.train_on_batch(*batch)
     path = "encoder_layer_0/attention/query"
-    assert np.abs(relative_paths(sparse)[path].numpy()
-                  - relative_paths(dense)[path].numpy()).max() > 1e-4
+    assert (
+        np.abs(relative_paths(sparse)[path].numpy() - relative_paths(dense)[path].numpy()).max()
+        > 1e-4
+    )
 
 
 @pytest.mark.slow  # whole models compiled and trained: in CI, not the fast tier
-def test_granular_experts_take_their_slice_of_the_adafactor_moments(dense_checkpoint,
-                                                                      tmp_path):
+def test_granular_experts_take_their_slice_of_the_adafactor_moments(dense_checkpoint, tmp_path):
     sparse, _ = _upcycled(dense_checkpoint, tmp_path, _sparse_config(d_ff=8, k=4, num_experts=8))
     dense = _compiled(DENSE)
     dense.optimizer.build(dense.trainable_variables)
@@ -120,8 +144,10 @@ def test_granular_experts_take_their_slice_of_the_adafactor_moments(dense_checkp
         optimizer = model.optimizer
         variable = relative_paths(model)[path]
         index = optimizer._get_variable_index(variable)
-        return [np.asarray(s[index].numpy(), np.float64)
-                for s in (optimizer._r, optimizer._c, optimizer._v)]
+        return [
+            np.asarray(s[index].numpy(), np.float64)
+            for s in (optimizer._r, optimizer._c, optimizer._v)
+        ]
 
     r, c, v = slots(dense, "encoder_layer_1/ffn/wi_0")  # [16, 32]: r [16], c [32]
     er, ec, ev = slots(sparse, "encoder_layer_1/ffn/experts/wi_0")  # [8, 16, 8]
@@ -163,36 +189,58 @@ def test_a_checkpoint_of_another_optimizer_or_shape_is_refused(dense_checkpoint,
     with pytest.raises(TrainingConfigError, match="does not hold this run's optimizer state"):
         _upcycled(dense_checkpoint, tmp_path / "adam", name="adam")
     wide = dataclasses.replace(_sparse_config(), d_model=24)
-    with pytest.raises(TrainingConfigError, match="is not the dense form of the configured "
-                                                  "sparse model"):
+    with pytest.raises(
+        TrainingConfigError, match="is not the dense form of the configured sparse model"
+    ):
         _upcycled(dense_checkpoint, tmp_path / "wide", wide)
 
 
-@pytest.mark.parametrize("settings, match", [
-    ({"upcycle": Upcycle()}, "CheckpointConfig.upcycle needs the dense checkpoint"),
-    ({"init_checkpoint": "x", "upcycle": "yes"}, "CheckpointConfig.upcycle must be an Upcycle"),
-    ({"init_checkpoint": "x", "upcycle": Upcycle(noise_std=-1)},
-     "`Upcycle.noise_std` must be a number >= 0, got -1"),
-    ({"init_checkpoint": "x", "upcycle": Upcycle(optimizer_state="no")},
-     "`Upcycle.optimizer_state` must be True or False"),
-])
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"upcycle": Upcycle()}, "CheckpointConfig.upcycle needs the dense checkpoint"),
+        ({"init_checkpoint": "x", "upcycle": "yes"}, "CheckpointConfig.upcycle must be an Upcycle"),
+        (
+            {"init_checkpoint": "x", "upcycle": Upcycle(noise_std=-1)},
+            "`Upcycle.noise_std` must be a number >= 0, got -1",
+        ),
+        (
+            {"init_checkpoint": "x", "upcycle": Upcycle(optimizer_state="no")},
+            "`Upcycle.optimizer_state` must be True or False",
+        ),
+    ],
+)
 def test_bad_upcycle_settings_are_refused_naming_them(settings, match):
     with pytest.raises(TrainingConfigError, match=match):
         CheckpointConfig(**settings).check()
 
 
-@pytest.mark.parametrize("dispatch,capacity,exact", [
-    ("dropless", 1.0, True),    # no capacity: the first step is the dense model's
-    ("gather", 8.0, True),      # a capacity no expert exceeds: the same
-    ("gather", 0.5, False),     # tokens over capacity get 0 from the MoE branch
-])
-def test_the_upcycled_start_is_measured_on_a_batch_and_logged(dense_checkpoint, tmp_path, capsys,
-                                                               dispatch, capacity, exact):
+@pytest.mark.parametrize(
+    "dispatch,capacity,exact",
+    [
+        ("dropless", 1.0, True),  # no capacity: the first step is the dense model's
+        ("gather", 8.0, True),  # a capacity no expert exceeds: the same
+        ("gather", 0.5, False),  # tokens over capacity get 0 from the MoE branch
+    ],
+)
+def test_the_upcycled_start_is_measured_on_a_batch_and_logged(
+    dense_checkpoint, tmp_path, capsys, dispatch, capacity, exact
+):
     x, _, _ = _batch(9)
-    config = dataclasses.replace(_sparse_config(), sparse_ffn=TopKFeedForward(
-        num_experts=4, d_ff=32, k=1, normalize_top_k=True, dispatch=dispatch,
-        train_capacity_factor=capacity, eval_capacity_factor=capacity, min_expert_capacity=0,
-        activation="gated-gelu"))
+    config = dataclasses.replace(
+        _sparse_config(),
+        sparse_ffn=TopKFeedForward(
+            num_experts=4,
+            d_ff=32,
+            k=1,
+            normalize_top_k=True,
+            dispatch=dispatch,
+            train_capacity_factor=capacity,
+            eval_capacity_factor=capacity,
+            min_expert_capacity=0,
+            activation="gated-gelu",
+        ),
+    )
     keras.utils.set_random_seed(1)
     sparse = _compiled(config)
     checkpoints = CheckpointConfig(init_checkpoint=dense_checkpoint, upcycle=Upcycle()).check()

@@ -16,10 +16,18 @@ import pytest
 from tests.docs.test_readme_snippets import README, REPO, code_blocks
 from tests.training.helpers import run_cli_here
 
-SMALL = ["T5Config.d_model = 32", "T5Config.num_heads = 2", "T5Config.d_kv = 16",
-         "T5Config.d_ff = 64", 'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}',
-         "BATCH_SIZE = 8", "train.log_every = 1", "train.summary_batches = 2",
-         "train.expert_load_every = 0", "CheckpointConfig.every = 2"]
+SMALL = [
+    "T5Config.d_model = 32",
+    "T5Config.num_heads = 2",
+    "T5Config.d_kv = 16",
+    "T5Config.d_ff = 64",
+    'TASK_FEATURE_LENGTHS = {"inputs": 64, "targets": 14}',
+    "BATCH_SIZE = 8",
+    "train.log_every = 1",
+    "train.summary_batches = 2",
+    "train.expert_load_every = 0",
+    "CheckpointConfig.every = 2",
+]
 
 
 def _flags(bindings):
@@ -30,14 +38,16 @@ def _run(args):
     executable = shutil.which("keras-moe-train")
     assert executable, "keras-moe-train is not on PATH: install the package (scripts/install.sh)"
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
-    return subprocess.run([executable] + args, cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    return subprocess.run(
+        [executable] + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
 
 
 def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path):
     block = code_blocks(README, "bash")[3]
-    dense_command, upcycle_command = (shlex.split(c) for c in
-                                      block.replace("\\\n", " ").splitlines() if c.strip())
+    dense_command, upcycle_command = (
+        shlex.split(c) for c in block.replace("\\\n", " ").splitlines() if c.strip()
+    )
     dense_dir, sparse_dir = tmp_path / "dense", tmp_path / "upcycled"
     paths = {"/tmp/dense_tiny": str(dense_dir), "/tmp/upcycled_tiny": str(sparse_dir)}
 
@@ -52,8 +62,9 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
     assert dense_command[0] == upcycle_command[0] == "keras-moe-train"
     dense = _run(local(dense_command) + _flags(SMALL + ["TRAIN_STEPS = 2"]))
     assert dense.returncode == 0, dense.stdout[-2000:] + dense.stderr[-3000:]
-    upcycled = run_cli_here(local(upcycle_command) + _flags(
-        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 4"]))
+    upcycled = run_cli_here(
+        local(upcycle_command) + _flags(SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 4"])
+    )
     assert upcycled.returncode == 0, upcycled.stdout[-2000:] + upcycled.stderr[-3000:]
     assert "upcycled checkpoint" in upcycled.stdout and "continuing at step 2" in upcycled.stdout
     # The start matches, as README section 5 says, and the run shows it.
@@ -65,8 +76,9 @@ def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_ste
         assert "TopKFeedForward.num_experts = 8" in f.read()
 
     # Run again with a longer run: it resumes from its own step-4 checkpoint, as any run does.
-    resumed = run_cli_here(local(upcycle_command) + _flags(
-        SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 6"]))
+    resumed = run_cli_here(
+        local(upcycle_command) + _flags(SMALL + ["TopKFeedForward.d_ff = 64", "TRAIN_STEPS = 6"])
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout
     assert "upcycled checkpoint" not in resumed.stdout

@@ -17,8 +17,12 @@ from tests.training.helpers import REPO, cli_bindings
 GROUP = "tiny_run"
 # Two epochs of 5 steps: a validation pass at steps 5 and 10 (and the start
 # evaluation at 0), training scalars and an expert-load measurement at 5 and 10.
-RUN = ["TRAIN_STEPS = 10", "CheckpointConfig.every = 5", "train.log_every = 5",
-       "train.expert_load_every = 5"]
+RUN = [
+    "TRAIN_STEPS = 10",
+    "CheckpointConfig.every = 5",
+    "train.log_every = 5",
+    "train.expert_load_every = 5",
+]
 
 
 def quick_start_command():
@@ -39,11 +43,19 @@ def tiny_run(tmp_path_factory):
         command = quick_start_command()
         executable = shutil.which(command[0])
         assert executable, f"{command[0]} is not on PATH: install the package (scripts/install.sh)"
-        args = [a if not a.startswith("--model_dir=") else f"--model_dir={path / 'run'}"
-                for a in command[1:]]
+        args = [
+            a if not a.startswith("--model_dir=") else f"--model_dir={path / 'run'}"
+            for a in command[1:]
+        ]
         env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-        done = subprocess.run([executable, *args, *cli_bindings(RUN)], cwd=str(path), env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [executable, *args, *cli_bindings(RUN)],
+            cwd=str(path),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         (path / "console").write_text(done.stdout + done.stderr)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -63,7 +63,16 @@ from keras_moe.training.checkpoint.checkpoint_restore import (
 from keras_moe.training.checkpoint.rng_state import read_seed_states, seed_states
 
 __all__ = [
-    "CheckpointManager", "PreemptionBackup", "StepCheckpoint", "atomic_write_bytes",
-    "atomic_write_text", "file_sha256", "read_seed_states", "resolve_checkpoint", "restore",
-    "restore_newest", "seed_states", "verify_checkpoint",
+    "CheckpointManager",
+    "PreemptionBackup",
+    "StepCheckpoint",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "file_sha256",
+    "read_seed_states",
+    "resolve_checkpoint",
+    "restore",
+    "restore_newest",
+    "seed_states",
+    "verify_checkpoint",
 ]

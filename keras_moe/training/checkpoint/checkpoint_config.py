@@ -56,21 +56,31 @@ class CheckpointConfig:
         if self.init_checkpoint is not None and not isinstance(self.init_checkpoint, str):
             raise TrainingConfigError(
                 f"CheckpointConfig.init_checkpoint (INIT_CHECKPOINT) must be a path or None, "
-                f"got {self.init_checkpoint!r}.")
+                f"got {self.init_checkpoint!r}."
+            )
         if self.upcycle is not None:
             if not isinstance(self.upcycle, Upcycle):
-                raise TrainingConfigError(f"CheckpointConfig.upcycle must be an Upcycle "
-                                          f"(@Upcycle()) or None, got {self.upcycle!r}.")
+                raise TrainingConfigError(
+                    f"CheckpointConfig.upcycle must be an Upcycle "
+                    f"(@Upcycle()) or None, got {self.upcycle!r}."
+                )
             if not self.init_checkpoint:
                 raise TrainingConfigError(
                     "CheckpointConfig.upcycle needs the dense checkpoint to upcycle: set "
-                    "CheckpointConfig.init_checkpoint (INIT_CHECKPOINT).")
+                    "CheckpointConfig.init_checkpoint (INIT_CHECKPOINT)."
+                )
             self.upcycle.check()
         return self
 
-    def restore(self, model: keras.Model, model_dir: str, model_factory: Callable | None = None,
-                sharded: bool = False, primary: bool = True,
-                probe: Callable | None = None) -> tuple:
+    def restore(
+        self,
+        model: keras.Model,
+        model_dir: str,
+        model_factory: Callable | None = None,
+        sharded: bool = False,
+        primary: bool = True,
+        probe: Callable | None = None,
+    ) -> tuple:
         """Restores the newest loadable checkpoint of `model_dir` (step checkpoints
         or preemption backup) into `model`, or else `init_checkpoint` (weights only).
 
@@ -88,8 +98,9 @@ class CheckpointConfig:
             manager, the backup folder, the restored checkpoint's metadata (None
             when starting fresh) and the optimizer step to continue from.
         """
-        manager = ckpt_lib.CheckpointManager(os.path.join(model_dir, "checkpoints"), self.keep,
-                                             sharded=sharded, primary=primary)
+        manager = ckpt_lib.CheckpointManager(
+            os.path.join(model_dir, "checkpoints"), self.keep, sharded=sharded, primary=primary
+        )
         backup_dir = os.path.join(model_dir, "backup")
         candidates = manager.all() + ckpt_lib.CheckpointManager(backup_dir).all()
         resumed = None
@@ -98,7 +109,8 @@ class CheckpointConfig:
             if resumed is None:
                 raise TrainingConfigError(
                     f"model_dir {model_dir} holds checkpoints but none of them can be loaded "
-                    "(all corrupt, see above); move them away to start from step 0.")
+                    "(all corrupt, see above); move them away to start from step 0."
+                )
         elif self.init_checkpoint and self.upcycle is not None:
             load_upcycled(model, self.init_checkpoint, self.upcycle, probe)
         elif self.init_checkpoint:
@@ -110,13 +122,17 @@ class CheckpointConfig:
         if start_step != resumed["step"]:
             raise TrainingConfigError(
                 f"checkpoint {resumed['path']} restored step {start_step}, its metadata says "
-                f"{resumed['step']}; the checkpoint is inconsistent.")
-        log(f"resumed from checkpoint {resumed['path']} at step {start_step} "
-            f"(skipping {resumed['batches_consumed']} consumed batches)")
+                f"{resumed['step']}; the checkpoint is inconsistent."
+            )
+        log(
+            f"resumed from checkpoint {resumed['path']} at step {start_step} "
+            f"(skipping {resumed['batches_consumed']} consumed batches)"
+        )
         return manager, backup_dir, resumed, start_step
 
-    def callbacks(self, manager: ckpt_lib.CheckpointManager, backup_dir: str, writes: bool,
-                  chief: bool) -> list:
+    def callbacks(
+        self, manager: ckpt_lib.CheckpointManager, backup_dir: str, writes: bool, chief: bool
+    ) -> list:
         """The step-checkpoint and preemption-backup callbacks of `fit`.
 
         Args:
@@ -128,13 +144,19 @@ class CheckpointConfig:
         """
         return [
             ckpt_lib.StepCheckpoint(manager, self.every, enabled=writes, log=log),
-            ckpt_lib.PreemptionBackup(backup_dir, save_freq=self.backup_every or "epoch",
-                                      enabled=writes, sharded=manager.sharded, primary=chief),
+            ckpt_lib.PreemptionBackup(
+                backup_dir,
+                save_freq=self.backup_every or "epoch",
+                enabled=writes,
+                sharded=manager.sharded,
+                primary=chief,
+            ),
         ]
 
 
-def load_init_checkpoint(model: keras.Model, path: str,
-                         build_source: Callable[[], Any] | None = None) -> None:
+def load_init_checkpoint(
+    model: keras.Model, path: str, build_source: Callable[[], Any] | None = None
+) -> None:
     """Initialises the model weights (not the optimizer) from `path`.
 
     Args:
@@ -161,16 +183,18 @@ def load_init_checkpoint(model: keras.Model, path: str,
             source.load_weights(weights)
         except (ValueError, KeyError, OSError) as e:
             raise TrainingConfigError(
-                f"init_checkpoint {weights} does not fit the configured model: {e}") from None
+                f"init_checkpoint {weights} does not fit the configured model: {e}"
+            ) from None
         kind = "checkpoint"
         path = weights
     src, dst = source.weights, model.weights
-    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape)
-                                   for a, b in zip(src, dst, strict=False)):
+    if len(src) != len(dst) or any(
+        tuple(a.shape) != tuple(b.shape) for a, b in zip(src, dst, strict=False)
+    ):
         raise TrainingConfigError(
             f"init_checkpoint {path!r} ({kind}) has a different architecture than the "
-            "configured model; bind the same model gin file.")
+            "configured model; bind the same model gin file."
+        )
     for a, b in zip(src, dst, strict=False):
         b.assign(a.value)
     log(f"initialised the model from {kind} {path}")
-

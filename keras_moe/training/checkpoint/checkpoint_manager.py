@@ -87,10 +87,15 @@ class CheckpointManager:
             tmp = self._write_weights(model, step)
             fields = {"size": os.path.getsize(tmp), "sha256": file_sha256(tmp)}
             os.replace(tmp, final)
-        meta = {"step": step, "batches_consumed": int(step if batches_consumed is None
-                                                      else batches_consumed),
-                "weights": os.path.basename(final), "time": time.time(),
-                SEED_STATES_FIELD: read_seed_states(model), **fields, **(extra or {})}
+        meta = {
+            "step": step,
+            "batches_consumed": int(step if batches_consumed is None else batches_consumed),
+            "weights": os.path.basename(final),
+            "time": time.time(),
+            SEED_STATES_FIELD: read_seed_states(model),
+            **fields,
+            **(extra or {}),
+        }
         if self.primary:
             self._commit(meta)
         return meta
@@ -112,8 +117,10 @@ class CheckpointManager:
     def _commit(self, meta):
         step = meta["step"]
         atomic_write_text(self.meta_path(step), json.dumps(meta, indent=1, sort_keys=True))
-        atomic_write_text(os.path.join(self.directory, "checkpoint"),
-                          json.dumps({"latest": os.path.basename(self.meta_path(step))}))
+        atomic_write_text(
+            os.path.join(self.directory, "checkpoint"),
+            json.dumps({"latest": os.path.basename(self.meta_path(step))}),
+        )
         self._prune()
 
     def all(self):
@@ -143,20 +150,21 @@ class CheckpointManager:
 
     def _prune(self):
         committed = self.all()
-        for meta in committed[:-self.keep]:
+        for meta in committed[: -self.keep]:
             for path in (meta["path"], self.meta_path(meta["step"])):
                 _remove(path)
-        keep = {os.path.basename(m["path"]) for m in committed[-self.keep:]}
+        keep = {os.path.basename(m["path"]) for m in committed[-self.keep :]}
         # Orphans: weights whose json never got written (a crash between the two).
         for suffix in WEIGHTS_SUFFIXES:
             for path in glob.glob(os.path.join(self.directory, f"ckpt-*{suffix}")):
                 if os.path.basename(path) not in keep:
-                    stem = os.path.basename(path)[:-len(suffix)]
+                    stem = os.path.basename(path)[: -len(suffix)]
                     if not os.path.exists(os.path.join(self.directory, stem + ".json")):
                         _remove(path)
         # Orbax's own temporary folders of a save that never finished.
         tmp = glob.glob(os.path.join(self.directory, ".tmp-*")) + glob.glob(
-            os.path.join(self.directory, "ckpt-*.orbax-checkpoint-tmp*"))
+            os.path.join(self.directory, "ckpt-*.orbax-checkpoint-tmp*")
+        )
         for path in tmp:
             try:
                 if time.time() - os.path.getmtime(path) > 60:

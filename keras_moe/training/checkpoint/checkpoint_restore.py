@@ -44,7 +44,8 @@ def resolve_checkpoint(path, argument="checkpoint"):
                 return meta["path"]
         raise TrainingConfigError(
             f"`{argument}` {path!r} is a folder without a checkpoint (ckpt-*.json + "
-            "ckpt-*.weights.h5, or checkpoints/ of a model dir).")
+            "ckpt-*.weights.h5, or checkpoints/ of a model dir)."
+        )
     if not os.path.isfile(path):
         raise TrainingConfigError(f"`{argument}` {path!r} does not exist.")
     return path
@@ -59,17 +60,20 @@ def verify_checkpoint(meta):
     path = meta["path"]
     json_path = metadata_path(path)
     try:
-        size = (sharded_checkpoint.folder_size(path) if os.path.isdir(path)
-                else os.path.getsize(path))
+        size = (
+            sharded_checkpoint.folder_size(path) if os.path.isdir(path) else os.path.getsize(path)
+        )
     except OSError as e:
         raise CorruptCheckpointError(f"checkpoint {path} is unreadable: {e}") from None
     if "size" in meta and size != meta["size"]:
         raise CorruptCheckpointError(
             f"checkpoint {path} is truncated or corrupt: {size} bytes, its metadata "
-            f"{json_path} says {meta['size']}.")
+            f"{json_path} says {meta['size']}."
+        )
     if "sha256" in meta and file_sha256(path) != meta["sha256"]:
         raise CorruptCheckpointError(
-            f"checkpoint {path} is corrupt: its sha256 does not match its metadata {json_path}.")
+            f"checkpoint {path} is corrupt: its sha256 does not match its metadata {json_path}."
+        )
 
 
 def restore_newest(model, candidates, log=None):
@@ -95,9 +99,18 @@ def restore_newest(model, candidates, log=None):
 def _is_unreadable(error):
     text = str(error).lower()
     return isinstance(error, OSError) or any(
-        k in text for k in ("unable to open", "truncated", "file signature", "bad object header",
-                            "unable to synchronously open", "not a valid hdf5",
-                            "can't open", "unable to read"))
+        k in text
+        for k in (
+            "unable to open",
+            "truncated",
+            "file signature",
+            "bad object header",
+            "unable to synchronously open",
+            "not a valid hdf5",
+            "can't open",
+            "unable to read",
+        )
+    )
 
 
 def skipped_variables(load):
@@ -138,6 +151,7 @@ def restore(model, meta, seed_states=True):
     if skipped:
         raise TrainingConfigError(
             f"checkpoint {meta['path']} does not match this model/optimizer: "
-            f"{skipped[0].strip()} {MISMATCH_HINT}")
+            f"{skipped[0].strip()} {MISMATCH_HINT}"
+        )
     if seed_states:
         restore_seed_states(model, meta)

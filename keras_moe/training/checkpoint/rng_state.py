@@ -83,8 +83,10 @@ def read_seed_states(model):
     Args:
         model: a Keras model whose variables hold the current state.
     """
-    return {key: [int(x) for x in _host_value(variable).reshape(-1)]
-            for key, variable in seed_states(model).items()}
+    return {
+        key: [int(x) for x in _host_value(variable).reshape(-1)]
+        for key, variable in seed_states(model).items()
+    }
 
 
 def _host_value(variable):
@@ -104,8 +106,7 @@ def _assign_host(variable, array):
         import jax
 
         host = array
-        array = jax.make_array_from_callback(host.shape, value.sharding,
-                                             lambda index: host[index])
+        array = jax.make_array_from_callback(host.shape, value.sharding, lambda index: host[index])
     variable.assign(array)
 
 
@@ -126,28 +127,35 @@ def restore_seed_states(model, meta):
     if not isinstance(saved, dict):
         raise CorruptCheckpointError(
             f"checkpoint {meta['path']}: its metadata {metadata_path(meta['path'])} holds "
-            f"malformed seed states: {saved!r}.")
+            f"malformed seed states: {saved!r}."
+        )
     states = seed_states(model)
     if set(saved) != set(states):
         raise TrainingConfigError(
             f"checkpoint {meta['path']} does not match this model's random seed generators "
-            f"(dropout, router jitter): {_key_difference(states, saved)}. {MISMATCH_HINT}")
+            f"(dropout, router jitter): {_key_difference(states, saved)}. {MISMATCH_HINT}"
+        )
     for key, variable in states.items():
         try:
             array = np.asarray(saved[key], dtype=variable.dtype).reshape(variable.shape)
         except (TypeError, ValueError, OverflowError):
             raise CorruptCheckpointError(
                 f"checkpoint {meta['path']}: its metadata {metadata_path(meta['path'])} holds "
-                f"a malformed seed state {key!r}: {saved[key]!r}.") from None
+                f"a malformed seed state {key!r}: {saved[key]!r}."
+            ) from None
         _assign_host(variable, array)
 
 
 def _key_difference(states, saved):
     """A short account of how the model's seed-state keys differ from the saved ones."""
     parts = [f"the model has {len(states)}, the checkpoint {len(saved)}"]
-    for what, keys in (("only in the model", set(states) - set(saved)),
-                       ("only in the checkpoint", set(saved) - set(states))):
+    for what, keys in (
+        ("only in the model", set(states) - set(saved)),
+        ("only in the checkpoint", set(saved) - set(states)),
+    ):
         if keys:
-            parts.append(f"{what}: {', '.join(sorted(keys)[:3])}"
-                         + (f" and {len(keys) - 3} more" if len(keys) > 3 else ""))
+            parts.append(
+                f"{what}: {', '.join(sorted(keys)[:3])}"
+                + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            )
     return "; ".join(parts)

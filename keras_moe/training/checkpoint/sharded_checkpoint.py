@@ -13,8 +13,10 @@ import os
 def saved_variables(model):
     """What a checkpoint holds, as `model.save_weights` does: weights and optimizer state
     (the seed generators' states go in its json metadata)."""
-    return {"model": model.weights,
-            "optimizer": model.optimizer.variables if model.optimizer is not None else []}
+    return {
+        "model": model.weights,
+        "optimizer": model.optimizer.variables if model.optimizer is not None else [],
+    }
 
 
 def _key(index):
@@ -37,8 +39,10 @@ def save(model, path):
         value = variable.value
         return value if isinstance(value, jax.Array) else np.asarray(variable.numpy())
 
-    state = {group: {_key(i): array(v) for i, v in enumerate(variables)}
-             for group, variables in saved_variables(model).items()}
+    state = {
+        group: {_key(i): array(v) for i, v in enumerate(variables)}
+        for group, variables in saved_variables(model).items()
+    }
     ocp.v1.save(path, state, overwrite=True)
 
 
@@ -72,8 +76,10 @@ def restore(model, path):
         return jax.ShapeDtypeStruct(variable.shape, variable.dtype, sharding=sharding)
 
     groups = saved_variables(model)
-    abstract = {group: {_key(i): target(v) for i, v in enumerate(variables)}
-                for group, variables in groups.items()}
+    abstract = {
+        group: {_key(i): target(v) for i, v in enumerate(variables)}
+        for group, variables in groups.items()
+    }
     loaded = ocp.v1.load(path, abstract)
     for group, variables in groups.items():
         for i, variable in enumerate(variables):
@@ -83,5 +89,8 @@ def restore(model, path):
 
 def folder_size(path):
     """Bytes of the files under `path`."""
-    return sum(os.path.getsize(os.path.join(root, name))
-               for root, _, names in os.walk(path) for name in names)
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(path)
+        for name in names
+    )

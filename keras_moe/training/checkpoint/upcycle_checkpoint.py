@@ -69,11 +69,17 @@ class Upcycle:
         check_upcycle_args(self.router_init, self.noise_std, "Upcycle.", TrainingConfigError)
         if not isinstance(self.optimizer_state, bool):
             raise TrainingConfigError(
-                f"`Upcycle.optimizer_state` must be True or False, got {self.optimizer_state!r}.")
+                f"`Upcycle.optimizer_state` must be True or False, got {self.optimizer_state!r}."
+            )
         return self
 
-    def load(self, model: keras.Model, dense: keras.Model, source: str,
-             probe: Callable[[], Any] | None = None) -> dict:
+    def load(
+        self,
+        model: keras.Model,
+        dense: keras.Model,
+        source: str,
+        probe: Callable[[], Any] | None = None,
+    ) -> dict:
         """Fills the built, compiled sparse `model` from the `dense` model (its
         weights and, when compiled and built, its optimizer), logs it, and returns
         `upcycle_weights`' report plus `step` and, with `probe` (a function giving
@@ -84,29 +90,41 @@ class Upcycle:
         except ValueError as e:
             raise TrainingConfigError(f"cannot upcycle {source}: {e}") from None
         step = 0
-        if self.optimizer_state and getattr(dense, "optimizer", None) is not None \
-                and dense.optimizer.built:
+        if (
+            self.optimizer_state
+            and getattr(dense, "optimizer", None) is not None
+            and dense.optimizer.built
+        ):
             carry_optimizer_state(model, dense, report)
             step = int(dense.optimizer.iterations.numpy())
         report["step"] = step
-        log(f"upcycled {source} into {len(report['experts'])} expert weights "
-            f"({len(report['routers'])} routers {self.router_init}), continuing at step {step}")
+        log(
+            f"upcycled {source} into {len(report['experts'])} expert weights "
+            f"({len(report['routers'])} routers {self.router_init}), continuing at step {step}"
+        )
         if probe is not None:
             report["start_gap"], mode = start_gap(model, dense, probe())
             meant_exact = self.noise_std == 0 and (
-                _top1_renormalised(model) or self.router_init == "replicated")
+                _top1_renormalised(model) or self.router_init == "replicated"
+            )
             gap = f"{report['start_gap']:.2g} ({mode} mode)"
             if report["start_gap"] <= 1e-3:
-                log(f"upcycled start: the first batch's logits are the dense model's "
-                    f"(largest difference {report['start_gap']:.2g}, {mode} mode)")
+                log(
+                    f"upcycled start: the first batch's logits are the dense model's "
+                    f"(largest difference {report['start_gap']:.2g}, {mode} mode)"
+                )
             elif meant_exact:
-                log(f"warning: upcycled start: the first batch's logits differ from the dense "
+                log(
+                    f"warning: upcycled start: the first batch's logits differ from the dense "
                     f"model's by up to {gap}: tokens over an expert's capacity get 0 from the "
-                    "MoE branch; dispatch=\"dropless\" (or a capacity no expert exceeds) starts "
-                    "exactly")
+                    'MoE branch; dispatch="dropless" (or a capacity no expert exceeds) starts '
+                    "exactly"
+                )
             else:
-                log(f"upcycled start: the first batch's logits differ from the dense model's by "
-                    f"up to {gap}, as this router initialisation or noise makes them")
+                log(
+                    f"upcycled start: the first batch's logits differ from the dense model's by "
+                    f"up to {gap}, as this router initialisation or noise makes them"
+                )
         return report
 
 
@@ -114,8 +132,11 @@ def _top1_renormalised(model) -> bool:
     """Whether the model's experts start as copies whose gate is 1 whatever the router
     says (top-1 with `normalize_top_k`): then a fresh router starts exactly too."""
     config = getattr(model, "config", None)
-    return (config is not None and config.sparse_option("k", 1) == 1
-            and bool(config.sparse_option("normalize_top_k", False)))
+    return (
+        config is not None
+        and config.sparse_option("k", 1) == 1
+        and bool(config.sparse_option("normalize_top_k", False))
+    )
 
 
 def start_gap(sparse: keras.Model, dense: keras.Model, inputs: Any) -> tuple[float, str]:
@@ -125,16 +146,23 @@ def start_gap(sparse: keras.Model, dense: keras.Model, inputs: Any) -> tuple[flo
     expert dropout), else "inference"."""
     config = sparse.config
     # A training call of a layer with loss-free balancing would also move its bias.
-    noisy = config.dropout_rate or any(config.sparse_option(name, 0.0) for name in (
-        "jitter_noise", "expert_dropout_rate", "bias_update_rate"))
+    noisy = config.dropout_rate or any(
+        config.sparse_option(name, 0.0)
+        for name in ("jitter_noise", "expert_dropout_rate", "bias_update_rate")
+    )
     training = not noisy
-    gap = np.max(np.abs(np.asarray(sparse(inputs, training=training), np.float64)
-                        - np.asarray(dense(inputs, training=training), np.float64)))
+    gap = np.max(
+        np.abs(
+            np.asarray(sparse(inputs, training=training), np.float64)
+            - np.asarray(dense(inputs, training=training), np.float64)
+        )
+    )
     return float(gap), "training" if training else "inference"
 
 
-def dense_model_for(model: keras.Model,
-                    optimizer_like: keras.optimizers.Optimizer | None) -> keras.Model:
+def dense_model_for(
+    model: keras.Model, optimizer_like: keras.optimizers.Optimizer | None
+) -> keras.Model:
     """The dense `EncoderDecoder` a sparse model upcycles from: the sparse
     config with every MoE layer a dense FFN of `d_ff`, compiled with an
     optimizer of the same class and settings (its state not yet built)."""
@@ -143,8 +171,10 @@ def dense_model_for(model: keras.Model,
 
     config = getattr(model, "config", None)
     if config is None or not config.is_sparse:
-        raise TrainingConfigError("`CheckpointConfig.upcycle` needs a sparse keras_moe model "
-                                  "(a T5Config with MoE layers) to upcycle into.")
+        raise TrainingConfigError(
+            "`CheckpointConfig.upcycle` needs a sparse keras_moe model "
+            "(a T5Config with MoE layers) to upcycle into."
+        )
     dense = EncoderDecoder(dense_student_config(config))
     if optimizer_like is not None:
         optimizer = optimizer_like.__class__.from_config(optimizer_like.get_config())
@@ -152,8 +182,9 @@ def dense_model_for(model: keras.Model,
     return dense
 
 
-def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle,
-                  probe: Callable[[], Any] | None = None) -> dict:
+def load_upcycled(
+    model: keras.Model, path: str, upcycle: Upcycle, probe: Callable[[], Any] | None = None
+) -> dict:
     """Starts the sparse `model` from the dense model at `path` (`Upcycle.load`).
 
     Args:
@@ -183,13 +214,15 @@ def load_upcycled(model: keras.Model, path: str, upcycle: Upcycle,
     try:
         skipped = skipped_variables(lambda: dense.load_weights(weights))
     except (ValueError, KeyError, OSError) as e:
-        raise TrainingConfigError(f"init_checkpoint {weights} is not the dense form of the "
-                                  f"configured sparse model: {e}") from None
+        raise TrainingConfigError(
+            f"init_checkpoint {weights} is not the dense form of the configured sparse model: {e}"
+        ) from None
     if skipped and carry:
         raise TrainingConfigError(
             f"init_checkpoint {weights} does not hold this run's optimizer state "
             f"({skipped[0].strip()}); bind `Upcycle.optimizer_state = False` to start the "
-            "optimizer afresh.")
+            "optimizer afresh."
+        )
     return upcycle.load(model, dense, f"checkpoint {weights}", probe)
 
 
@@ -199,9 +232,11 @@ def carry_optimizer_state(sparse: keras.Model, dense: keras.Model, report: dict)
     class; the sparse one is built here if it is not yet."""
     target, origin = sparse.optimizer, dense.optimizer
     if type(target) is not type(origin):
-        raise TrainingConfigError(f"the dense run's optimizer is {type(origin).__name__}, this "
-                                  f"run's {type(target).__name__}; carry state only between "
-                                  "the same optimizer.")
+        raise TrainingConfigError(
+            f"the dense run's optimizer is {type(origin).__name__}, this "
+            f"run's {type(target).__name__}; carry state only between "
+            "the same optimizer."
+        )
     if not target.built:
         target.build(sparse.trainable_variables)
     dense_vars, sparse_vars = relative_paths(dense), relative_paths(sparse)
@@ -212,12 +247,13 @@ def carry_optimizer_state(sparse: keras.Model, dense: keras.Model, report: dict)
             slot.assign(dense_slots[path][name].value)
     for path in report["experts"]:
         folder, _, weight = path.rpartition("/")
-        dense_path = f"{folder[:-len('/experts')]}/{weight}"
+        dense_path = f"{folder[: -len('/experts')]}/{weight}"
         d_ff = dense_vars[dense_path].shape[0 if weight == "wo" else 1]
         width = sparse_vars[path].shape[1 if weight == "wo" else 2]
         for name, slot in sparse_slots.get(path, {}).items():
-            value = _expert_slot(dense_slots[dense_path], name, weight, tuple(slot.shape), d_ff,
-                                 width)
+            value = _expert_slot(
+                dense_slots[dense_path], name, weight, tuple(slot.shape), d_ff, width
+            )
             slot.assign(value.astype(slot.dtype))
     target.iterations.assign(origin.iterations.value)
 
@@ -236,12 +272,14 @@ def _slots(optimizer, variables, paths):
                 out[by_id[id(variable)]][attr] = slot
                 mapped.add(id(slot))
     learning_rate = getattr(optimizer, "_learning_rate", None)
-    unmapped = [v.path for v in optimizer.variables
-                if id(v) not in mapped and v is not learning_rate]
+    unmapped = [
+        v.path for v in optimizer.variables if id(v) not in mapped and v is not learning_rate
+    ]
     if unmapped:
         raise TrainingConfigError(
             f"{type(optimizer).__name__}'s state {unmapped[0]!r} has no known place; bind "
-            "`Upcycle.optimizer_state = False` to start the optimizer afresh.")
+            "`Upcycle.optimizer_state = False` to start the optimizer afresh."
+        )
     return out
 
 
@@ -260,5 +298,4 @@ def _expert_slot(slots, name, weight, shape, d_ff, width):
         return np.stack([value[cut] for cut in cuts])
     d_ff_factor = np.asarray(slots[over_d_ff].numpy(), dtype=np.float64)
     mean = d_ff_factor.mean()
-    return np.stack([value * (d_ff_factor[cut].mean() / mean if mean > 0 else 1.0)
-                     for cut in cuts])
+    return np.stack([value * (d_ff_factor[cut].mean() / mean if mean > 0 else 1.0) for cut in cuts])

@@ -30,18 +30,21 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
         if logical_axis_rules is not None:
             raise TrainingConfigError(
                 "MeshPlacement.logical_axis_rules is set but its mesh_shape is not: bind "
-                'MeshPlacement.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.')
+                'MeshPlacement.mesh_shape (e.g. {"data": 2, "expert": 4}) or drop the rules.'
+            )
         return
     if keras.backend.backend() != "jax":
         raise TrainingConfigError(
             f"MeshPlacement.mesh_shape={mesh_shape!r} needs KERAS_BACKEND=jax "
             f"(keras.distribution); on {keras.backend.backend()!r} use "
-            "StrategyPlacement.strategy = \"mirrored\" / \"multi_worker\" / \"tpu\" for data "
-            "parallelism, or run with KERAS_BACKEND=jax.")
+            'StrategyPlacement.strategy = "mirrored" / "multi_worker" / "tpu" for data '
+            "parallelism, or run with KERAS_BACKEND=jax."
+        )
     if strategy != "default":
         raise TrainingConfigError(
             f"MeshPlacement.mesh_shape shards over a JAX device mesh; strategy={strategy!r} is a "
-            "tf.distribute strategy: bind one placement, @MeshPlacement() or @StrategyPlacement().")
+            "tf.distribute strategy: bind one placement, @MeshPlacement() or @StrategyPlacement()."
+        )
     import jax
 
     from keras_moe import sharding
@@ -55,16 +58,20 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
             needed = 1
             for size in mesh_shape.values():
                 needed *= int(size)
-            hint = (f" On a CPU host, emulate {needed} devices: start the command with "
-                    f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
-                    f"PJRT_NPROC={2 * needed} (docs/sharding.md).")
+            hint = (
+                f" On a CPU host, emulate {needed} devices: start the command with "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} "
+                f"PJRT_NPROC={2 * needed} (docs/sharding.md)."
+            )
         raise TrainingConfigError(f"MeshPlacement.mesh_shape={mesh_shape!r}: {e}{hint}") from None
 
     local = jax.local_devices()
     if cpu_threads_too_few(len(local), local[0].platform):
-        log(f"warning: {len(local)} emulated CPU devices in this process and as many XLA "
+        log(
+            f"warning: {len(local)} emulated CPU devices in this process and as many XLA "
             "client threads; queued steps can hang in a collective. Set PJRT_NPROC to more "
-            f"than {len(local)} (e.g. PJRT_NPROC={2 * len(local)}), see docs/sharding.md.")
+            f"than {len(local)} (e.g. PJRT_NPROC={2 * len(local)}), see docs/sharding.md."
+        )
 
 
 def batch_split(mesh_shape, logical_axis_rules, batch_size=None):
@@ -87,8 +94,9 @@ def batch_split(mesh_shape, logical_axis_rules, batch_size=None):
     from keras_moe import layouts
 
     shape = None if batch_size is None else (batch_size,)
-    axes = layouts.logical_to_mesh_axes(("batch",), _rules(logical_axis_rules), mesh_shape,
-                                        shape)[0]
+    axes = layouts.logical_to_mesh_axes(("batch",), _rules(logical_axis_rules), mesh_shape, shape)[
+        0
+    ]
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
     size = 1
     for axis in axes:
@@ -123,7 +131,8 @@ def check_batch_splits(mesh_shape, logical_axis_rules, batch_size, name="BATCH_S
         raise TrainingConfigError(
             f"{name}={batch_size} does not split over the device mesh {mesh_shape!r}: the "
             f"batch is split over the mesh axes {axes} = {size} devices, so {name} must "
-            f"be a multiple of {size} (e.g. {examples}).")
+            f"be a multiple of {size} (e.g. {examples})."
+        )
 
 
 def cpu_threads_too_few(num_devices, platform, environ=None, cpu_count=None):
@@ -200,8 +209,11 @@ def shard_report(model):
         seen.add(key)
         value = variable.value
         sharding = getattr(value, "sharding", None)
-        local = (tuple(sharding.shard_shape(value.shape)) if sharding is not None
-                 else tuple(variable.shape))
+        local = (
+            tuple(sharding.shard_shape(value.shape))
+            if sharding is not None
+            else tuple(variable.shape)
+        )
         rows.append((f"{variable.path} {key}", tuple(variable.shape), local))
     return rows
 

@@ -46,7 +46,8 @@ class MeshPlacement:
 
         if self.mesh_shape is None:
             raise TrainingConfigError(
-                'MeshPlacement.mesh_shape is required, e.g. {"data": 2, "expert": 4}.')
+                'MeshPlacement.mesh_shape is required, e.g. {"data": 2, "expert": 4}.'
+            )
         mesh_lib.check_mesh(self.mesh_shape, self.logical_axis_rules)
         if batch_size is not None:
             mesh_lib.check_batch_splits(self.mesh_shape, self.logical_axis_rules, batch_size)
@@ -77,8 +78,9 @@ class MeshPlacement:
 
         return mesh_lib.shard_report(model)
 
-    def exchange_report(self, model: keras.Model, batch_size: int,
-                        feature_lengths: dict) -> list[str]:
+    def exchange_report(
+        self, model: keras.Model, batch_size: int, feature_lengths: dict
+    ) -> list[str]:
         """Lines naming each MoE layer's expert exchange and why (`mesh.exchange_report`)."""
         from keras_moe.training.placement import mesh as mesh_lib
 
@@ -91,14 +93,16 @@ class MeshPlacement:
         axes, size = mesh_lib.batch_split(self.mesh_shape, self.logical_axis_rules, batch_size)
         if size == 1:
             return f"global batch {batch_size}, not split over the mesh"
-        return (f"global batch {batch_size} split over mesh axes {' x '.join(axes)} = {size} "
-                f"devices, {batch_size // size} rows each")
+        return (
+            f"global batch {batch_size} split over mesh axes {' x '.join(axes)} = {size} "
+            f"devices, {batch_size // size} rows each"
+        )
 
     def describe(self) -> str:
         return f"device mesh {self.mesh_shape} (keras.distribution)"
 
     def shared_with(self, process_count: int) -> str | None:
-        """"N processes" when the sharded model spans several, else None."""
+        """ "N processes" when the sharded model spans several, else None."""
         return f"{process_count} processes" if process_count > 1 else None
 
     def peer_failure(self, error: Exception, step: int) -> None:

@@ -17,18 +17,32 @@ from keras_moe.validation import is_int
 def add_flags(parser):
     """The multi-process flags of `keras-moe-train`."""
     group = parser.add_argument_group(
-        "multi-process (KERAS_BACKEND=jax with a MeshPlacement; one process per host)")
-    group.add_argument("--coordinator_address", default=None, metavar="HOST:PORT|auto",
-                       help="process 0's address for jax.distributed; 'auto' detects it "
-                            "(Cloud TPU VM slices, SLURM, Open MPI, Kubernetes)")
-    group.add_argument("--process_count", type=int, default=None,
-                       help="number of processes (with an explicit --coordinator_address)")
-    group.add_argument("--process_index", type=int, default=None,
-                       help="this process's index, 0 .. process_count - 1")
+        "multi-process (KERAS_BACKEND=jax with a MeshPlacement; one process per host)"
+    )
+    group.add_argument(
+        "--coordinator_address",
+        default=None,
+        metavar="HOST:PORT|auto",
+        help="process 0's address for jax.distributed; 'auto' detects it "
+        "(Cloud TPU VM slices, SLURM, Open MPI, Kubernetes)",
+    )
+    group.add_argument(
+        "--process_count",
+        type=int,
+        default=None,
+        help="number of processes (with an explicit --coordinator_address)",
+    )
+    group.add_argument(
+        "--process_index",
+        type=int,
+        default=None,
+        help="this process's index, 0 .. process_count - 1",
+    )
 
 
-def initialize(coordinator_address=None, process_count=None, process_index=None,
-               backend=None, timeout_s=300):
+def initialize(
+    coordinator_address=None, process_count=None, process_index=None, backend=None, timeout_s=300
+):
     """Starts `jax.distributed` when asked to; returns `(process_index, process_count)`.
 
     Args:
@@ -45,7 +59,8 @@ def initialize(coordinator_address=None, process_count=None, process_index=None,
         if process_count is not None or process_index is not None:
             raise TrainingConfigError(
                 "--process_count/--process_index need --coordinator_address (HOST:PORT of "
-                "process 0, or 'auto').")
+                "process 0, or 'auto')."
+            )
         return 0, 1
     if backend is None:
         import keras
@@ -54,22 +69,26 @@ def initialize(coordinator_address=None, process_count=None, process_index=None,
     if backend != "jax":
         raise TrainingConfigError(
             f"--coordinator_address starts JAX processes; on {backend!r} run several workers "
-            "with StrategyPlacement.strategy = \"multi_worker\" (TF_CONFIG) instead, or use "
-            "KERAS_BACKEND=jax.")
+            'with StrategyPlacement.strategy = "multi_worker" (TF_CONFIG) instead, or use '
+            "KERAS_BACKEND=jax."
+        )
     # "auto": the cluster's environment fills in what is not given here.
     kwargs = dict(num_processes=process_count, process_id=process_index)
     if coordinator_address != "auto":
         if ":" not in coordinator_address:
             raise TrainingConfigError(
-                f"--coordinator_address must be HOST:PORT or 'auto', got {coordinator_address!r}.")
+                f"--coordinator_address must be HOST:PORT or 'auto', got {coordinator_address!r}."
+            )
         if not is_int(process_count) or process_count < 1:
             raise TrainingConfigError(
                 f"--process_count must be an integer >= 1 with --coordinator_address="
-                f"{coordinator_address}, got {process_count!r}.")
+                f"{coordinator_address}, got {process_count!r}."
+            )
         if not is_int(process_index) or not 0 <= process_index < process_count:
             raise TrainingConfigError(
                 f"--process_index must be an integer in [0, {process_count}), got "
-                f"{process_index!r}.")
+                f"{process_index!r}."
+            )
         kwargs["coordinator_address"] = coordinator_address
     import jax
 
@@ -119,11 +138,13 @@ def input_plan(batch_size, input_shards, process_index, process_count):
     if not is_int(shards) or shards < 1 or shards % process_count:
         raise TrainingConfigError(
             f"DatasetConfig.input_shards={input_shards!r} must be a positive multiple of the "
-            f"{process_count} process(es).")
+            f"{process_count} process(es)."
+        )
     if batch_size % shards:
         raise TrainingConfigError(
             f"BATCH_SIZE={batch_size} must divide into DatasetConfig.input_shards={shards} equal "
-            "slices.")
+            "slices."
+        )
     per_process = shards // process_count
     first = process_index * per_process
     return list(range(first, first + per_process)), shards, batch_size // shards

@@ -22,8 +22,9 @@ from keras_moe.validation import is_number
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
-def make_strategy(name="default", tpu_name=None, devices=None, collective_timeout=None,
-                  cluster_wait_timeout=None):
+def make_strategy(
+    name="default", tpu_name=None, devices=None, collective_timeout=None, cluster_wait_timeout=None
+):
     """Builds the strategy named `name`.
 
     Args:
@@ -44,7 +45,8 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
 
     if name not in STRATEGIES:
         raise TrainingConfigError(
-            f"StrategyPlacement.strategy must be one of {STRATEGIES}, got {name!r}.")
+            f"StrategyPlacement.strategy must be one of {STRATEGIES}, got {name!r}."
+        )
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
@@ -54,19 +56,24 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
             raise TrainingConfigError(
                 'StrategyPlacement.strategy="multi_worker" needs the TF_CONFIG environment '
                 'variable ({"cluster": {"worker": [...]}, "task": {"type": "worker", '
-                '"index": i}}).')
+                '"index": i}}).'
+            )
         try:
             json.loads(os.environ["TF_CONFIG"])
         except ValueError as e:
             raise TrainingConfigError(f"TF_CONFIG is not valid JSON: {e}") from None
-        for name_, value in (("collective_timeout", collective_timeout),
-                             ("cluster_wait_timeout", cluster_wait_timeout)):
+        for name_, value in (
+            ("collective_timeout", collective_timeout),
+            ("cluster_wait_timeout", cluster_wait_timeout),
+        ):
             if value is not None and (not is_number(value) or value <= 0):
                 raise TrainingConfigError(
                     f"`StrategyPlacement.{name_}` must be a positive number of seconds or None, "
-                    f"got {value!r}.")
+                    f"got {value!r}."
+                )
         options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=collective_timeout)
+            timeout_seconds=collective_timeout
+        )
         from keras_moe import compat
 
         try:
@@ -76,10 +83,12 @@ def make_strategy(name="default", tpu_name=None, devices=None, collective_timeou
             if "program startup" in str(e):
                 raise TrainingConfigError(
                     "multi_worker: TensorFlow's runtime started before the strategy was made "
-                    f"(something ran an op or listed logical devices first): {e}") from None
+                    f"(something ran an op or listed logical devices first): {e}"
+                ) from None
             raise TrainingConfigError(
                 f"multi_worker: not all workers of TF_CONFIG joined within "
-                f"{cluster_wait_timeout} s ({e}).") from None
+                f"{cluster_wait_timeout} s ({e})."
+            ) from None
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_name)
     if tpu_name not in ("local",):
         tf.config.experimental_connect_to_cluster(resolver)

@@ -37,9 +37,14 @@ class StrategyPlacement:
 
     mesh = None
 
-    def __init__(self, strategy: str = "default", tpu_name: str | None = None,
-                 devices: list | None = None, collective_timeout: float | None = 600,
-                 cluster_wait_timeout: float | None = 600):
+    def __init__(
+        self,
+        strategy: str = "default",
+        tpu_name: str | None = None,
+        devices: list | None = None,
+        collective_timeout: float | None = 600,
+        cluster_wait_timeout: float | None = 600,
+    ):
         self.name, self.tpu_name, self.devices = strategy, tpu_name, devices
         self.collective_timeout = collective_timeout
         self.cluster_wait_timeout = cluster_wait_timeout
@@ -51,13 +56,15 @@ class StrategyPlacement:
 
         if self.name not in STRATEGIES:
             raise TrainingConfigError(
-                f"StrategyPlacement.strategy must be one of {STRATEGIES}, got {self.name!r}.")
+                f"StrategyPlacement.strategy must be one of {STRATEGIES}, got {self.name!r}."
+            )
         for name in ("collective_timeout", "cluster_wait_timeout"):
             value = getattr(self, name)
             if value is not None and (not is_number(value) or value <= 0):
                 raise TrainingConfigError(
                     f"`StrategyPlacement.{name}` must be a positive number of seconds or None, "
-                    f"got {value!r}.")
+                    f"got {value!r}."
+                )
         return self
 
     def start(self, process_index: int = 0) -> StrategyPlacement:
@@ -65,9 +72,12 @@ class StrategyPlacement:
         from keras_moe.training.placement import strategy as strategy_lib
 
         self.strategy = strategy_lib.make_strategy(
-            self.name, tpu_name=self.tpu_name, devices=self.devices,
+            self.name,
+            tpu_name=self.tpu_name,
+            devices=self.devices,
             collective_timeout=self.collective_timeout,
-            cluster_wait_timeout=self.cluster_wait_timeout)
+            cluster_wait_timeout=self.cluster_wait_timeout,
+        )
         self.replicas = self.strategy.num_replicas_in_sync
         self.chief = strategy_lib.is_chief(self.strategy) and process_index == 0
         return self
@@ -77,7 +87,8 @@ class StrategyPlacement:
         if batch_size % self.replicas:
             raise TrainingConfigError(
                 f"BATCH_SIZE={batch_size} is not divisible by the {self.replicas} replicas "
-                f"of StrategyPlacement.strategy={self.name!r}.")
+                f"of StrategyPlacement.strategy={self.name!r}."
+            )
 
     def apply(self) -> None:
         """Nothing to set before the model is built."""
@@ -90,8 +101,9 @@ class StrategyPlacement:
         """None: a strategy replicates every weight."""
         return None
 
-    def exchange_report(self, model: keras.Model, batch_size: int,
-                        feature_lengths: dict) -> list[str]:
+    def exchange_report(
+        self, model: keras.Model, batch_size: int, feature_lengths: dict
+    ) -> list[str]:
         """No lines: each replica routes its own batch to its own copy of every expert."""
         return []
 
@@ -115,8 +127,12 @@ class StrategyPlacement:
         (raise `error` itself) otherwise."""
         import tensorflow as tf
 
-        peer_errors = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                       tf.errors.CancelledError, tf.errors.AbortedError)
+        peer_errors = (
+            tf.errors.UnavailableError,
+            tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError,
+            tf.errors.AbortedError,
+        )
         if self.name != "multi_worker" or not isinstance(error, peer_errors):
             return None
         from keras_moe.training.errors import WorkerFailureError
@@ -127,4 +143,5 @@ class StrategyPlacement:
             f"multi_worker: a collective failed at step {step} ({type(error).__name__}: "
             f"{first_line[:300]}); a peer worker probably died or is unreachable "
             f"(collective_timeout={self.collective_timeout} s). Restart all workers with the "
-            "same command to resume from the last checkpoint.")
+            "same command to resume from the last checkpoint."
+        )

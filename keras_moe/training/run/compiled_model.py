@@ -11,9 +11,12 @@ if TYPE_CHECKING:
     import keras
 
 
-def build_compiled_model(optimizer: Any = None, jit_compile: bool | str = "auto",
-                         steps_per_execution: int = 1,
-                         model: Callable[[], keras.Model] | None = None) -> keras.Model:
+def build_compiled_model(
+    optimizer: Any = None,
+    jit_compile: bool | str = "auto",
+    steps_per_execution: int = 1,
+    model: Callable[[], keras.Model] | None = None,
+) -> keras.Model:
     """The model of the factory `model` (default: gin's `build_model`,
     `keras_moe.models.model_configurables.build_model`), compiled with its
     `compile_defaults` (T5: the T5 loss).

@@ -75,19 +75,22 @@ class DatasetConfig:
         for name in ("pack", "shuffle"):
             if not isinstance(getattr(self, name), bool):
                 raise TrainingConfigError(
-                    f"DatasetConfig.{name} must be True or False, got {getattr(self, name)!r}.")
+                    f"DatasetConfig.{name} must be True or False, got {getattr(self, name)!r}."
+                )
         if not isinstance(self.task, str) or not self.task:
             raise TrainingConfigError(
                 f"DatasetConfig.task (MIXTURE_OR_TASK_NAME) must be a task or mixture name, "
-                f"got {self.task!r}.")
+                f"got {self.task!r}."
+            )
         return self
 
     def for_process(self, process_index: int, process_count: int) -> DatasetConfig:
         """Fixes this process's input shards and rows of each global batch; returns self."""
         from keras_moe.training.placement import multihost
 
-        self.plan = multihost.input_plan(self.batch_size, self.input_shards, process_index,
-                                         process_count)
+        self.plan = multihost.input_plan(
+            self.batch_size, self.input_shards, process_index, process_count
+        )
         return self
 
     def check_task(self) -> None:
@@ -107,20 +110,27 @@ class DatasetConfig:
 
         if self.plan is None:
             self.for_process(0, 1)
-        return data_lib.make_process_dataset(self.task, self.feature_lengths, split, self.plan,
-                                             pack=self.pack, seed=self.seed, **kwargs)
+        return data_lib.make_process_dataset(
+            self.task,
+            self.feature_lengths,
+            split,
+            self.plan,
+            pack=self.pack,
+            seed=self.seed,
+            **kwargs,
+        )
 
     def train_stream(self, skip_batches: int = 0) -> tf.data.Dataset:
         """This process's training batches, repeated, the first `skip_batches` skipped."""
-        return self._process_dataset("train", shuffle=self.shuffle, repeat=True,
-                                     skip_batches=skip_batches)
+        return self._process_dataset(
+            "train", shuffle=self.shuffle, repeat=True, skip_batches=skip_batches
+        )
 
     def split_pass(self, split: str) -> tf.data.Dataset:
         """This process's batches of `split`, in order, once."""
         return self._process_dataset(split, shuffle=False, repeat=False)
 
-    def summary_batches(self, split: str,
-                        count: int) -> tuple[tf.data.Dataset | None, str | None]:
+    def summary_batches(self, split: str, count: int) -> tuple[tf.data.Dataset | None, str | None]:
         """`(finite dataset, split)` of `count` batches for the start/end loss, the
         validation curve and the expert-load plot: from `split`, or from the
         training stream when that split is missing; `(None, None)` when `count` is 0.

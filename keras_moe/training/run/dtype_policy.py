@@ -33,8 +33,7 @@ def check_dtype_policy(dtype_policy: str, name: str = "train.dtype_policy") -> s
     """  # noqa: E501 - verbatim output lines
     if not isinstance(dtype_policy, str) or dtype_policy not in DTYPE_POLICIES:
         allowed = ", ".join(repr(p) for p in DTYPE_POLICIES)
-        raise TrainingConfigError(
-            f"{name} must be one of {allowed}; got {dtype_policy!r}.")
+        raise TrainingConfigError(f"{name} must be one of {allowed}; got {dtype_policy!r}.")
     return dtype_policy
 
 

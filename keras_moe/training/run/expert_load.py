@@ -54,8 +54,9 @@ def measure_router_pass(model, batches):
         saved[path] = layer.__dict__.get("call")
 
         def call(inputs, mask=None, training=None, _orig=original, _path=path, **kwargs):
-            outputs, stats = _orig(inputs, mask=mask, training=training, return_metrics=True,
-                                   **kwargs)
+            outputs, stats = _orig(
+                inputs, mask=mask, training=training, return_metrics=True, **kwargs
+            )
             load = np.asarray(stats["selection_load"], np.float64)
             sums[_path] = load if sums[_path] is None else sums[_path] + load
             tokens = float(np.asarray(stats["num_tokens"]))
@@ -78,8 +79,10 @@ def measure_router_pass(model, batches):
     for path, total in sums.items():
         if total is not None:
             dropped, tokens = drops[path]
-            out[path] = {"load": total / max(total.sum(), 1e-12),
-                         "dropped_fraction": dropped / tokens if tokens else 0.0}
+            out[path] = {
+                "load": total / max(total.sum(), 1e-12),
+                "dropped_fraction": dropped / tokens if tokens else 0.0,
+            }
     return out
 
 
@@ -110,12 +113,11 @@ def plot_expert_load(loads, path, title="Expert load per MoE layer"):
         load = np.asarray(loads[name])
         experts = np.arange(len(load))
         ax.bar(experts, load, color="tab:blue")
-        ax.axhline(1.0 / len(load), color="tab:red", linestyle="--", linewidth=1,
-                   label="uniform")
+        ax.axhline(1.0 / len(load), color="tab:red", linestyle="--", linewidth=1, label="uniform")
         ax.set_title(f"{name}  (MaxVio {max_violation(load):.2f})", fontsize=9)
         ax.set_ylabel("fraction")
         # Every expert up to 16; beyond, every k-th (32 labels overlap at this width).
-        ax.set_xticks(experts[::max(1, -(-len(load) // 16))])
+        ax.set_xticks(experts[:: max(1, -(-len(load) // 16))])
         ax.set_ylim(0, max(float(load.max()) * 1.15, 2.0 / len(load)))
     if not names:
         axes[0, 0].text(0.5, 0.5, "no MoE layers", ha="center", va="center")
@@ -164,6 +166,8 @@ def write_expert_load(model, data, split, model_dir, step):
         return None
     path = os.path.join(model_dir, "expert_load.png")
     plot_expert_load(loads, path, title=f"Expert load at step {step} ({split})")
-    atomic_write_text(os.path.join(model_dir, "expert_load.json"),
-                      json.dumps({k: [float(x) for x in v] for k, v in loads.items()}, indent=1))
+    atomic_write_text(
+        os.path.join(model_dir, "expert_load.json"),
+        json.dumps({k: [float(x) for x in v] for k, v in loads.items()}, indent=1),
+    )
     return path

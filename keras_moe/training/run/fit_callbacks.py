@@ -54,9 +54,18 @@ class TrainingLogger(keras.callbacks.Callback):
         history_dir: folder of `expert_load_history.json` / `.png` (None: not kept).
     """
 
-    def __init__(self, log_dir, tokens_per_step, log_every=10, total_steps=None,
-                 probe_batch=None, expert_load_every=0, enabled=True, stream=None,
-                 history_dir=None):
+    def __init__(
+        self,
+        log_dir,
+        tokens_per_step,
+        log_every=10,
+        total_steps=None,
+        probe_batch=None,
+        expert_load_every=0,
+        enabled=True,
+        stream=None,
+        history_dir=None,
+    ):
         super().__init__()
         self.log_dir = log_dir
         self.tokens_per_step = int(tokens_per_step)
@@ -136,8 +145,9 @@ class TrainingLogger(keras.callbacks.Callback):
         if self.load_history is None:
             self.load_history = []
             if self.enabled and self.history_dir is not None:
-                self.load_history = load_history.read_history(self.history_dir,
-                                                              up_to_step=self._step0)
+                self.load_history = load_history.read_history(
+                    self.history_dir, up_to_step=self._step0
+                )
 
     def _measure_expert_load(self, step, router):
         """Measures the held batch's load; returns the expert-load scalars."""
@@ -146,15 +156,20 @@ class TrainingLogger(keras.callbacks.Callback):
         for path, m in measured.items():
             for i, value in enumerate(m["load"]):
                 scalars[f"moe/{path}/expert_load/expert_{i}"] = float(value)
-            scalars[f"moe/{path}/expert_load/max_violation"] = \
-                expert_load_lib.max_violation(m["load"])
+            scalars[f"moe/{path}/expert_load/max_violation"] = expert_load_lib.max_violation(
+                m["load"]
+            )
         if measured and self.enabled and self.history_dir is not None:
-            entry = {"step": step,
-                     "load": {p: [float(x) for x in m["load"]] for p, m in measured.items()},
-                     "dropped_fraction": {p: float(m["dropped_fraction"])
-                                          for p, m in measured.items()}}
-            train_drop = {p: router[f"moe/{p}/dropped_fraction"] for p in measured
-                          if f"moe/{p}/dropped_fraction" in router}
+            entry = {
+                "step": step,
+                "load": {p: [float(x) for x in m["load"]] for p, m in measured.items()},
+                "dropped_fraction": {p: float(m["dropped_fraction"]) for p, m in measured.items()},
+            }
+            train_drop = {
+                p: router[f"moe/{p}/dropped_fraction"]
+                for p in measured
+                if f"moe/{p}/dropped_fraction" in router
+            }
             if train_drop:
                 entry["train_dropped_fraction"] = train_drop
             self.load_history = [e for e in self.load_history if e["step"] != step] + [entry]
@@ -168,8 +183,11 @@ class TrainingLogger(keras.callbacks.Callback):
             if not self.history or self.history[-1][0] != step:
                 self.history.append((step, float(logs["loss"])))
         log_step = step % self.log_every == 0 or step == self.total_steps
-        load_step = (self.probe_batch is not None and self.expert_load_every
-                     and step % self.expert_load_every == 0)
+        load_step = (
+            self.probe_batch is not None
+            and self.expert_load_every
+            and step % self.expert_load_every == 0
+        )
         if not log_step and not load_step:
             return
         router = self.router_scalars()
@@ -193,12 +211,15 @@ class TrainingLogger(keras.callbacks.Callback):
             loss = f" loss {scalars['loss']:.4f}" if "loss" in scalars else ""
             table = console.router_table(router, legend=not self._legend_shown)
             self._legend_shown = self._legend_shown or bool(table)
-            print(f"\n[keras_moe] step {step}{total}{loss} lr {scalars['learning_rate']:.3g} "
-                  f"tokens/s {scalars['tokens_per_second']:.0f}" + (f"\n{table}" if table else ""),
-                  file=self.stream, flush=True)
+            print(
+                f"\n[keras_moe] step {step}{total}{loss} lr {scalars['learning_rate']:.3g} "
+                f"tokens/s {scalars['tokens_per_second']:.0f}" + (f"\n{table}" if table else ""),
+                file=self.stream,
+                flush=True,
+            )
 
     def on_epoch_end(self, epoch, logs=None):
-        results = {k[len("val_"):]: v for k, v in (logs or {}).items() if k.startswith("val_")}
+        results = {k[len("val_") :]: v for k, v in (logs or {}).items() if k.startswith("val_")}
         if results:
             self.write_validation(self._step(), results)
 
@@ -233,5 +254,6 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
 
             step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
             self.model.stop_training = True
-            raise NonFiniteLossError(step, loss, self.last_checkpoint()
-                                     if self.last_checkpoint else None)
+            raise NonFiniteLossError(
+                step, loss, self.last_checkpoint() if self.last_checkpoint else None
+            )

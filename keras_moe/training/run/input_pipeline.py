@@ -12,11 +12,13 @@ def check_feature_lengths(feature_lengths):
     if not isinstance(feature_lengths, dict) or set(feature_lengths) != {"inputs", "targets"}:
         raise TrainingConfigError(
             'TASK_FEATURE_LENGTHS must be a dict {"inputs": int, "targets": int}, '
-            f"got {feature_lengths!r}.")
+            f"got {feature_lengths!r}."
+        )
     for key, value in feature_lengths.items():
         if not is_int(value) or value < 1:
             raise TrainingConfigError(
-                f"TASK_FEATURE_LENGTHS[{key!r}] must be a positive integer, got {value!r}.")
+                f"TASK_FEATURE_LENGTHS[{key!r}] must be a positive integer, got {value!r}."
+            )
 
 
 def get_task(name):
@@ -51,8 +53,18 @@ def check_data(name: str) -> None:
         raise TrainingConfigError(f"data of task {name!r} is missing: {e}") from None
 
 
-def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, shuffle=True,
-                 seed=0, repeat=True, skip_batches=0, shard_info=None):
+def make_dataset(
+    task,
+    feature_lengths,
+    split="train",
+    batch_size=8,
+    pack=True,
+    shuffle=True,
+    seed=0,
+    repeat=True,
+    skip_batches=0,
+    shard_info=None,
+):
     """Batched Keras inputs of a seqio task: `(inputs_dict, targets, loss_weights)`.
 
     The stream is deterministic given `seed` and TensorFlow's global seed
@@ -85,9 +97,17 @@ def make_dataset(task, feature_lengths, split="train", batch_size=8, pack=True, 
         raise TrainingConfigError(f"BATCH_SIZE must be a positive integer, got {batch_size!r}.")
     get_task(task)
     try:
-        ds = tasks.get_dataset(task, dict(feature_lengths), split=split, batch_size=batch_size,
-                               shuffle=shuffle, seed=seed, pack=pack,
-                               num_epochs=None if repeat else 1, shard_info=shard_info)
+        ds = tasks.get_dataset(
+            task,
+            dict(feature_lengths),
+            split=split,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            pack=pack,
+            num_epochs=None if repeat else 1,
+            shard_info=shard_info,
+        )
     except tasks.SourceMissingError as e:
         raise TrainingConfigError(f"data of task {task!r} is missing: {e}") from None
     except ValueError as e:
@@ -125,13 +145,22 @@ def make_process_dataset(task, feature_lengths, split, plan, **kwargs):
     indices, num_shards, rows = plan
     if num_shards == 1:
         return make_dataset(task, feature_lengths, split, rows, **kwargs)
-    shards = [make_dataset(task, feature_lengths, split, rows,
-                           shard_info=seqio.ShardInfo(index=i, num_shards=num_shards), **kwargs)
-              for i in indices]
+    shards = [
+        make_dataset(
+            task,
+            feature_lengths,
+            split,
+            rows,
+            shard_info=seqio.ShardInfo(index=i, num_shards=num_shards),
+            **kwargs,
+        )
+        for i in indices
+    ]
     if len(shards) == 1:
         return shards[0]
     return tf.data.Dataset.zip(tuple(shards)).map(
-        lambda *batches: tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *batches))
+        lambda *batches: tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *batches)
+    )
 
 
 def check_not_empty(ds, task, split):
@@ -140,7 +169,8 @@ def check_not_empty(ds, task, split):
         return batch
     raise EmptyDatasetError(
         f"task {task!r} split {split!r} produced no batch of the requested size "
-        "(empty split, or fewer examples than BATCH_SIZE).")
+        "(empty split, or fewer examples than BATCH_SIZE)."
+    )
 
 
 def finite(ds):

@@ -35,16 +35,16 @@ def read_history(model_dir, up_to_step=None):
     with open(path, encoding="utf-8") as f:
         entries = json.load(f)
     if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a JSON list of measurements, got "
-                         f"{type(entries).__name__}")
+        raise ValueError(
+            f"{path}: expected a JSON list of measurements, got {type(entries).__name__}"
+        )
     return [e for e in entries if up_to_step is None or int(e["step"]) <= up_to_step]
 
 
 def write_history(model_dir, entries):
     """Writes `entries` to `expert_load_history.json` and draws `expert_load_history.png`
     in `model_dir` (each file atomically); returns the PNG's path."""
-    ckpt_lib.atomic_write_text(os.path.join(model_dir, JSON_NAME),
-                               json.dumps(entries, indent=1))
+    ckpt_lib.atomic_write_text(os.path.join(model_dir, JSON_NAME), json.dumps(entries, indent=1))
     path = os.path.join(model_dir, PNG_NAME)
     plot_history(entries, path)
     return path
@@ -75,8 +75,7 @@ def history_matrix(entries, layer):
     if not rows:
         return steps, np.zeros((0, 0)), np.zeros((0,))
     load = np.array([e["load"][layer] for e in rows], np.float64).T
-    dropped = np.array([e.get("dropped_fraction", {}).get(layer, np.nan) for e in rows],
-                       np.float64)
+    dropped = np.array([e.get("dropped_fraction", {}).get(layer, np.nan) for e in rows], np.float64)
     return steps, load, dropped
 
 
@@ -122,14 +121,26 @@ def plot_history(entries, path, title="Expert load over training (held batch)"):
 
     names = layers_of(entries)
     n = max(len(names), 1)
-    fig, axes = plt.subplots(2 * n, 1, figsize=(8, 3.6 * n), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 1] * n}, layout="constrained")
+    fig, axes = plt.subplots(
+        2 * n,
+        1,
+        figsize=(8, 3.6 * n),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 1] * n},
+        layout="constrained",
+    )
     for i, name in enumerate(names):
         heat_ax, drop_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
         steps, load, dropped = history_matrix(entries, name)
         edges = cell_edges(steps)
-        mesh = heat_ax.pcolormesh(edges, np.arange(load.shape[0] + 1) - 0.5, load,
-                                  cmap="viridis", vmin=0.0, shading="flat")
+        mesh = heat_ax.pcolormesh(
+            edges,
+            np.arange(load.shape[0] + 1) - 0.5,
+            load,
+            cmap="viridis",
+            vmin=0.0,
+            shading="flat",
+        )
         # One colour bar beside both panels keeps their step axes aligned.
         fig.colorbar(mesh, ax=[heat_ax, drop_ax], label="share of choices", pad=0.01)
         heat_ax.set_title(f"{name}  (uniform share {1.0 / load.shape[0]:.3f})", fontsize=9)
@@ -138,8 +149,11 @@ def plot_history(entries, path, title="Expert load over training (held batch)"):
             heat_ax.set_yticks(np.arange(load.shape[0]))
         heat_ax.set_xlim(edges[0], edges[-1])
         drop_ax.plot(steps, dropped, marker="o", markersize=3, label="held batch (eval)")
-        train = [e.get("train_dropped_fraction", {}).get(name, np.nan) for e in entries
-                 if name in e.get("load", {})]
+        train = [
+            e.get("train_dropped_fraction", {}).get(name, np.nan)
+            for e in entries
+            if name in e.get("load", {})
+        ]
         if not np.all(np.isnan(np.asarray(train, np.float64))):
             drop_ax.plot(steps, train, marker=".", linestyle="--", label="training (epoch mean)")
         drop_ax.set_xlim(edges[0], edges[-1])

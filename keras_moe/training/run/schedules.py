@@ -42,7 +42,8 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
         _check_positive("scale", scale)
         if not is_int(warmup_steps) or warmup_steps < 1:
             raise TrainingConfigError(
-                f"`warmup_steps` must be an integer >= 1, got {warmup_steps!r}.")
+                f"`warmup_steps` must be an integer >= 1, got {warmup_steps!r}."
+            )
         if max_learning_rate is not None:
             _check_positive("max_learning_rate", max_learning_rate)
         self.scale = float(scale)
@@ -64,8 +65,11 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return lr
 
     def get_config(self):
-        return {"scale": self.scale, "warmup_steps": self.warmup_steps,
-                "max_learning_rate": self.max_learning_rate}
+        return {
+            "scale": self.scale,
+            "warmup_steps": self.warmup_steps,
+            "max_learning_rate": self.max_learning_rate,
+        }
 
 
 def _check_positive(name, value):
@@ -73,9 +77,18 @@ def _check_positive(name, value):
         raise TrainingConfigError(f"`{name}` must be a number > 0, got {value!r}.")
 
 
-def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup_steps=10000,
-                   max_learning_rate=None, beta_1=0.9, beta_2=0.999, weight_decay=None,
-                   clipnorm=None, global_clipnorm=None):
+def make_optimizer(
+    name="adafactor",
+    learning_rate=1.0,
+    schedule="rsqrt",
+    warmup_steps=10000,
+    max_learning_rate=None,
+    beta_1=0.9,
+    beta_2=0.999,
+    weight_decay=None,
+    clipnorm=None,
+    global_clipnorm=None,
+):
     """Builds the training optimizer (gin-configurable as `make_optimizer`).
 
     Args:
@@ -102,10 +115,12 @@ def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup
     """
     if name not in OPTIMIZERS:
         raise TrainingConfigError(
-            f"`make_optimizer.name` must be one of {OPTIMIZERS}, got {name!r}.")
+            f"`make_optimizer.name` must be one of {OPTIMIZERS}, got {name!r}."
+        )
     if schedule not in SCHEDULES:
         raise TrainingConfigError(
-            f"`make_optimizer.schedule` must be one of {SCHEDULES}, got {schedule!r}.")
+            f"`make_optimizer.schedule` must be one of {SCHEDULES}, got {schedule!r}."
+        )
     _check_positive("make_optimizer.learning_rate", learning_rate)
     if schedule == "rsqrt":
         lr = InverseSqrtSchedule(learning_rate, warmup_steps, max_learning_rate)
@@ -125,9 +140,13 @@ def make_optimizer(name="adafactor", learning_rate=1.0, schedule="rsqrt", warmup
             common["weight_decay"] = weight_decay
         return keras.optimizers.Adam(learning_rate=lr, beta_1=beta_1, beta_2=beta_2, **common)
     if name == "adamw":
-        return keras.optimizers.AdamW(learning_rate=lr, beta_1=beta_1, beta_2=beta_2,
-                                      weight_decay=0.004 if weight_decay is None else weight_decay,
-                                      **common)
+        return keras.optimizers.AdamW(
+            learning_rate=lr,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            weight_decay=0.004 if weight_decay is None else weight_decay,
+            **common,
+        )
     return keras.optimizers.SGD(learning_rate=lr, **common)
 
 

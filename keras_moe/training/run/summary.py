@@ -20,8 +20,10 @@ class TrainSummary(dict):
 def format_summary(summary: dict) -> str:
     """Human-readable end-of-run summary."""
     lines = ["", "=" * 72, "keras_moe training summary", "=" * 72]
-    lines.append(f"task            {summary['task']}  (strategy {summary['strategy']}, "
-                 f"{summary['replicas']} replica(s))")
+    lines.append(
+        f"task            {summary['task']}  (strategy {summary['strategy']}, "
+        f"{summary['replicas']} replica(s))"
+    )
     resumed = f"  (resumed from {summary['resumed_from']})" if summary["resumed_from"] else ""
     if summary.get("mesh"):
         lines.append(f"device mesh     {summary['mesh']}")
@@ -29,18 +31,24 @@ def format_summary(summary: dict) -> str:
             lines.append(f"  {name}: {tuple(full)} -> {tuple(local)} on one device")
     lines.append(f"steps           {summary['start_step']} -> {summary['end_step']}{resumed}")
     if summary["first_step_loss"] is not None:
-        lines.append(f"train loss      first step {summary['first_step_loss']:.4f}, "
-                     f"last epoch mean {summary['last_epoch_loss']:.4f}")
+        lines.append(
+            f"train loss      first step {summary['first_step_loss']:.4f}, "
+            f"last epoch mean {summary['last_epoch_loss']:.4f}"
+        )
     elif summary["last_epoch_loss"] is not None:
         lines.append(f"train loss      last epoch mean {summary['last_epoch_loss']:.4f}")
     if summary["eval_end"]:
         start = summary["eval_start"]
         before = f"{start['loss']:.4f} -> " if start else ""
-        lines.append(f"{summary['eval_split']} loss{' ' * max(1, 6 - len(summary['eval_split']))}"
-                     f"{before}{summary['eval_end']['loss']:.4f} "
-                     f"(accuracy {summary['eval_end'].get('accuracy', math.nan):.3f})")
-    lines.append(f"time            {summary['train_seconds']:.0f} s training, "
-                 f"{summary['wall_seconds']:.0f} s in total")
+        lines.append(
+            f"{summary['eval_split']} loss{' ' * max(1, 6 - len(summary['eval_split']))}"
+            f"{before}{summary['eval_end']['loss']:.4f} "
+            f"(accuracy {summary['eval_end'].get('accuracy', math.nan):.3f})"
+        )
+    lines.append(
+        f"time            {summary['train_seconds']:.0f} s training, "
+        f"{summary['wall_seconds']:.0f} s in total"
+    )
     lines.append(f"checkpoint      {summary['checkpoint']}")
     lines.append(f"tensorboard     tensorboard --logdir {summary['tensorboard']}")
     lines.append(f"expert load     {summary['expert_load_plot']}")

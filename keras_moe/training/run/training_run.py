@@ -66,7 +66,8 @@ class Run:
             raise TrainingConfigError(
                 f"{self.process_count} JAX processes train one model over a device mesh: "
                 "bind train.placement = @MeshPlacement() (its mesh_shape's product = the "
-                "devices of all processes).")
+                "devices of all processes)."
+            )
         c.dataset.for_process(self.process_index, self.process_count)
         self.model_dir = prepare_model_dir(self.model_dir)
 
@@ -82,13 +83,17 @@ class Run:
         self.placement = c.placement.start(self.process_index)
         self.chief, self.replicas = self.placement.chief, self.placement.replicas
         self.placement.check_batch(c.dataset.batch_size)
-        log(f"{self.placement.describe()}; {self.placement.batch_layout(c.dataset.batch_size)}; "
-            f"dtype policy {c.dtype_policy}")
+        log(
+            f"{self.placement.describe()}; {self.placement.batch_layout(c.dataset.batch_size)}; "
+            f"dtype policy {c.dtype_policy}"
+        )
         shard_ids, num_shards, rows = c.dataset.plan
         if self.process_count > 1 or num_shards > 1:
-            log(f"process {self.process_index} of {self.process_count}: input shards "
+            log(
+                f"process {self.process_index} of {self.process_count}: input shards "
                 f"{shard_ids} of {num_shards}, {rows} rows each, of the global batch "
-                f"{c.dataset.batch_size}")
+                f"{c.dataset.batch_size}"
+            )
         self.expert_load_every = c.expert_load_every
         if self.process_count > 1 and c.expert_load_every:
             # The probe runs on process 0 alone; the sharded model needs all of them.
@@ -113,22 +118,30 @@ class Run:
         self.placement.apply()
         with dtype_policy_scope(c.dtype_policy):  # init_checkpoint's model too (resume)
             with self.placement.scope():
-                self.model = build_compiled_model(c.optimizer, c.jit_compile,
-                                                  c.steps_per_execution, c.model)
+                self.model = build_compiled_model(
+                    c.optimizer, c.jit_compile, c.steps_per_execution, c.model
+                )
                 config = getattr(self.model, "config", None)
                 gin_unread.refuse_unread_model_bindings(
-                    config if isinstance(config, T5Config) else None)
+                    config if isinstance(config, T5Config) else None
+                )
                 set_eval_routing(self.model, c.eval_routing)
                 self.model.optimizer.build(self.model.trainable_variables)
             self.shards = self.placement.shard_report(self.model)
             for name, full, local in self.shards or ():
                 log(f"  {name}: {full} -> {local} on one device")
-            for line in self.placement.exchange_report(self.model, c.dataset.batch_size,
-                                                       c.dataset.feature_lengths):
+            for line in self.placement.exchange_report(
+                self.model, c.dataset.batch_size, c.dataset.feature_lengths
+            ):
                 log(f"  MoE exchange {line}")
             self.manager, self.backup_dir, self.resumed, self.start_step = c.checkpoint.restore(
-                self.model, self.model_dir, c.model, sharded=self.process_count > 1,
-                primary=self.chief, probe=lambda: first_inputs(c.dataset.train_stream()))
+                self.model,
+                self.model_dir,
+                c.model,
+                sharded=self.process_count > 1,
+                primary=self.chief,
+                probe=lambda: first_inputs(c.dataset.train_stream()),
+            )
 
     def read_data(self) -> None:
         """Checks the training split has data; the summary split's batches."""
@@ -137,7 +150,8 @@ class Run:
         data = self.config.dataset
         self.first_batch = data_lib.check_not_empty(data.train_stream(), data.task, "train")
         self.summary_data, self.summary_split = data.summary_batches(
-            self.config.eval_split, self.config.summary_batches)
+            self.config.eval_split, self.config.summary_batches
+        )
 
     def _train_stream(self, skip_batches):
         from keras_moe.training.run import input_pipeline as data_lib
@@ -164,14 +178,18 @@ class Run:
         # its `record_if` condition silences other writers between its own steps.
         tensorboard = self.config.tensorboard and _has_tensorboard()
         if self.config.tensorboard and not tensorboard:
-            log("the tensorboard package is not installed: no TensorBoard logs "
-                "(pip install tensorboard)")
+            log(
+                "the tensorboard package is not installed: no TensorBoard logs "
+                "(pip install tensorboard)"
+            )
         if not tensorboard:
             self.logger.log_dir = None
-        return [cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any save.
-                console.CompactProgbar(),  # Router statistics go to the logger's table instead.
-                self.logger,
-                *self.config.checkpoint.callbacks(manager, self.backup_dir, writes, self.chief)]
+        return [
+            cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any save.
+            console.CompactProgbar(),  # Router statistics go to the logger's table instead.
+            self.logger,
+            *self.config.checkpoint.callbacks(manager, self.backup_dir, writes, self.chief),
+        ]
 
     def fit(self) -> None:
         """Writes the operative config, then `model.fit` with the run's callbacks."""
@@ -181,14 +199,26 @@ class Run:
         # Everything validated: now the model dir gets written.
         if self.chief and c.write_config is not None:
             c.write_config(self.model_dir)
-        self.log_root = (os.path.join(self.model_dir, "logs") if self.chief
-                         else tempfile.mkdtemp(prefix="kmoe-logs-"))
-        probe = (next(iter(self.summary_data))
-                 if self.summary_data is not None and self.expert_load_every else None)
+        self.log_root = (
+            os.path.join(self.model_dir, "logs")
+            if self.chief
+            else tempfile.mkdtemp(prefix="kmoe-logs-")
+        )
+        probe = (
+            next(iter(self.summary_data))
+            if self.summary_data is not None and self.expert_load_every
+            else None
+        )
         self.logger = cb_lib.TrainingLogger(
-            self.log_root, c.dataset.tokens_per_batch, c.log_every, total_steps=c.train_steps,
-            probe_batch=probe, expert_load_every=self.expert_load_every, enabled=self.chief,
-            history_dir=self.model_dir)
+            self.log_root,
+            c.dataset.tokens_per_batch,
+            c.log_every,
+            total_steps=c.train_steps,
+            probe_batch=probe,
+            expert_load_every=self.expert_load_every,
+            enabled=self.chief,
+            history_dir=self.model_dir,
+        )
         callbacks = self._callbacks()
         # Validation curves only from the split they are named after.
         validation_data = self.summary_data if self.summary_split == c.eval_split else None
@@ -208,16 +238,23 @@ class Run:
         start = time.time()
         try:
             for initial_epoch, epochs, spe, first_step in fit_segments(
-                    self.start_step, c.train_steps, c.steps_per_epoch):
-                self.model.fit(self._train_stream(skip + first_step - self.start_step),
-                               initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=spe,
-                               callbacks=callbacks, verbose=verbose,
-                               shuffle=False,  # seqio already shuffles the stream, by seed.
-                               **validation)
+                self.start_step, c.train_steps, c.steps_per_epoch
+            ):
+                self.model.fit(
+                    self._train_stream(skip + first_step - self.start_step),
+                    initial_epoch=initial_epoch,
+                    epochs=epochs,
+                    steps_per_epoch=spe,
+                    callbacks=callbacks,
+                    verbose=verbose,
+                    shuffle=False,  # seqio already shuffles the stream, by seed.
+                    **validation,
+                )
         except KeyboardInterrupt:
             latest = self.manager.latest()
-            raise TrainingInterrupted(int(self.model.optimizer.iterations.numpy()),
-                                      latest["path"] if latest else None) from None
+            raise TrainingInterrupted(
+                int(self.model.optimizer.iterations.numpy()), latest["path"] if latest else None
+            ) from None
         except Exception as e:
             failure = self.placement.peer_failure(e, int(self.model.optimizer.iterations.numpy()))
             if failure is None:
@@ -243,35 +280,47 @@ class Run:
                 log(f"{shared_with}: no expert-load plot (measure it with keras-moe-eval)")
             else:
                 plot_path = expert_load.write_expert_load(
-                    self.model, self.summary_data, self.summary_split, self.model_dir, end_step)
+                    self.model, self.summary_data, self.summary_split, self.model_dir, end_step
+                )
         history = self.logger.history
         history_plot = os.path.join(self.model_dir, load_history.PNG_NAME)
         if not (self.chief and os.path.isfile(history_plot)):
             history_plot = None
         latest = self.manager.latest()
-        summary = TrainSummary({
-            "task": c.dataset.task, "strategy": self.placement.name, "replicas": self.replicas,
-            "dtype_policy": c.dtype_policy,
-            "start_step": self.start_step, "end_step": end_step,
-            "resumed_from": self.resumed["path"] if self.resumed else None,
-            "first_step_loss": history[0][1] if history and self.start_step == 0 else None,
-            "last_epoch_loss": history[-1][1] if history else None,
-            "eval_split": self.summary_split,
-            "eval_start": self.eval_start, "eval_end": eval_end,
-            "train_seconds": self.train_seconds,
-            "wall_seconds": time.time() - self.started_at,
-            "checkpoint": latest["path"] if latest else None,
-            "tensorboard": self.log_root, "expert_load_plot": plot_path,
-            "expert_load_history": history_plot,
-            "operative_config": os.path.join(self.model_dir, "operative_config.gin"),
-            "history": history, "mesh": self.placement.mesh, "processes": self.process_count,
-            "input_shards": c.dataset.plan[1],
-            "shards": ([[n, list(f), list(loc)] for n, f, loc in self.shards]
-                       if self.shards else None),
-        })
+        summary = TrainSummary(
+            {
+                "task": c.dataset.task,
+                "strategy": self.placement.name,
+                "replicas": self.replicas,
+                "dtype_policy": c.dtype_policy,
+                "start_step": self.start_step,
+                "end_step": end_step,
+                "resumed_from": self.resumed["path"] if self.resumed else None,
+                "first_step_loss": history[0][1] if history and self.start_step == 0 else None,
+                "last_epoch_loss": history[-1][1] if history else None,
+                "eval_split": self.summary_split,
+                "eval_start": self.eval_start,
+                "eval_end": eval_end,
+                "train_seconds": self.train_seconds,
+                "wall_seconds": time.time() - self.started_at,
+                "checkpoint": latest["path"] if latest else None,
+                "tensorboard": self.log_root,
+                "expert_load_plot": plot_path,
+                "expert_load_history": history_plot,
+                "operative_config": os.path.join(self.model_dir, "operative_config.gin"),
+                "history": history,
+                "mesh": self.placement.mesh,
+                "processes": self.process_count,
+                "input_shards": c.dataset.plan[1],
+                "shards": (
+                    [[n, list(f), list(loc)] for n, f, loc in self.shards] if self.shards else None
+                ),
+            }
+        )
         if self.chief:
-            ckpt_lib.atomic_write_text(os.path.join(self.model_dir, "summary.json"),
-                                       json.dumps(summary, indent=1))
+            ckpt_lib.atomic_write_text(
+                os.path.join(self.model_dir, "summary.json"), json.dumps(summary, indent=1)
+            )
         summary.model = self.model
         return summary
 
@@ -282,13 +331,16 @@ def set_eval_routing(model: keras.Model, eval_routing: str) -> None:
     from keras_moe.models.routing_mode import EVAL_ROUTINGS
 
     if eval_routing not in EVAL_ROUTINGS:
-        raise TrainingConfigError(f"train.eval_routing must be one of {EVAL_ROUTINGS}, "
-                                  f"got {eval_routing!r}.")
+        raise TrainingConfigError(
+            f"train.eval_routing must be one of {EVAL_ROUTINGS}, got {eval_routing!r}."
+        )
     if hasattr(type(model), "eval_routing"):
         model.eval_routing = eval_routing
     elif eval_routing != "groups":
-        raise TrainingConfigError(f"train.eval_routing={eval_routing!r} needs a keras_moe "
-                                  f"EncoderDecoder; {type(model).__name__} evaluates as it trains.")
+        raise TrainingConfigError(
+            f"train.eval_routing={eval_routing!r} needs a keras_moe "
+            f"EncoderDecoder; {type(model).__name__} evaluates as it trains."
+        )
 
 
 def first_inputs(ds: tf.data.Dataset) -> dict:
@@ -310,8 +362,12 @@ def fit_segments(start: int, total: int, steps_per_epoch: int) -> list[tuple]:
     while step < total:
         n = min(steps_per_epoch - step % steps_per_epoch, total - step)
         epoch = step // steps_per_epoch
-        if calls and n == steps_per_epoch and calls[-1][2] == steps_per_epoch \
-                and calls[-1][1] == epoch:
+        if (
+            calls
+            and n == steps_per_epoch
+            and calls[-1][2] == steps_per_epoch
+            and calls[-1][1] == epoch
+        ):
             first, _, spe, s0 = calls[-1]
             calls[-1] = (first, epoch + 1, spe, s0)
         else:
