@@ -4,14 +4,11 @@ choice of cache directory, or `KERAS_MOE_JAX_CACHE=off`, is kept."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from keras_moe.models import compilation_cache
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.docs.test_readme_snippets import run_python
 
 GENERATE = """
 import json
@@ -31,26 +28,20 @@ print(json.dumps({"tokens": np.asarray(tokens).tolist(), "events": events,
 """
 
 
-def _generate_in_a_new_process(tmp_path, **env):
-    environ = {
-        name: value for name, value in os.environ.items() if name != "JAX_COMPILATION_CACHE_DIR"
-    }
-    environ.update(
-        KERAS_BACKEND="jax",
-        JAX_PLATFORMS="cpu",
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        **env,
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", GENERATE],
-        env=environ,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+def _generate_in_a_new_process(**env):
+    # An empty JAX_COMPILATION_CACHE_DIR: no directory of the user's own.
+    out = run_python(
+        GENERATE,
         timeout=300,
+        env={
+            "KERAS_BACKEND": "jax",
+            "JAX_PLATFORMS": "cpu",
+            "JAX_COMPILATION_CACHE_DIR": "",
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            **env,
+        },
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _files(path):
@@ -60,12 +51,12 @@ def _files(path):
 @pytest.mark.slow
 def test_a_later_process_reads_the_compiled_search_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
-    first = _generate_in_a_new_process(tmp_path, KERAS_MOE_JAX_CACHE=str(cache))
+    first = _generate_in_a_new_process(KERAS_MOE_JAX_CACHE=str(cache))
     assert first["cache_dir"] == str(cache)
     assert "/jax/compilation_cache/cache_hits" not in first["events"]
     written = _files(cache)
     assert written, "the first process wrote no compilation"
-    second = _generate_in_a_new_process(tmp_path, KERAS_MOE_JAX_CACHE=str(cache))
+    second = _generate_in_a_new_process(KERAS_MOE_JAX_CACHE=str(cache))
     assert "/jax/compilation_cache/cache_hits" in second["events"]
     assert second["tokens"] == first["tokens"]
 
