@@ -94,14 +94,19 @@ def measure(generate, args):
     }
 
 
-def keras_worker(args):
+def build_switch_tiny(args):
+    """The measured model, seeded: the TensorFlow processes and the HF export share weights."""
     import keras
 
     from benchmarks.decode_speed import switch_tiny_config
     from keras_moe import models
 
     keras.utils.set_random_seed(0)
-    model = models.build_model(switch_tiny_config(args.vocab_size, args.experts, 8.0))
+    return models.build_model(switch_tiny_config(args.vocab_size, args.experts, 8.0))
+
+
+def keras_worker(args):
+    model = build_switch_tiny(args)
     return measure(
         lambda tokens: model.generate(tokens, max_length=args.new_tokens, eos_id=NO_EOS), args
     )
@@ -133,14 +138,9 @@ def hf_worker(args):
 
 def export_hf(args, path):
     """The keras_moe model's weights as an HF checkpoint (neither side drops a token)."""
-    import keras
+    from keras_moe import convert
 
-    from benchmarks.decode_speed import switch_tiny_config
-    from keras_moe import convert, models
-
-    keras.utils.set_random_seed(0)
-    model = models.build_model(switch_tiny_config(args.vocab_size, args.experts, 8.0))
-    convert.to_hf(model, path, expert_capacity=args.inputs)
+    convert.to_hf(build_switch_tiny(args), path, expert_capacity=args.inputs)
 
 
 def run_process(row, argv, hf_dir, cache_dir):
