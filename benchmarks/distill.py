@@ -33,7 +33,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import quality  # after the environment defaults
+from benchmarks import (  # after the environment defaults
+    quality_args,
+    quality_batches,
+    quality_models,
+    quality_training,
+)
 
 MODELS = ("dense_baseline", "dense_baseline_more_steps", "switch_teacher", "distilled_student")
 
@@ -43,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--task",
         default="docs_prefix_lm",
-        help=f"seqio task; {quality.FALLBACK_TASK} if its data is missing",
+        help=f"seqio task; {quality_args.FALLBACK_TASK} if its data is missing",
     )
     p.add_argument("--inputs", type=int, default=64, help="encoder length")
     p.add_argument(
@@ -87,7 +92,7 @@ def parse_args(argv=None):
             layers=2,
             experts=2,
             seeds=2,
-            task=quality.FALLBACK_TASK,
+            task=quality_args.FALLBACK_TASK,
         )
         args = p.parse_args(argv)
     if args.student_steps is None:
@@ -103,7 +108,7 @@ def parse_args(argv=None):
         p.error(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.temperature <= 0:
         p.error(f"--temperature must be > 0, got {args.temperature}")
-    # What quality.SeqioBatches and quality.learning_rate read.
+    # What quality_batches.SeqioBatches and quality_training.learning_rate read.
     args.schedule, args.warmup_steps = "constant", 0
     return args
 
@@ -160,19 +165,19 @@ def main(argv=None):
     from keras_moe.distill import build_distiller
     from keras_moe.models import build_model, count_params
 
-    command = quality.command_line("distill.py", argv)
-    source = quality.SeqioBatches(args)
+    command = quality_args.command_line("distill.py", argv)
+    source = quality_batches.SeqioBatches(args)
     held_out, held_out_tokens = source.held_out()
     print(f"task {source.task}, held-out set: {held_out_tokens} target tokens", flush=True)
-    dense_config = quality.base_dense_config(args, source.vocab_size)
-    teacher_config = quality.sparse_config(dense_config, "switch", args.experts)
+    dense_config = quality_models.base_dense_config(args, source.vocab_size)
+    teacher_config = quality_models.sparse_config(dense_config, "switch", args.experts)
 
     def optimizer():
-        return keras.optimizers.Adam(quality.learning_rate(args))
+        return keras.optimizers.Adam(quality_training.learning_rate(args))
 
     def fit(model, seed, steps, name):
         # Every model of a seed sees the same batches in the same order from its first step.
-        out = quality.train_with_curve(
+        out = quality_training.train_with_curve(
             model, source.train(seed), held_out, steps, steps, f"{name} (seed {seed})"
         )
         return out["final_neg_log_perplexity"], out["train_seconds"]
@@ -180,7 +185,7 @@ def main(argv=None):
     finals = {name: [] for name in MODELS}
     seconds = {name: 0.0 for name in MODELS}
     params = {}
-    for seed in quality.seed_list(args):
+    for seed in quality_args.seed_list(args):
         keras.utils.set_random_seed(seed)
         dense = build_model(dense_config)
         dense.compile(**dense.compile_defaults(optimizer=optimizer()))

@@ -28,178 +28,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.memory_plan_compile import plan_one  # noqa: E402
+from benchmarks.memory_plan_tables import (  # noqa: E402
+    CHIPS,
+    compare_table,
+    fits,
+    markdown_table,
+    roofline_markdown_table,
+    row_setting,
+    tpu_markdown_table,
+)
+
 # The gin job's expert-parallel run; each model's gin file is bound after it.
 RUN_FILE = "runs/pretrain_c4_mesh.gin"
-# HBM per chip (GiB) of the slices the CPU-device table is checked against.
-CHIPS = {"TPU v4": 32, "TPU v5e": 16}
-
-
-def mesh_for(devices, num_experts):
-    """All devices on the "expert" axis up to the expert count, the rest on "data"."""
-    if isinstance(num_experts, (list, tuple)):  # per sparse layer
-        num_experts = min(num_experts)
-    if not num_experts:  # a dense model: every device on "data"
-        return {"data": devices, "expert": 1, "model": 1}
-    expert = min(devices, num_experts)
-    return {"data": devices // expert, "expert": expert, "model": 1}
-
-
-def plan_one(
-    gin_files,
-    devices=None,
-    batch_size=None,
-    inputs_length=None,
-    targets_length=None,
-    bindings=(),
-    topology=None,
-    dtype_policy=None,
-):
-    """The per-device sizes (bytes) of one compile: `devices` emulated CPU devices
-    (set before jax starts) or the chips of a TPU `topology`; all of them on the
-    "expert" axis up to the expert count (`mesh_for`); the program a TPU would run
-    (dispatch "auto" is einsum) on CPU devices too; the model under `dtype_policy`
-    (default the job's train.dtype_policy)."""
-    from keras_moe.tpu_compile import compile_only
-
-    feature_lengths = None
-    if inputs_length or targets_length:
-        feature_lengths = {"inputs": inputs_length, "targets": targets_length}
-    report = compile_only.compile_train_step(
-        gin_files,
-        bindings,
-        topology=topology,
-        num_cpu_devices=None if topology else devices,
-        mesh_shape=lambda n, config: mesh_for(n, config.num_experts),
-        batch_size=batch_size,
-        feature_lengths=feature_lengths,
-        target_platform="tpu",  # dispatch "auto" as on TPU (einsum), on CPU devices too
-        dtype_policy=dtype_policy,
-    )
-    batch = report["batch"]
-    collectives = report["collectives"] or {}
-    return {
-        "gin_files": report["gin_files"],
-        "devices": report["chips"],
-        "topology": topology,
-        "device_kind": report["device_kind"],
-        "mesh": report["mesh"],
-        "parameters": report["parameters"],
-        "batch": [batch["batch_size"], batch["inputs"], batch["targets"]],
-        "vocab_size": report["vocab_size"],
-        "group_size": report["group_size"],
-        "dispatch": report["dispatch"],
-        "param_dtype": report["param_dtype"],
-        "dtype_policy": report["dtype_policy"],
-        "compute_dtype": report["compute_dtype"],
-        "matmul_dtypes": report["matmul_dtypes"],
-        "param_bytes": report["param_bytes"] + report["non_trainable_bytes"],
-        "optimizer_bytes": report["optimizer_bytes"],
-        "temp_bytes": report["temp_bytes"],
-        "argument_bytes": report["argument_bytes"],
-        "output_bytes": report["output_bytes"],
-        "alias_bytes": report["alias_bytes"],
-        "peak_bytes": report["peak_bytes"],
-        "peak_source": report["peak_source"],
-        "hbm_bytes": report["hbm_bytes"],
-        "compiler_fits": report["fits"],
-        "error": report["error"],
-        "flops_per_chip": report["flops_per_chip"],
-        "all_to_all": collectives.get("all_to_all"),
-        "all_reduce": collectives.get("all_reduce"),
-        "all_gather": collectives.get("all_gather"),
-        "collectives": report["collectives"],
-        "compile_seconds": report["compile_seconds"],
-        "bytes_accessed_per_chip": report.get("bytes_accessed_per_chip"),
-        "collective_bytes_per_chip": report.get("collective_bytes_per_chip"),
-        "model_flops_per_chip": report.get("model_flops_per_chip"),
-        "roofline": report.get("roofline"),
-    }
-
-
-def per_device_total(row):
-    """Parameters + optimizer state + temporaries (the donated state is reused for outputs)."""
-    return row["param_bytes"] + row["optimizer_bytes"] + (row["temp_bytes"] or 0)
-
-
-def fits(row):
-    """{chip: fits in its HBM with 10 % left for the runtime} (CPU-device rows)."""
-    total = per_device_total(row)
-    return {chip: total <= 0.9 * gib * 2**30 for chip, gib in CHIPS.items()}
-
-
-def markdown_table(rows):
-    """The plan as the table in docs/sharding.md (CPU-device rows)."""
-    gib = 2**30
-    lines = [
-        "| model | devices | mesh (data × expert) | parameters | optimizer | temporaries | "
-        "total | all-to-all | fits "
-        + " / ".join(f"{c} ({g} GiB)" for c, g in CHIPS.items())
-        + " |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        fit = " / ".join("yes" if ok else "no" for ok in fits(row).values())
-        mesh = row["mesh"]
-        lines.append(
-            f"| {row['model']} ({row['parameters'] / 1e9:.1f}B) | {row['devices']} | "
-            f"{mesh['data']} × {mesh['expert']} | {row['param_bytes'] / gib:.2f} GiB | "
-            f"{row['optimizer_bytes'] / gib:.2f} GiB | {row['temp_bytes'] / gib:.2f} GiB | "
-            f"{per_device_total(row) / gib:.2f} GiB | {row['all_to_all']} | {fit} |"
-        )
-    return "\n".join(lines)
-
-
-def tpu_markdown_table(rows):
-    """The TPU-compiler plan (--topology rows): the compiler's own sizes and verdict."""
-    gib = 2**30
-
-    def size(value):
-        return "—" if value is None else f"{value / gib:.2f} GiB"
-
-    lines = [
-        "| model | topology (chips) | mesh (data × expert) | parameters | optimizer | "
-        "temporaries | peak | HBM | fits | all-to-all | TFLOP per chip per step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        mesh = row["mesh"]
-        fit = "yes" if row["compiler_fits"] else "no"
-        if row["error"]:
-            # "... required for HLO temporaries (X) exceeds available HBM (Y)"
-            fit = "no (RESOURCE_EXHAUSTED)"
-        flops = "—" if row["flops_per_chip"] is None else f"{row['flops_per_chip'] / 1e12:.1f}"
-        lines.append(
-            f"| {row['model']} ({row['parameters'] / 1e9:.1f}B) | {row['topology']} "
-            f"({row['devices']}) | {mesh['data']} × {mesh['expert']} | "
-            f"{size(row['param_bytes'])} | {size(row['optimizer_bytes'])} | "
-            f"{size(row['temp_bytes'])} | {size(row['peak_bytes'])} | "
-            f"{size(row['hbm_bytes'])} | {fit} | "
-            f"{'—' if row['all_to_all'] is None else row['all_to_all']} | {flops} |"
-        )
-    return "\n".join(lines)
-
-
-def roofline_markdown_table(rows):
-    """Each TPU row's roofline bound (keras_moe.tpu_compile.roofline) and the MFU it allows."""
-    lines = [
-        "| model | topology | TFLOP per chip (compiled / model) | HBM GB per chip | "
-        "ICI MB sent per chip | compute / HBM / ICI ms | bound ms | MFU at bound |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        roof = row.get("roofline")
-        if not roof:
-            continue
-        sent = sum((row.get("collective_bytes_per_chip") or {}).values())
-        lines.append(
-            f"| {row['model']} | {row['topology']} | {row['flops_per_chip'] / 1e12:.2f} / "
-            f"{roof['model_flops_per_chip'] / 1e12:.2f} | "
-            f"{(row['bytes_accessed_per_chip'] or 0) / 1e9:.1f} | {sent / 1e6:.1f} | "
-            f"{roof['compute_seconds'] * 1e3:.1f} / {roof['memory_seconds'] * 1e3:.1f} / "
-            f"{roof['ici_seconds'] * 1e3:.1f} | {roof['bound_seconds'] * 1e3:.1f} "
-            f"({roof['bound_by']}) | {roof['mfu_at_bound']:.0%} |"
-        )
-    return "\n".join(lines)
 
 
 def _child(args):
@@ -369,74 +210,13 @@ def _print_row(row, where):
     )
 
 
-def _setting(row):
-    return (
-        row["model"],
-        row.get("topology"),
-        row["devices"],
-        row["batch"][0],
-        row.get("dtype_policy") or "float32",
-    )
-
-
-def compare_table(tpu_rows, plan_rows, tolerance=0.15):
-    """Markdown: each TPU row's peak beside the plan's total (`per_device_total`) of the
-    CPU-device row with the same model, chip count, batch and dtype policy.
-
-    Example:
-    >>> tpu = [{"model": "m", "topology": "v4:2x2x2", "devices": 8, "batch": [16, 512, 114],
-    ...         "dtype_policy": "mixed_bfloat16", "peak_bytes": 11 * 2 ** 30, "error": None}]
-    >>> plan = [{"model": "m", "topology": None, "devices": 8, "batch": [16, 512, 114],
-    ...          "dtype_policy": "mixed_bfloat16", "param_bytes": 4 * 2 ** 30,
-    ...          "optimizer_bytes": 4 * 2 ** 30, "temp_bytes": 2 * 2 ** 30}]
-    >>> print(compare_table(tpu, plan).splitlines()[-1])
-    | m | v4:2x2x2 (8) | 16 | mixed_bfloat16 | 11.00 GiB | 10.00 GiB | +10.0 % | yes |
-    """
-    gib = 2**30
-    plans = {
-        (r["model"], r["devices"], r["batch"][0], r.get("dtype_policy") or "float32"): r
-        for r in plan_rows
-    }
-    lines = [
-        "| model | topology (chips) | batch | dtype policy | TPU peak | plan total "
-        "(XLA:CPU) | TPU vs plan | within 15 % |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in tpu_rows:
-        model, topology, chips, batch, policy = _setting(row)
-        plan = plans.get((model, chips, batch, policy))
-        planned = per_device_total(plan) if plan else None
-        peak = row.get("peak_bytes")
-        if peak is None or planned is None:
-            why = (
-                "no plan row"
-                if planned is None
-                else "did not fit"
-                if row.get("error")
-                else "compile did not finish"
-            )
-            lines.append(
-                f"| {model} | {topology} ({chips}) | {batch} | {policy} | — | "
-                + ("—" if planned is None else f"{planned / gib:.2f} GiB")
-                + f" | — | no ({why}) |"
-            )
-            continue
-        ratio = peak / planned - 1
-        lines.append(
-            f"| {model} | {topology} ({chips}) | {batch} | {policy} | "
-            f"{peak / gib:.2f} GiB | {planned / gib:.2f} GiB | {100 * ratio:+.1f} % | "
-            f"{'yes' if abs(ratio) <= tolerance else 'no'} |"
-        )
-    return "\n".join(lines)
-
-
 def _merge(output, rows):
     """The rows of results/<output>.json whose setting is not among `rows`, then `rows`."""
     from benchmarks import common
 
     old = (common.read_result(output) or {}).get("rows", [])
-    new = {_setting(r) for r in rows}
-    return [r for r in old if _setting(r) not in new] + rows
+    new = {row_setting(r) for r in rows}
+    return [r for r in old if row_setting(r) not in new] + rows
 
 
 def main(argv=None):

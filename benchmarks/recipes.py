@@ -40,9 +40,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import quality
+from benchmarks import (
+    quality_args,
+    quality_batches,
+    quality_models,
+    quality_stats,
+    quality_training,
+)
 
 # name -> (TopKFeedForward arguments beyond the quarter-width experts, what it is)
 RECIPES = {
@@ -99,12 +106,12 @@ def parse_args(argv=None):
     )
     args = p.parse_args(argv)
     if args.smoke:
-        base = quality.parse_args(["--smoke", "--seeds", "1"])
+        base = quality_args.parse_args(["--smoke", "--seeds", "1"])
         args.experts, args.timing_repeats, args.seeds = 8, 2, 1
         args.steps, args.eval_every = base.steps, base.eval_every
         args.output = "recipes_smoke"
     else:
-        base = quality.parse_args(
+        base = quality_args.parse_args(
             [
                 "--steps",
                 str(args.steps),
@@ -158,12 +165,12 @@ def max_violation(router_stats):
 
 def summarize(name, run, dense, switch8, step_time_ratio):
     """The recipe's row: final value, gains, steps and time to dense's final, MaxVio."""
-    row = quality.compare(run, dense, step_time_ratio)
+    row = quality_stats.compare(run, dense, step_time_ratio)
     if switch8 is not None:
         switch_gain = switch8["final_neg_log_perplexity"] - dense["final_neg_log_perplexity"]
         row.update(
             gain_vs_switch8_gain=row["final_gain_over_dense"] / switch_gain,
-            vs_switch8=quality.difference_with_noise(run, switch8),
+            vs_switch8=quality_stats.difference_with_noise(run, switch8),
         )
     row.update(
         description=RECIPES[name][1],
@@ -188,9 +195,9 @@ def main(argv=None):
     from keras_moe.models import build_model, count_params
 
     baseline = common.read_result(BASELINE_RESULT) if not args.smoke else None
-    source = quality.SeqioBatches(base)
-    seeds = quality.seed_list(base)
-    dense_config = quality.base_dense_config(base, source.vocab_size)
+    source = quality_batches.SeqioBatches(base)
+    seeds = quality_args.seed_list(base)
+    dense_config = quality_models.base_dense_config(base, source.vocab_size)
     configs = {name: recipe_config(dense_config, args, name) for name in args.recipes}
     previous = common.read_result(args.output) if args.reuse else None
     stored_runs = (
@@ -210,7 +217,7 @@ def main(argv=None):
         keras.utils.set_random_seed(seed)
         model = build_model(config)
         model.compile(**model.compile_defaults(optimizer=keras.optimizers.Adam(base.learning_rate)))
-        out = quality.train_with_curve(
+        out = quality_training.train_with_curve(
             model,
             source.train(seed),
             source.held_out()[0],
@@ -233,7 +240,7 @@ def main(argv=None):
             outs = []
             for seed in seeds:  # each seed kept (`--reuse`) as soon as it is trained
                 outs.append(done.get((label, seed)) or train(config, seed, label))
-                trained_references[label] = quality.mean_over_seeds(outs, seeds[: len(outs)])
+                trained_references[label] = quality_stats.mean_over_seeds(outs, seeds[: len(outs)])
                 common.write_result(
                     args.output,
                     {
@@ -248,7 +255,7 @@ def main(argv=None):
 
         dense = reference(dense_config, "dense")
         switch8 = (
-            reference(quality.sparse_config(dense_config, "switch", 4), "switch8")
+            reference(quality_models.sparse_config(dense_config, "switch", 4), "switch8")
             if args.smoke or args.switch8
             else None
         )
@@ -256,7 +263,9 @@ def main(argv=None):
         dense, switch8 = baseline["runs"]["dense"], baseline["runs"]["switch8"]
     timing_configs = {"dense": dense_config, **configs}
     step_times = (
-        quality.interleaved_step_times(timing_configs, source.train(0), args.timing_repeats)
+        quality_training.interleaved_step_times(
+            timing_configs, source.train(0), args.timing_repeats
+        )
         if args.timing_repeats
         else None
     )
@@ -268,7 +277,7 @@ def main(argv=None):
     def save(final=False):
         payload = {
             "benchmark": "recipes",
-            "command": quality.command_line("recipes.py", argv),
+            "command": quality_args.command_line("recipes.py", argv),
             "complete": final,
             "task": source.task,
             "args": vars(args),
@@ -292,7 +301,7 @@ def main(argv=None):
         outs = []
         for seed in seeds:
             outs.append(done.get((name, seed)) or run_one(name, seed))
-            runs[name] = quality.mean_over_seeds(outs, seeds[: len(outs)])
+            runs[name] = quality_stats.mean_over_seeds(outs, seeds[: len(outs)])
             runs[name]["params"] = count_params(configs[name])
             ratio = (
                 None

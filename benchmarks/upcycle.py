@@ -31,9 +31,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import quality
+from benchmarks import (
+    quality_args,
+    quality_batches,
+    quality_models,
+    quality_stats,
+    quality_training,
+)
 
 SCRATCH_RESULT = "recipes_long"
 ARMS = ("dense", "switch8_upcycled", "fg32_top4_upcycled")
@@ -50,14 +57,14 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
     if args.smoke:
-        base = quality.parse_args(["--smoke", "--seeds", "1"])
+        base = quality_args.parse_args(["--smoke", "--seeds", "1"])
         args.dense_steps = args.extra_steps = args.eval_every = base.eval_every
         args.seeds, args.timing_repeats = 1, 2
         from benchmarks import common
 
         common.use_smoke_results()
     else:
-        base = quality.parse_args(
+        base = quality_args.parse_args(
             [
                 "--steps",
                 str(args.dense_steps),
@@ -98,7 +105,7 @@ def arm_configs(dense_config):
     )
     return {
         "dense": (dense_config, None),
-        "switch8_upcycled": (quality.sparse_config(dense_config, "switch", 8), "fresh"),
+        "switch8_upcycled": (quality_models.sparse_config(dense_config, "switch", 8), "fresh"),
         "fg32_top4_upcycled": (fg32, "replicated"),
     }
 
@@ -134,7 +141,7 @@ def scratch_steps(target):
     run = (stored or {}).get("runs", {}).get("fg32_top4")
     if not run:
         return None
-    return quality.steps_to_reach(
+    return quality_stats.steps_to_reach(
         [(p["step"], p["neg_log_perplexity"]) for p in run["curve"]], target
     )
 
@@ -146,12 +153,12 @@ def main(argv=None):
     from benchmarks import common
     from keras_moe.models import build_model, count_params
 
-    source = quality.SeqioBatches(base)
-    seeds = quality.seed_list(base)
-    dense_config = quality.base_dense_config(base, source.vocab_size)
+    source = quality_batches.SeqioBatches(base)
+    seeds = quality_args.seed_list(base)
+    dense_config = quality_models.base_dense_config(base, source.vocab_size)
     configs = arm_configs(dense_config)
     held_out = source.held_out()[0]
-    step_times = quality.interleaved_step_times(
+    step_times = quality_training.interleaved_step_times(
         {name: config for name, (config, _) in configs.items()},
         source.train(0),
         args.timing_repeats,
@@ -159,7 +166,9 @@ def main(argv=None):
     start, phase1, outs = time.time(), [], {arm: [] for arm in ARMS}
 
     def save(final=False):
-        runs = {arm: quality.mean_over_seeds(o, seeds[: len(o)]) for arm, o in outs.items() if o}
+        runs = {
+            arm: quality_stats.mean_over_seeds(o, seeds[: len(o)]) for arm, o in outs.items() if o
+        }
         for arm in runs:
             runs[arm]["params"] = count_params(configs[arm][0])
         rows = {}
@@ -169,7 +178,7 @@ def main(argv=None):
                 if arm == "dense":
                     continue
                 ratio = step_times[arm]["median"] / step_times["dense"]["median"]
-                rows[arm] = quality.compare(run, dense, ratio)
+                rows[arm] = quality_stats.compare(run, dense, ratio)
                 rows[arm]["start_neg_log_perplexity"] = run["curve"][0]["neg_log_perplexity"]
             target = dense["final_neg_log_perplexity"]
             reach = scratch_steps(target)
@@ -184,13 +193,13 @@ def main(argv=None):
             args.output,
             {
                 "benchmark": "upcycle",
-                "command": quality.command_line("upcycle.py", argv),
+                "command": quality_args.command_line("upcycle.py", argv),
                 "complete": final,
                 "task": source.task,
                 "args": vars(args),
                 "seeds": seeds,
                 "held_out_target_tokens": source.held_out()[1],
-                "dense_phase": quality.mean_over_seeds(phase1, seeds[: len(phase1)])
+                "dense_phase": quality_stats.mean_over_seeds(phase1, seeds[: len(phase1)])
                 if phase1
                 else None,
                 "interleaved_step_times": step_times,
@@ -205,7 +214,7 @@ def main(argv=None):
         keras.utils.set_random_seed(seed)
         dense = build_model(dense_config)
         dense.compile(**dense.compile_defaults(optimizer=keras.optimizers.Adam(base.learning_rate)))
-        out = quality.train_with_curve(
+        out = quality_training.train_with_curve(
             dense,
             source.train(seed),
             held_out,
@@ -221,7 +230,7 @@ def main(argv=None):
             for arm, (config, router_init) in configs.items():
                 model = continue_run(config, router_init, checkpoint, seed, base.learning_rate)
                 stream = source.train(seed).skip(args.dense_steps)  # the next batches
-                out = quality.train_with_curve(
+                out = quality_training.train_with_curve(
                     model,
                     stream,
                     held_out,

@@ -17,7 +17,7 @@ def _run(script, output, *extra):
 
 
 def test_steps_to_reach_interpolates():
-    from benchmarks.quality import steps_to_reach
+    from benchmarks.quality_stats import steps_to_reach
 
     curve = [(0, -9.0), (100, -5.0), (200, -3.0)]
     assert steps_to_reach(curve, -4.0) == pytest.approx(150.0)
@@ -27,7 +27,7 @@ def test_steps_to_reach_interpolates():
 
 
 def test_compare_reads_steps_and_wall_time_off_the_curves():
-    from benchmarks.quality import compare, difference_with_noise
+    from benchmarks.quality_stats import compare, difference_with_noise
 
     dense = {
         "curve": [
@@ -77,8 +77,15 @@ def test_compare_reads_steps_and_wall_time_off_the_curves():
     assert d["noise_std"] == pytest.approx(0.031623, abs=1e-6) and d["resolved"] is True
 
 
+def test_help_describes_quality_py_with_its_docstring_first_line():
+    from benchmarks import quality, quality_args
+
+    assert quality_args.DESCRIPTION == quality.__doc__.splitlines()[0]
+
+
 def test_cosine_schedule_warms_up_to_the_peak_and_ends_at_a_tenth():
-    from benchmarks.quality import learning_rate, parse_args
+    from benchmarks.quality_args import parse_args
+    from benchmarks.quality_training import learning_rate
 
     schedule = learning_rate(
         parse_args(
@@ -104,7 +111,7 @@ def test_cosine_schedule_warms_up_to_the_peak_and_ends_at_a_tenth():
 
 
 def test_mean_over_seeds_averages_curves_and_reports_the_spread():
-    from benchmarks.quality import mean_over_seeds
+    from benchmarks.quality_stats import mean_over_seeds
 
     def record(values, step_time):
         return {
@@ -286,12 +293,12 @@ def test_reuse_trains_only_the_models_a_result_lacks(monkeypatch):
     import json
     import os
 
-    from benchmarks import common, quality
+    from benchmarks import common, quality, quality_args
 
     monkeypatch.setattr(common, "RESULTS_DIR", common.SMOKE_DIR)  # where --smoke writes
     output = "smoke_reuse"
     base = ["--smoke", "--seeds", "1", "--timing_repeats", "0", "--no_plot", "--output", output]
-    stored_args = vars(quality.parse_args(base + ["--experts", "2"]))
+    stored_args = vars(quality_args.parse_args(base + ["--experts", "2"]))
     curve = [
         {"step": 0, "seconds": 0.0, "neg_log_perplexity": -9.0, "accuracy": 0.0, "loss": 9.0},
         {"step": 4, "seconds": 1.0, "neg_log_perplexity": -8.0, "accuracy": 0.1, "loss": 8.0},
