@@ -1,10 +1,9 @@
 """Test configuration: quiet TensorFlow/absl logs, TensorFlow backend unless told otherwise."""
 
 import functools
-import inspect
 import logging
 import os
-import re
+import sys
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -24,6 +23,8 @@ import tensorflow as tf
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+from keras_moe.training.run import training_run  # noqa: E402  (after the devices)
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 logging.getLogger("tensorflow").setLevel(logging.ERROR)
@@ -54,61 +55,66 @@ def _reset_keras_state():
     keras.mixed_precision.set_global_policy("float32")
 
 
-# What makes a test end to end (marked `e2e`, left out of `scripts/test.sh --fast`):
-# a `slow` or `jax` mark, a shared long-lived subprocess (`xdist_group`), or a
-# call in its body or its fixtures that starts a process or trains a whole job.
-_E2E_MARKS = ("slow", "jax", "xdist_group")
-_E2E_CALLS = re.compile(
-    r"subprocess\.|\brun_cli(?:_here)?\(|\bcli_args\(|\btrain_in_process\(|"
-    r"\brun_smoke\(|\bexec_here\(|(?:gin|train)_configurables\.train\(|"
-    r"\b_run\(|\b_train\(|\bexport_for_serving\("
+# End-to-end tests (left out of `scripts/test.sh --fast`) say so: `e2e` on a test that
+# starts a process, trains a whole job or exports a SavedModel; `slow`, `jax` and
+# `xdist_group` (one long-lived subprocess per group) imply it.
+END_TO_END_MARKS = ("e2e", "slow", "jax", "xdist_group")
+# The audit events (PEP 578) by which Python starts another process.
+_PROCESS_EVENTS = frozenset(
+    {"subprocess.Popen", "os.system", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec"}
+    | {"os.spawn", "pty.spawn"}
 )
-
-
-@functools.lru_cache(maxsize=None)
-def _starts_a_job(function, depth=3):
-    """Whether `function`, or a function of this project it calls (`depth` calls
-    down), starts a process or trains a whole job (by its source)."""
-    try:
-        if _E2E_CALLS.search(inspect.getsource(function)):
-            return True
-    except (OSError, TypeError):
-        return False
-    if not depth:
-        return False
-    names = function.__code__.co_names
-    found = []
-    for name in names:
-        value = function.__globals__.get(name)
-        if inspect.ismodule(value):  # helpers.run_script: the module's functions it names
-            found += [getattr(value, attr) for attr in names if hasattr(value, attr)]
-        else:
-            found.append(value)
-    return any(
-        inspect.isfunction(f)
-        and f is not function
-        and f.__module__.startswith("tests")
-        and _starts_a_job(f, depth - 1)
-        for f in found
-    )
+_unmarked_test = None  # the running test's id while it carries no end-to-end mark
 
 
 def _is_end_to_end(item):
-    if any(item.get_closest_marker(name) for name in _E2E_MARKS):
-        return True
-    functions = [getattr(item, "function", None)]
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in info.name2fixturedefs.values() if info else ():
-        functions += [d.func for d in defs if d.baseid]  # this project's fixtures only
-    return any(f is not None and _starts_a_job(f) for f in functions)
+    return any(item.get_closest_marker(name) for name in END_TO_END_MARKS)
+
+
+def _refuse_unmarked(what):
+    pytest.fail(
+        f"{_unmarked_test} {what} but is not marked end to end: decorate it with "
+        "@pytest.mark.e2e (or set `pytestmark = pytest.mark.e2e` in its module), "
+        "so that `scripts/test.sh --fast` leaves it out",
+        pytrace=False,
+    )
+
+
+def _refuse_processes_of_unmarked_tests(event, args):
+    if _unmarked_test is not None and event in _PROCESS_EVENTS:
+        _refuse_unmarked(f"starts a process ({event})")
+
+
+sys.addaudithook(_refuse_processes_of_unmarked_tests)
+
+
+@pytest.fixture(autouse=True)
+def _refuse_end_to_end_work_in_unmarked_tests(request, monkeypatch):
+    """A test without an end-to-end mark fails where it starts a process or trains a
+    whole job, naming the mark it lacks."""
+    global _unmarked_test
+    if _is_end_to_end(request.node):
+        yield
+        return
+
+    @functools.wraps(training_run.Run.fit)
+    def refuse_training(*args, **kwargs):
+        _refuse_unmarked("trains a whole job (Run.fit)")
+
+    monkeypatch.setattr(training_run.Run, "fit", refuse_training)
+    _unmarked_test = request.node.nodeid
+    try:
+        yield
+    finally:
+        _unmarked_test = None
 
 
 def pytest_collection_modifyitems(items):
-    """Marks the end-to-end tests `e2e`. Tests marked `slow` run first, then those
-    of an `xdist_group` (one long subprocess each), then the other end-to-end ones,
-    so that pytest-xdist workers are not left waiting on one long test at the end
-    (an unmarked end-to-end test that started last kept one worker busy 42 s
-    after the other had finished)."""
+    """Marks the tests that `slow`, `jax` or `xdist_group` make end to end `e2e` too.
+    Tests marked `slow` run first, then those of an `xdist_group` (one long
+    subprocess each), then the other end-to-end ones, so that pytest-xdist workers
+    are not left waiting on one long test at the end (an unmarked end-to-end test
+    that started last kept one worker busy 42 s after the other had finished)."""
     for item in items:
         if _is_end_to_end(item):
             item.add_marker(pytest.mark.e2e)

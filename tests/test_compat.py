@@ -7,6 +7,7 @@ import threading
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import gin
@@ -183,6 +184,7 @@ def test_layers_made_without_backend_state_leave_nothing_to_initialise():
     assert int(compat.seed_generators(kept)[0].state.numpy()[0]) == 1
 
 
+@pytest.mark.e2e
 def test_a_model_config_with_a_sparse_ffn_leaves_tensorflow_unstarted():
     # Multi-worker training sets up TensorFlow's runtime after parsing gin (which
     # validates the sparse FFN by making one): it must not have started yet.

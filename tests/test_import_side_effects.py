@@ -5,6 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# Each test here starts a process.
+pytestmark = pytest.mark.e2e
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBE = """

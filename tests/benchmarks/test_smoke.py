@@ -76,6 +76,7 @@ def test_layer_speed_reports_on_a_fake_clock(monkeypatch):
     assert {r["t_dense_s"] for r in rows} == {1.0} and {r["tokens"] for r in rows} == {128}
 
 
+@pytest.mark.e2e
 def test_layer_speed_smoke():
     """Run as the docstring shows, in a process of its own and without --output: the
     result goes to results/smoke/."""
@@ -241,6 +242,7 @@ def test_decode_speed_smoke():
     assert all(_positive_seconds(r["median_s"]) for r in case["results"].values())
 
 
+@pytest.mark.e2e
 def test_memory_plan_smoke():
     """Shapes only: splitting the experts over twice the devices halves their share.
 
@@ -261,6 +263,7 @@ def test_memory_plan_smoke():
         assert row["all_to_all"] > 0, row
 
 
+@pytest.mark.e2e
 def test_layer_profile_runs_and_splits_its_stages_on_a_fake_clock(monkeypatch):
     """At the --smoke size every stage is built and compiled; on timings we choose each
     share is the difference of two stages, worked out by hand, and the dense base counts
@@ -311,6 +314,7 @@ def test_layer_profile_runs_and_splits_its_stages_on_a_fake_clock(monkeypatch):
         assert row["experts_vs_cf_dense"] == pytest.approx(1.0 / cf)
 
 
+@pytest.mark.e2e
 def test_grouped_matmul_speed_smoke():
     data = _run("grouped_matmul_speed.py", "smoke_grouped_matmul_speed")
     assert data["benchmark"] == "grouped_matmul_speed"

@@ -141,6 +141,7 @@ def test_sequence_loss_trains_under_fit(rng):
     assert not np.allclose(layer.router.kernel.numpy(), before)
 
 
+@pytest.mark.e2e
 def test_balance_losses_on_a_jax_mesh():
     # The batch split over 4 x 2 devices: groups stay on their shard, the losses do not.
     run_jax_checks("balance_jax_checks.py", ["mesh_sequence", "mesh_global"])

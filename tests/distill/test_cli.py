@@ -113,6 +113,7 @@ def test_distill_cli_trains_resumes_and_keeps_teacher(tmp_path, teacher_dir, dis
     keras.backend.clear_session()
 
 
+@pytest.mark.e2e
 def test_missing_teacher_checkpoint_is_a_config_error(tmp_path):
     refused = _distill(str(tmp_path / "d"), str(tmp_path / "nowhere"), 2)
     assert refused.returncode == 2 and "teacher_checkpoint" in refused.stderr, refused.stderr

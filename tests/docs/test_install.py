@@ -71,6 +71,7 @@ def test_the_readme_states_the_oldest_python_admitted():
     assert set(stated) == {oldest_python(_python_requires())}
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_parse_gin_by_name_after_a_non_editable_install(tmp_path):
     """The wheel of a fresh checkout holds the gin files (gin/ enters it as
@@ -212,6 +213,7 @@ def _install(tmp_path, extras="test", fail_on=""):
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
+@pytest.mark.e2e
 def test_install_says_what_it_installs_and_hides_only_t5s_known_resolver_lines(tmp_path):
     """A newcomer sees a line per stage (the first takes minutes), not pip's resolver
     ERROR about the t5 dependencies install.sh leaves out on purpose; anything else
@@ -227,6 +229,7 @@ def test_install_says_what_it_installs_and_hides_only_t5s_known_resolver_lines(t
     assert "t5==0.9.4" in calls[-1] and "--no-deps" in calls[-1], calls
 
 
+@pytest.mark.e2e
 def test_install_stops_when_pip_fails(tmp_path):
     done, _ = _install(tmp_path, extras="", fail_on="t5==0.9.4")
     assert done.returncode == 1

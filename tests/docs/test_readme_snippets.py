@@ -80,6 +80,7 @@ def test_the_blocks_this_file_runs_are_the_ones_in_the_docs():
     assert "`docs/hf_checkpoints.md`" in open(README, encoding="utf-8").read()
 
 
+@pytest.mark.e2e
 def test_readme_deepseek_v3_router():
     block = code_blocks(README, "python")[1]
     out = exec_here(
@@ -95,6 +96,7 @@ def test_readme_deepseek_v3_router():
     assert "shape (2, 16, 32) moved 0.001" in out, out
 
 
+@pytest.mark.e2e
 def test_readme_layer_quick_start():
     block = code_blocks(README, "python")[0]
     out = exec_here(
@@ -311,12 +313,14 @@ def test_sharding_doc_rules_are_the_librarys():
     assert namespace["DEFAULT_RULES"] == layouts.DEFAULT_RULES
 
 
+@pytest.mark.e2e
 def test_sharding_doc_jax_example():
     block = code_blocks(SHARDING, "python")[1]
     out = run_python(block, timeout=300, env={"JAX_PLATFORMS": "cpu"})
     assert out.strip().splitlines()[-1] == "(2, 32, 64)", out
 
 
+@pytest.mark.e2e
 def test_serving_doc_exports_and_loads_the_search():
     block = code_blocks(SERVING, "python")[0]
     # The SavedModel pads its inputs to max_input_length: compare with generate()

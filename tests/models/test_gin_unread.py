@@ -104,6 +104,7 @@ def test_bindings_that_another_command_or_a_later_call_reads_are_kept():
     assert parse_gin([], ["SwitchFeedForward.num_experts = 4"]) is None
 
 
+@pytest.mark.e2e
 def test_a_training_run_refuses_a_binding_its_model_did_not_read(tmp_path):
     """Gin parsed without the check (raw gin in a notebook, or bindings added after
     `parse_gin`): the run refuses the binding once its model is built, before it

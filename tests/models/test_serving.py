@@ -62,6 +62,7 @@ def _padded(ids):
     return out
 
 
+@pytest.mark.e2e
 def test_the_saved_model_runs_without_keras_moe_and_matches_generate(exported):
     model, vocabulary, path = exported
     width = max(len(s) for s in IDS)
@@ -95,6 +96,7 @@ def test_the_saved_model_runs_without_keras_moe_and_matches_generate(exported):
     assert any(served["texts"])  # the comparison is not between empty strings
 
 
+@pytest.mark.e2e
 def test_saved_model_cli_runs_the_token_signature(exported, tmp_path):
     # saved_model_cli loads every op of the graph and has no tensorflow_text
     # SentencePiece ops, so it runs a SavedModel exported without a vocabulary.
@@ -132,6 +134,7 @@ def test_saved_model_cli_runs_the_token_signature(exported, tmp_path):
     np.testing.assert_array_equal(got[0, : len(expected)], expected)
 
 
+@pytest.mark.e2e
 def test_export_rejects_bad_arguments(tmp_path):
     model = EncoderDecoder(tiny_switch_config())
     with pytest.raises(ValueError, match="`max_input_length`"):
@@ -176,6 +179,7 @@ def _serve(signature, ids):
     return out["output_tokens"].numpy(), out["scores"].numpy()
 
 
+@pytest.mark.e2e
 def test_overlong_inputs_are_cut_keeping_their_eos(crowded):
     """As seqio's append_eos_after_trim: the first MAX_INPUT - 1 tokens, then EOS."""
     model, signature = crowded
@@ -187,6 +191,7 @@ def test_overlong_inputs_are_cut_keeping_their_eos(crowded):
     np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
 
 
+@pytest.mark.e2e
 def test_co_batched_requests_do_not_change_each_other(crowded):
     _, signature = crowded
     requests = _padded([[5, 6, 7, 8, 9, 1], [900, 31, 402, 77, 1], [12, 13, 14, 1]])
@@ -226,6 +231,7 @@ def test_export_of_a_never_called_model_names_the_ways_out(tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_export_ranks_beams_with_the_chosen_length_normalizer(tmp_path):
     import tensorflow as tf
 

@@ -73,6 +73,7 @@ def test_gin_file_binding_an_unregistered_callable_is_rejected(tmp_path):
     gin.clear_config()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "binding,message",
     [
@@ -208,6 +209,7 @@ def _mains():
     }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", sorted(_mains()))
 def test_every_command_refuses_a_gin_syntax_error_in_one_line(command, tmp_path):
     from tests.training.helpers import run_cli_here

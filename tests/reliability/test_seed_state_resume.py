@@ -136,6 +136,7 @@ def _in_jax(tmp_path):
     return tuple(json.loads(lines[-1][len("RESULT ") :]))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.jax)])
 def test_a_checkpoint_at_batch_end_holds_the_states_of_that_step(tmp_path, backend):
     # JAX's fit keeps the state outside the variables between steps.

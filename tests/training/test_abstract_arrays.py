@@ -9,7 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.training.helpers import REPO
+
+# Each test here starts a process.
+pytestmark = pytest.mark.e2e
 
 CHECKS = r"""
 import doctest

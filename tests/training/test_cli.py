@@ -11,6 +11,7 @@ import pytest
 from tests.training.helpers import lines_in_background, wait_for_line
 
 
+@pytest.mark.e2e
 def test_line_wait_fails_at_its_deadline_on_a_silent_process():
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True
@@ -66,6 +67,7 @@ def test_cli_error_message_for_bad_model_dir(tmp_path, capsys):
     assert a_file.read_text() == "keep me"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "interrupt, expected",
     [
@@ -104,6 +106,7 @@ def _interrupted(step, checkpoint):
     return TrainingInterrupted(step, checkpoint)
 
 
+@pytest.mark.e2e
 def test_ctrl_c_inside_the_gin_configured_job_is_one_line_on_its_own_line(
     tmp_path, capsys, monkeypatch
 ):

@@ -316,6 +316,7 @@ def test_a_batch_the_mesh_cannot_split_is_refused_in_one_line(refusals):
         assert f"= {devices} devices" in errors[0] and "fits" not in stderr, errors[0]
 
 
+@pytest.mark.e2e
 def test_mesh_product_must_equal_chip_count(libtpu):
     # Without the environment: the CLI sets KERAS_BACKEND=jax etc. itself (re-runs).
     env = {k: "" for k in ENV}

@@ -160,6 +160,7 @@ def test_activation_all_gathers_are_told_from_weight_gathers_by_shape():
     assert "[4, 512, 64] (enc/router)" in text
 
 
+@pytest.mark.e2e
 def test_a_slice_libtpu_cannot_lay_out_is_refused_in_one_line():
     env = {
         "KERAS_BACKEND": "jax",
@@ -182,6 +183,7 @@ def test_a_slice_libtpu_cannot_lay_out_is_refused_in_one_line():
 TPU_CHATTER = ("TPU", "libtpu", "unexpected worker hostname", "InitGoogle")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("jax_platforms", [None, "cpu"])
 def test_a_cpu_jax_run_prints_nothing_about_tpus(jax_platforms):
     import importlib.util

@@ -12,6 +12,7 @@ from tests.training.helpers import REPO
 APT = "apt-get update && apt-get install -y python3.11-doc perl-doc"
 
 
+@pytest.mark.e2e
 def test_missing_debian_docs_stop_the_command_in_one_line_before_the_model(tmp_path):
     """The command as a user types it, on a machine without the Debian docs (an
     empty folder stands for `/`): exit 2, one error line naming the apt command,

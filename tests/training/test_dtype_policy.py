@@ -80,6 +80,7 @@ def test_the_default_is_float32_bound_on_train():
     assert gin.query_parameter("train.dtype_policy") == "float32"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", ["fp16", "mixed_float16", 16])
 def test_a_bad_policy_fails_before_anything_is_written(tmp_path, value):
     from keras_moe.training.errors import TrainingConfigError

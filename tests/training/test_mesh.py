@@ -171,6 +171,7 @@ def test_a_batch_that_does_not_split_over_the_mesh_is_refused_at_start_up(tmp_pa
     assert not os.path.exists(model_dir / "checkpoints")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "bindings,message",
     [

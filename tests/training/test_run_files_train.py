@@ -87,6 +87,7 @@ def test_every_run_file_is_trained_by_a_test():
         assert os.path.isfile(os.path.join(REPO, test_file)), (name, test_file)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(STANDALONE))
 def test_a_standalone_run_file_trains(tmp_path, name):
     files, bindings = STANDALONE[name]

@@ -8,6 +8,9 @@ import pytest
 
 from tests.training.helpers import REPO
 
+# Each test here starts a process.
+pytestmark = pytest.mark.e2e
+
 
 def _run(script, *args):
     return subprocess.run(

@@ -254,6 +254,7 @@ def test_mirrored_fit_trains_on_the_first_pass_of_a_reshuffling_dataset(two_cpu_
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_empty_dataset_and_unknown_task_fail_before_writing(tmp_path):
     import seqio
     import tensorflow as tf

@@ -43,6 +43,7 @@ def _run(args):
     )
 
 
+@pytest.mark.e2e
 def test_the_readme_upcycles_a_dense_run_by_one_command_and_continues_at_its_step(tmp_path):
     block = code_blocks(README, "bash")[3]
     dense_command, upcycle_command = (
