@@ -238,7 +238,7 @@ def _refuse_model_decided_bindings():
     """A binding of an argument the model sets on its MoE layers itself (`causal`,
     `dtype`, ...) would be recorded as applied and then dropped: refused by name."""
     from keras_moe import compat
-    from keras_moe.models.sparse_ffn import MODEL_DECIDED, model_decided_error
+    from keras_moe.models.model_decided import MODEL_DECIDED, model_decided_error
 
     layers = {
         f"keras_moe.{name}"

@@ -7,13 +7,14 @@ from typing import Any, Literal
 import keras
 from keras import ops
 
-from keras_moe import compat, local_groups, router_losses
+from keras_moe import compat, router_losses
 from keras_moe import dispatch as dispatch_lib
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.experts import FeedForwardExperts
 from keras_moe.routing_scope import routing_each_sequence
 from keras_moe.tensor_types import Shape, Tensor
+from keras_moe.token_groups import from_groups, grouping_for, to_groups
 from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
 
 GROUPINGS = ("batch", "sequence")
@@ -267,86 +268,6 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             return ops.take(ops.convert_to_tensor(table, "int32"), counts)
         return self.capacity(counts, training)
 
-    def _grouping(self, x, independent_routing):
-        """The grouping used for input `x`: "batch", "sequence", an int N, or
-        ("chunks", N): each sequence cut into groups of N."""
-        length = x.shape[1]
-        if length == 1:
-            return "sequence"  # cached decoding: each token alone, never over capacity
-        if not independent_routing or self.group_size == "sequence":
-            return self.group_size
-        if self.group_size == "batch" or (length is not None and length <= self.group_size):
-            return "sequence"
-        return ("chunks", self.group_size)
-
-    def _to_groups(self, x, token_mask, grouping):
-        """[B, L, d] -> [G, S, d] and its mask; returns the padding added."""
-        d_model = x.shape[-1]
-        if grouping in ("sequence", "batch") and x.shape[1] is None:
-            raise ValueError(
-                "MoeLayer needs a static sequence length to compute expert capacity; "
-                "give the input a fixed length or set `group_size` to an integer."
-            )
-        if grouping == "sequence":
-            return x, token_mask, 0
-        if grouping == "batch" or is_int(grouping):
-            axes, shards = local_groups.batch_shards(x)
-            if shards > 1:  # a mesh splits the batch: no group spans two of its shards
-                return local_groups.to_local_groups(
-                    x, token_mask, grouping, shards, axes, self.pad_to_group_size
-                )
-        if isinstance(grouping, tuple):  # each sequence cut into groups of N
-            size = grouping[1]
-            if x.shape[1] is None:
-                raise ValueError(
-                    "independent_routing with an integer `group_size` needs a static "
-                    "sequence length."
-                )
-            pad = -x.shape[1] % size
-            x = ops.pad(x, ((0, 0), (0, pad), (0, 0)))
-            token_mask = ops.pad(token_mask, ((0, 0), (0, pad)))
-            return (ops.reshape(x, (-1, size, d_model)), ops.reshape(token_mask, (-1, size)), pad)
-        if grouping == "batch":
-            tokens = ops.transpose(x, (1, 0, 2))  # position-major
-            mask = ops.transpose(token_mask, (1, 0))
-            return (ops.reshape(tokens, (1, -1, d_model)), ops.reshape(mask, (1, -1)), 0)
-        tokens = ops.reshape(x, (-1, d_model))
-        mask = ops.reshape(token_mask, (-1,))
-        num_tokens = tokens.shape[0]
-        pad = 0
-        if num_tokens is not None and num_tokens % grouping:
-            if not self.pad_to_group_size:
-                raise ValueError(
-                    f"`group_size`={grouping} does not divide the {num_tokens} tokens "
-                    "of this batch; change `group_size` or set `pad_to_group_size=True`."
-                )
-            pad = grouping - num_tokens % grouping
-            tokens = ops.pad(tokens, ((0, pad), (0, 0)))
-            mask = ops.pad(mask, ((0, pad),))
-        groups = ops.reshape(tokens, (-1, grouping, d_model))
-        return groups, ops.reshape(mask, (-1, grouping)), pad
-
-    def _from_groups(self, outputs, inputs, grouping, pad):
-        """Inverse of `_to_groups` for the layer's outputs."""
-        input_shape = ops.shape(inputs)
-        d_model = outputs.shape[-1]  # any per-token width: outputs, or per-expert values
-        if grouping == "batch" or is_int(grouping):
-            axes, shards = local_groups.batch_shards(inputs)
-            if shards > 1:
-                return local_groups.from_local_groups(outputs, inputs, grouping, pad, shards, axes)
-        # No -1 in these shapes: it cannot be inferred for 0 sequences or 0 positions.
-        if grouping == "batch":
-            outputs = ops.reshape(outputs, (inputs.shape[1], input_shape[0], d_model))
-            return ops.transpose(outputs, (1, 0, 2))
-        if isinstance(grouping, tuple):
-            outputs = ops.reshape(outputs, (input_shape[0], inputs.shape[1] + pad, d_model))
-            return outputs[:, : inputs.shape[1]]
-        if grouping != "sequence":
-            outputs = ops.reshape(outputs, (-1, d_model))
-            if pad:
-                outputs = outputs[:-pad]
-        return ops.reshape(outputs, (input_shape[0], input_shape[1], d_model))
-
     def call(
         self,
         inputs: Tensor,
@@ -379,8 +300,8 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             token_mask = ops.ones(input_shape[:-1], "float32")
         else:
             token_mask = ops.cast(mask, "float32")
-        grouping = self._grouping(inputs, independent_routing)
-        groups, group_mask, pad = self._to_groups(inputs, token_mask, grouping)
+        grouping = grouping_for(inputs, self.group_size, independent_routing)
+        groups, group_mask, pad = to_groups(inputs, token_mask, grouping, self.pad_to_group_size)
         group_size = groups.shape[1]
         if group_size is None:  # "batch" groups of a batch of unknown size
             group_size = ops.shape(groups)[1]
@@ -407,7 +328,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if kept is not routing.kept:  # the dispatcher dropped some: the metrics count them
             routing = routing._replace(kept=kept)
 
-        outputs = self._from_groups(outputs, inputs, grouping, pad)
+        outputs = from_groups(outputs, inputs, grouping, pad)
         outputs = ops.cast(outputs, self.compute_dtype)
         if self.shared_experts is not None:  # padding keeps its output of 0
             shared = self.shared_experts(inputs, training=training)
@@ -434,7 +355,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         if self.balance_loss == "global":
             return router_losses.global_balance_loss(routing.router_probs, counts, group_mask)
         per_token = ops.concatenate([routing.router_probs, counts], axis=-1)
-        per_token = self._from_groups(per_token, inputs, grouping, pad)  # [B, L, 2E]
+        per_token = from_groups(per_token, inputs, grouping, pad)  # [B, L, 2E]
         return router_losses.sequence_balance_loss(
             per_token[..., : self.num_experts], per_token[..., self.num_experts :], token_mask
         )

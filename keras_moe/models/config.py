@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any, List, Optional, Sequence
 
 from keras_moe.feedforward_mixin import ACTIVATIONS
+from keras_moe.models import flat_moe_fields
 from keras_moe.models import sparse_ffn as sparse_ffn_lib
 from keras_moe.validation import check_int, is_int, is_number
 
@@ -305,7 +306,7 @@ def _has_sparse_layers(values):
 def upgrade_flat_moe_fields(values):
     """`T5Config` fields with the flat MoE fields of a config from before the
     sparse-FFN spec (`moe_type`, `num_experts`, `aux_loss_factor`, ...; see
-    `sparse_ffn.FLAT_FIELDS`) replaced by the `sparse_ffn` spec they made.
+    `flat_moe_fields.FLAT_FIELDS`) replaced by the `sparse_ffn` spec they made.
 
     A model without sparse layers gets no spec, whatever MoE fields it carries
     (a dense config then could hold `moe_type="switch"` with `num_experts=0`).
@@ -331,7 +332,7 @@ def upgrade_flat_moe_fields(values):
     {'sparse_ffn': None}
     """
     values = dict(values)
-    flat = [name for name in sparse_ffn_lib.FLAT_FIELDS if name in values]
+    flat = [name for name in flat_moe_fields.FLAT_FIELDS if name in values]
     if not flat:
         return values
     given = [
@@ -346,7 +347,7 @@ def upgrade_flat_moe_fields(values):
             "spec only."
         )
     if _has_sparse_layers(values):
-        values["sparse_ffn"] = sparse_ffn_lib.spec_from_flat_fields(values)
+        values["sparse_ffn"] = flat_moe_fields.spec_from_flat_fields(values)
     else:
         for name in flat:
             del values[name]

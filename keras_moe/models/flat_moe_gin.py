@@ -25,11 +25,11 @@ keras_moe.gin_errors.GinConfigError: `T5Config.num_experts` is no longer a field
 
 from keras_moe import compat
 from keras_moe.models import config as config_lib
-from keras_moe.models import sparse_ffn as sparse_ffn_lib
+from keras_moe.models import flat_moe_fields
 
 # The sparse FFN layer's argument that each flat field became.
 LAYER_ARGUMENTS = {
-    **{name: name for name in sparse_ffn_lib.FLAT_FIELDS if name != "moe_type"},
+    **{name: name for name in flat_moe_fields.FLAT_FIELDS if name != "moe_type"},
     "expert_d_ff": "d_ff",
     "expert_activation": "activation",
 }
@@ -56,7 +56,7 @@ class FlatFieldBindings:
         self.found = {}  # scope -> {field: parsed value}
 
     def intercept(self, scope, selector, name, value):
-        if selector.rsplit(".", 1)[-1] != "T5Config" or name not in sparse_ffn_lib.FLAT_FIELDS:
+        if selector.rsplit(".", 1)[-1] != "T5Config" or name not in flat_moe_fields.FLAT_FIELDS:
             return False
         self.found.setdefault(scope, {})[name] = value
         return True

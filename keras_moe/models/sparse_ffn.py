@@ -46,76 +46,9 @@ import keras
 from keras_moe import compat
 from keras_moe.feedforward_mixin import ACTIVATIONS
 from keras_moe.models import sparse_ffn_checks
+from keras_moe.models.model_decided import MODEL_DECIDED, _refuse_given, _refuse_set_on
 from keras_moe.moe import MoeLayer
 from keras_moe.validation import is_int
-
-# Set by the model for each layer, never taken from the spec; given for a model's
-# sparse FFN they are refused, saying who decides.
-MODEL_DECIDED = {
-    "name": "the model names each layer after its place (encoder_layer_1/ffn)",
-    "dtype": "the layers follow the model's dtype policy (train.dtype_policy; the router "
-    "keeps float32 by its own router_dtype)",
-    "trainable": "freeze layers of the built model instead (layer.trainable = False)",
-    "causal": "the decoder's MoE layers are causal and the encoder's are not",
-    "track_metrics": "bind T5Config.track_router_metrics instead",
-    "metrics_prefix": "each layer's metrics are named after its place "
-    "(encoder_layer_1/ffn/dropped_fraction)",
-    "return_metrics": "the model reads the statistics through its metrics",
-}
-
-
-def model_decided_error(name: str, where: str) -> str:
-    """The message refusing the model-decided argument `name` given by `where`."""
-    return (
-        f"{where}: `{name}` of a model's MoE layers is set by the model, not by its "
-        f"sparse FFN: {MODEL_DECIDED[name]}. Remove it."
-    )
-
-
-def _refuse_given(kwargs, where):
-    for name in MODEL_DECIDED:
-        if name in kwargs:
-            raise TypeError(model_decided_error(name, where))
-
-
-def _refuse_set_on(layer):
-    """A template layer (or a factory's) with a model-decided argument away from its
-    default: the model would drop it silently."""
-    given = [
-        name
-        for name, differs in (
-            ("trainable", layer.trainable is not True),
-            ("causal", layer.causal),
-            ("metrics_prefix", layer.metrics_prefix is not None),
-            ("return_metrics", layer.return_metrics),
-            ("dtype", layer.dtype_policy.name != keras.config.dtype_policy().name),
-        )
-        if differs
-    ]
-    if given:
-        raise TypeError(model_decided_error(given[0], f"`sparse_ffn` {type(layer).__name__}"))
-
-
-# T5Config's MoE fields before the spec, and their defaults then: old
-# checkpoints' configs hold these (see `spec_from_flat_fields`).
-FLAT_FIELDS = dict(
-    moe_type=None,
-    num_experts=0,
-    expert_d_ff=None,
-    expert_activation=None,
-    train_capacity_factor=1.25,
-    eval_capacity_factor=2.0,
-    min_expert_capacity=4,
-    group_size="batch",
-    jitter_noise=0.0,
-    expert_dropout_rate=0.0,
-    router_init_scale=None,
-    aux_loss_factor=1e-2,
-    z_loss_factor=1e-3,
-    dispatch="auto",
-    router_bias=False,
-    router_dtype="float32",
-)
 
 _MISSING = object()
 SpecValue = Union[Dict[str, Any], MoeLayer, Callable[..., MoeLayer], type]
@@ -455,50 +388,6 @@ def make_layer(
     return SparseFfnSpec.from_dict(spec).make_layer(
         name, causal=causal, track_metrics=track_metrics, metrics_prefix=metrics_prefix
     )
-
-
-def spec_from_flat_fields(values: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The spec of a config saved with the old flat MoE fields (which are removed
-    from `values`), or None for a dense one. Reads the fields; builds no layer.
-
-    Args:
-        values: a `T5Config.to_dict()` of a checkpoint from before the spec.
-    """
-    flat = {name: values.pop(name, default) for name, default in FLAT_FIELDS.items()}
-    if flat["moe_type"] is None:
-        return None
-    class_name = {
-        "switch": "keras_moe>SwitchFeedForward",
-        "gshard": "keras_moe>GShardFeedForward",
-    }.get(flat["moe_type"])
-    if class_name is None:
-        raise ValueError(
-            f"`moe_type` must be None, 'switch' or 'gshard', got {flat['moe_type']!r}."
-        )
-    config = dict(
-        num_experts=flat["num_experts"],
-        d_ff=flat["expert_d_ff"] or values.get("d_ff", 2048),
-        activation=flat["expert_activation"] or values.get("activation", "gated-gelu"),
-        init_scale=values.get("init_scale", 1.0),
-        **{
-            name: flat[name]
-            for name in (
-                "train_capacity_factor",
-                "eval_capacity_factor",
-                "min_expert_capacity",
-                "group_size",
-                "jitter_noise",
-                "expert_dropout_rate",
-                "router_init_scale",
-                "aux_loss_factor",
-                "z_loss_factor",
-                "dispatch",
-                "router_bias",
-                "router_dtype",
-            )
-        },
-    )
-    return {"class_name": class_name, "config": config}
 
 
 def count_sparse_ffn_params(spec: Dict[str, Any], d_model: int) -> int:

@@ -86,7 +86,7 @@ def _cpu_device_count(args):
     if args.num_cpu_devices:
         return args.num_cpu_devices
     from keras_moe import gin_config
-    from keras_moe.tpu_compile import compile_only
+    from keras_moe.tpu_compile import compile_job
 
     gin_config.parse_gin(
         args.gin_file,
@@ -94,7 +94,7 @@ def _cpu_device_count(args):
         allowed_imports=args.gin_allow_import,
         check_required=False,
     )
-    shape = compile_only._job_mesh(compile_only.job_config())[0]
+    shape = compile_job._job_mesh(compile_job.job_config())[0]
     count = 1
     for size in (shape or {}).values():
         count *= int(size)

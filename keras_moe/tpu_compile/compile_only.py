@@ -24,16 +24,22 @@ TPU_SKIP_MDS_QUERY / TPU_WORKER_HOSTNAMES so libtpu does not look for a TPU VM's
 metadata server.
 """
 
-import os
 import re
 import tempfile
 import time
 
-from keras_moe.dispatch import resolve_dispatch
 from keras_moe.tpu_compile import compile_memory, compile_progress, hlo_collectives, roofline
 from keras_moe.tpu_compile.abstract_step import abstract_batch as _abstract_batch
 from keras_moe.tpu_compile.abstract_step import abstract_model as _abstract_model
 from keras_moe.tpu_compile.abstract_step import abstract_state as _abstract_state
+from keras_moe.tpu_compile.compile_job import (
+    _job_batch,
+    _job_dtype_policy,
+    _job_mesh,
+    _job_summary,
+    _parse_job,
+    job_config,
+)
 from keras_moe.tpu_compile.compile_report import format_exchange_choices, format_report  # noqa: F401
 from keras_moe.tpu_compile.tpu_topology import (  # noqa: F401  (this module's API before the split)
     GENERATIONS,
@@ -77,26 +83,6 @@ def cpu_devices(num):
     return devices[:num]
 
 
-def job_config():
-    """The job's `TrainConfig` (`train_configurables.job_config`): its dataset,
-    placement and dtype policy; gin's errors become `CompileOnlyError`."""
-    from keras_moe.training import train_configurables
-
-    try:
-        return train_configurables.job_config()
-    except (ValueError, TypeError, RuntimeError) as e:
-        raise CompileOnlyError(f"the gin job's train settings: {e}") from None
-
-
-def _job_mesh(config):
-    """`(mesh shape, logical axis rules)` of the job's placement; `(None, None)` without a mesh."""
-    from keras_moe.training.placement import MeshPlacement
-
-    if isinstance(config.placement, MeshPlacement):
-        return config.placement.mesh_shape, config.placement.logical_axis_rules
-    return None, None
-
-
 def _count_collectives(hlo):
     return {name.replace("-", "_"): hlo.count(f" {name}(") for name in COLLECTIVES}
 
@@ -121,19 +107,6 @@ def matmul_dtypes(hlo):
     return dict(sorted(counts.items()))
 
 
-def _job_dtype_policy(dtype_policy, job):
-    """`dtype_policy`, else the job's `train.dtype_policy` (float32 when unbound), checked."""
-    from keras_moe.training.errors import TrainingConfigError
-    from keras_moe.training.run.dtype_policy import check_dtype_policy
-
-    if dtype_policy is None:
-        dtype_policy = job.dtype_policy
-    try:
-        return check_dtype_policy(dtype_policy)
-    except TrainingConfigError as e:
-        raise CompileOnlyError(str(e)) from None
-
-
 def _cost(compiled):
     try:
         cost = compiled.cost_analysis()
@@ -142,22 +115,6 @@ def _cost(compiled):
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
     return dict(cost or {})
-
-
-def _dispatch_binding(config, target_platform):
-    """The binding that makes the model dispatch as `target_platform` would, or None."""
-    mode = config.sparse_option("dispatch")
-    if target_platform != "tpu":
-        return None
-    # "dropless" compiles as written: under the TPU mesh grouped_matmul runs
-    # the megablox kernel (keras_moe.grouped_matmul).
-    # keras_moe.dispatch.get_dispatcher: "auto" is einsum on TPU. On this host
-    # "auto" would see the CPU and pick gather, so the TPU program is pinned.
-    if mode != "auto":
-        return None
-    # Bound on the specs' layer classes, by name (e.g. `SwitchFeedForward`).
-    names = sorted({spec["class_name"].split(">")[-1] for spec in config.used_sparse_ffn_specs()})
-    return "\n".join(f'{name}.dispatch = "einsum"' for name in names)
 
 
 def compile_train_step(
@@ -308,41 +265,6 @@ def _where(topology, devices):
     return f"{len(devices)} chips of {topology} with the TPU compiler"
 
 
-def _parse_job(gin_files, bindings, allowed_imports, target_platform):
-    """`(files, bindings, T5Config)` of the gin job, its dispatch as `target_platform` picks it."""
-    from keras_moe import gin_config
-
-    files = [gin_files] if isinstance(gin_files, (str, os.PathLike)) else list(gin_files)
-    bindings = [bindings] if isinstance(bindings, str) else list(bindings or ())
-    config = gin_config.parse_gin(
-        files, bindings, allowed_imports=allowed_imports, check_required=False
-    )
-    if config is None:
-        raise CompileOnlyError(f"the gin files {files} bind no model (build_model.config).")
-    extra = _dispatch_binding(config, target_platform)
-    if extra:
-        bindings = bindings + [extra]
-        config = gin_config.parse_gin(
-            files, bindings, allowed_imports=allowed_imports, check_required=False
-        )
-    return files, bindings, config
-
-
-def _job_batch(batch_size, feature_lengths, job):
-    """`batch_size` and `feature_lengths`, else the job's; raises when neither gives them."""
-    dataset = job.dataset
-    if batch_size is None and dataset is not None:
-        batch_size = dataset.batch_size
-    if feature_lengths is None and dataset is not None:
-        feature_lengths = dataset.feature_lengths
-    if not batch_size or not feature_lengths:
-        raise CompileOnlyError(
-            "the gin job binds no BATCH_SIZE / TASK_FEATURE_LENGTHS: "
-            "bind them or pass batch_size= and feature_lengths=."
-        )
-    return batch_size, feature_lengths
-
-
 def _num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh):
     """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of `job_mesh`, else 1."""
     import numpy as np
@@ -389,26 +311,6 @@ def _configure_mesh(config, devices, mesh_shape, rules):
         return sharding.configure_mesh(mesh_shape, rules, devices=devices, num_experts=num_experts)
     except ValueError as e:
         raise CompileOnlyError(f"mesh_shape={dict(mesh_shape)!r}: {e}") from None
-
-
-def _job_summary(config, devices, distribution, batch_size, feature_lengths, target_platform):
-    """The report's entries on the devices, the mesh, the batch and the model's MoE settings."""
-    device_mesh = distribution.device_mesh
-    mesh = dict(zip(device_mesh.axis_names, device_mesh.shape, strict=False))
-    batch = {"batch_size": int(batch_size), **{k: int(v) for k, v in dict(feature_lengths).items()}}
-    return {
-        "chips": len(devices),
-        "device_kind": devices[0].device_kind,
-        "mesh": mesh,
-        "batch": batch,
-        "dispatch": resolve_dispatch(config.sparse_option("dispatch"), target_platform),
-        "num_experts": config.num_experts,
-        "vocab_size": config.vocab_size,
-        "group_size": config.sparse_option("group_size"),
-        "sparse_ffn_classes": sorted(
-            {spec["class_name"].split(">")[-1] for spec in config.used_sparse_ffn_specs()}
-        ),
-    }
 
 
 def _fits(report, hbm):
