@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle between its modules, no module over 450 lines.
+"""The package's shape: no import cycle between its modules, no module (nor benchmark) over
+450 lines.
 
 Imports are read from the source (ast), not executed. A module-level import
 runs when its module is imported; one inside a function runs when the function
@@ -200,3 +201,26 @@ def test_no_import_cycle_through_imports_inside_functions():
     graph = import_graph(deferred=True)
     cycles = [one_cycle(graph, group) for group in cyclic_groups(graph)]
     assert not cycles, "import cycles through imports inside functions:\n" + "\n".join(cycles)
+
+
+def files_over_the_line_limit(paths, limit=MAX_LINES):
+    """{path relative to the repository: lines} of the files longer than `limit` lines."""
+    out = {}
+    for path in paths:
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            out[str(path.relative_to(ROOT))] = lines
+    return out
+
+
+def test_the_line_count_reads_every_line():
+    short, long = ROOT / "setup.cfg", ROOT / "README.md"
+    lines = len(long.read_text(encoding="utf-8").splitlines())
+    assert files_over_the_line_limit([short, long], limit=lines - 1) == {"README.md": lines}
+    assert files_over_the_line_limit([short, long], limit=lines) == {}
+
+
+def test_no_module_or_benchmark_exceeds_the_line_limit():
+    paths = list(package_modules().values()) + sorted((ROOT / "benchmarks").glob("*.py"))
+    too_long = files_over_the_line_limit(paths)
+    assert not too_long, f"files over {MAX_LINES} lines (split them by concern): {too_long}"
