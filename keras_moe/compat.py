@@ -40,6 +40,9 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import keras
+from keras.src.backend.common import global_state, name_scope
+
 if TYPE_CHECKING:
     import keras
 
@@ -105,8 +108,6 @@ def without_backend_state() -> Iterator[None]:
     tensor is created, so TensorFlow's runtime is not started (a runtime that
     has started can no longer be set up for multi-worker collectives).
     Only for throwaway layers, such as one made to validate arguments."""
-    import keras
-    from keras.src.backend.common import global_state
 
     before = list(global_state.get_global_attribute("uninitialized_variables", []))
     try:
@@ -118,7 +119,6 @@ def without_backend_state() -> Iterator[None]:
 
 def current_layer_path() -> str:
     """The name-scope path of the Keras layer being called ("" outside any layer)."""
-    from keras.src.backend.common import name_scope
 
     return name_scope.current_path()
 

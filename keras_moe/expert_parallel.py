@@ -47,9 +47,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import keras
 
+from keras_moe import compat
 from keras_moe.experts import FeedForwardExperts
 from keras_moe.feedforward_mixin import Activation
+from keras_moe.moe import MoeLayer
 from keras_moe.replica_context import replica_context
+from keras_moe.routing import SwitchRouter, default_router_initializer
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
@@ -150,7 +153,6 @@ class ExpertParallelExperts(FeedForwardExperts):
             out = tf.slice(out, [0, offset, 0, 0], [-1, groups, -1, -1])
             out.set_shape(inputs.shape)
             return out
-        from keras_moe import compat
 
         tpu_ops = compat.tf_tpu_ops()
 
@@ -202,8 +204,6 @@ def expert_parallel_switch(
     >>> tuple(layer(np.ones((2, 4, 16), "float32")).shape)
     (2, 4, 16)
     """
-    from keras_moe.moe import MoeLayer
-    from keras_moe.routing import SwitchRouter, default_router_initializer
 
     router = SwitchRouter(
         num_experts,

@@ -17,6 +17,7 @@ import tokenize
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from keras_moe import compat, gin_unread
 from keras_moe.gin_errors import GinConfigError, describe_syntax_error
 
 if TYPE_CHECKING:
@@ -136,7 +137,6 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
     ['json.decoder']
     >>> shutil.rmtree(folder)
     """
-    from keras_moe import compat
 
     allowed = tuple(DEFAULT_GIN_IMPORTS) + tuple(m.strip() for m in extra if m.strip())
 
@@ -237,8 +237,11 @@ def _refuse_unknown_keywords():
 def _refuse_model_decided_bindings():
     """A binding of an argument the model sets on its MoE layers itself (`causal`,
     `dtype`, ...) would be recorded as applied and then dropped: refused by name."""
-    from keras_moe import compat
-    from keras_moe.models.model_decided import MODEL_DECIDED, model_decided_error
+    # keras_moe.models' __init__ imports this module: its modules load when called.
+    from keras_moe.models.model_decided import (  # noqa: PLC0415
+        MODEL_DECIDED,
+        model_decided_error,
+    )
 
     layers = {
         f"keras_moe.{name}"
@@ -265,7 +268,6 @@ def _retired_macro_error(name, where):
 def _refuse_unread_retired_macros(paths):
     # Checked once everything is parsed: a later file or binding may read a macro
     # that an earlier file defines.
-    from keras_moe import compat
 
     retired = sorted(set(RETIRED_MACROS) & _macros() - compat.gin_macro_references())
     if retired:
@@ -273,8 +275,6 @@ def _refuse_unread_retired_macros(paths):
 
 
 def _macros():
-    from keras_moe import compat
-
     return compat.gin_macro_names()
 
 
@@ -323,8 +323,6 @@ def unbound_required_macros() -> list[str]:
             and value.selector == "gin.constant"
             and value.scoped_configurable_fn() is gin.REQUIRED
         )
-
-    from keras_moe import compat
 
     return sorted(name for name in _macros() if is_required(compat.gin_macro_value(name)))
 
@@ -400,8 +398,7 @@ def parse_gin(
     """
     import gin
     import keras_moe.models.model_configurables  # noqa: F401  (T5Config, build_model)
-    from keras_moe import compat
-    from keras_moe.models import flat_moe_gin
+    from keras_moe.models import flat_moe_gin  # noqa: PLC0415  (models imports this module)
 
     files = _as_list(
         files, "files", "a gin file name or path (str or os.PathLike), or a list of them"
@@ -441,7 +438,5 @@ def parse_gin(
         gin.finalize()
     config = _configured_model()
     if check_unread and config is not None:
-        from keras_moe import gin_unread
-
         gin_unread.refuse_unread_model_bindings(config)
     return config

@@ -20,6 +20,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from keras_moe import compat
+from keras_moe.gin_errors import GinConfigError
 
 if TYPE_CHECKING:
     from keras_moe.models.config import T5Config
@@ -108,7 +109,6 @@ def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     >>> gin.clear_config()
     """
 
-    from keras_moe.gin_errors import GinConfigError
     from keras_moe.models.model_configurables import MODEL_SELECTORS
 
     unread = unread_bindings(MODEL_SELECTORS)

@@ -50,9 +50,10 @@ from __future__ import annotations
 from typing import Any, Literal, NamedTuple
 
 import keras
+import numpy as np
 from keras import ops
 
-from keras_moe import sharding
+from keras_moe import compat, sharding
 from keras_moe.grouped_matmul_looped import _looped_grouped_matmul, loop_rows
 from keras_moe.tensor_types import Tensor
 
@@ -149,8 +150,6 @@ def split_rows(x: Tensor, group_sizes: Tensor, num_groups: int) -> tuple[list[Te
     the number of rows past `sum(group_sizes)`; `join_rows` puts outputs back."""
     import tensorflow as tf
 
-    from keras_moe import compat
-
     if compat.tf_in_xla_context():
         raise ValueError(
             "dispatch='dropless' gives each expert as many tokens as were routed to it, "
@@ -199,7 +198,6 @@ def cpu_kernel(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> str:
     >>> cpu_kernel(1024, (64, 128, 64), "float32"), cpu_kernel(8192, (8, 512, 2048), "float32")
     ('tiled', 'looped')
     """
-    import numpy as np
 
     num_groups, k, n = (int(d) for d in w_shape)
     tiles = -(-int(num_rows) // tile_rows(num_rows, num_groups)) + num_groups

@@ -35,8 +35,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import keras
 import keras as _keras
 
+from keras_moe import compat
 from keras_moe.tensor_types import Shape
 
 LOGICAL_AXES = ("batch", "length", "expert", "embed", "mlp", "heads", "kv", "vocab")
@@ -267,8 +269,6 @@ def _mesh_shape(device_mesh):
 
 
 def _make_layout(spec, device_mesh):
-    import keras
-
     if all(s is None or isinstance(s, str) for s in spec):
         return keras.distribution.TensorLayout(spec, device_mesh)
     return MultiAxisLayout(spec, device_mesh)
@@ -377,8 +377,6 @@ class LogicalModelParallel(_keras.distribution.ModelParallel):
         return tensor_layout(axes, self.device_mesh, self._layout_map.rules, data_shape)
 
     def get_variable_layout(self, variable: _keras.Variable) -> _keras.distribution.TensorLayout:
-        from keras_moe import compat
-
         if compat.variable_layout(variable) is not None:
             return compat.variable_layout(variable)
         layout = self._layout_map.layout_for(variable.path, variable.shape)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 from keras import ops
+from keras.src.backend import get_stateless_scope
 
-from keras_moe import router_losses
+from keras_moe import compat, router_losses
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
@@ -188,7 +189,6 @@ def update_router_trackers(model: keras.Model) -> None:
     Args:
         model: a Keras model whose MoE layers were claimed by `claim_router_metrics`.
     """
-    from keras_moe import compat
 
     for layer in compat.sublayers(model):
         stats = getattr(layer, "_pending_router_stats", None)
@@ -203,7 +203,6 @@ def update_router_trackers(model: keras.Model) -> None:
 def claim_router_metrics(model: keras.Model) -> None:
     """Marks `model`'s MoE layers so that they hold their statistics for the model
     instead of updating their trackers inside `call`."""
-    from keras_moe import compat
 
     for layer in compat.sublayers(model):
         if getattr(layer, "_trackers", None):
@@ -293,8 +292,6 @@ def track_layer_stats(
         hold_router_stats(layer, stats)
         return
     if keras.backend.backend() != "tensorflow":
-        from keras.src.backend import get_stateless_scope
-
         scope = get_stateless_scope()
         if scope is not None:  # a trace whose variable updates the layer cannot keep
             if warn and scope.collect_losses and layer not in _JAX_WARNED:

@@ -37,8 +37,9 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import keras
+import numpy as np
 
-from keras_moe import layouts
+from keras_moe import compat, layouts
 from keras_moe.layouts import DEFAULT_RULES, MESH_AXES, LogicalAxes, MeshSpec, Rules
 from keras_moe.layouts import LOGICAL_AXES as LOGICAL_AXES  # re-exported
 from keras_moe.tensor_types import Shape, Tensor
@@ -71,8 +72,6 @@ def accelerator_platform() -> Literal["tpu", "gpu", "cpu"]:
         return jax.devices()[0].platform
     if backend == "tensorflow":
         import tensorflow as tf
-
-        from keras_moe import compat
 
         # Listing logical devices starts TensorFlow's runtime, after which it can
         # no longer be set up for multi-worker collectives or split into logical
@@ -255,7 +254,6 @@ def configure_tpu_spmd(
         device_ids: logical core ids in mesh order (default `range(size)`).
     """
     global _TF_SPMD
-    import numpy as np
 
     shape, rules = validate_mesh(mesh_shape, rules)
     if keras.backend.backend() != "tensorflow":
@@ -271,10 +269,6 @@ def configure_tpu_spmd(
 
 
 def _tf_mesh_split(x, spec):
-    import numpy as np
-
-    from keras_moe import compat
-
     xla_sharding = compat.tf_xla_sharding()
 
     device_mesh, names = _TF_SPMD

@@ -197,7 +197,7 @@ def import_keras_quietly() -> None:
     it is already imported."""
     if "keras" not in sys.modules:
         with filtered_stderr():
-            import keras  # noqa: F401
+            import keras  # noqa: F401, PLC0415  (its import-time output is filtered here)
 
 
 def quiet_startup() -> None:

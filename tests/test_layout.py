@@ -73,6 +73,8 @@ def imported_modules(name, path, modules, deferred):
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
+            if is_type_checking_block(child):  # read by type checkers only, never run
+                continue
             inside = in_function or isinstance(
                 child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
             )
@@ -95,7 +97,28 @@ def imported_modules(name, path, modules, deferred):
             target = target.rpartition(".")[0]
         if target and target != name:
             out.add(target)
+    if not deferred:
+        out |= {package for target in out for package in enclosing_packages(target, name)}
     return out
+
+
+def enclosing_packages(target, importer):
+    """The packages whose __init__ importing `target` runs first, unless `importer` is
+    inside them already: `keras_moe.models.x` from `keras_moe.gin_config` runs
+    `keras_moe.models` (the package root runs before any of its modules)."""
+    parts = target.split(".")
+    packages = [".".join(parts[:i]) for i in range(2, len(parts))]
+    return {p for p in packages if not (importer + ".").startswith(p + ".")}
+
+
+def is_type_checking_block(node):
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def import_graph(deferred=False):
@@ -168,12 +191,19 @@ def test_imports_are_read_at_module_level_and_in_functions_separately(tmp_path):
     source = (
         "import os\nfrom pkg import b\nfrom ..sub import c\nfrom pkg.sub.c import Name\n"
         "def f():\n    from pkg import a\n"
+        "if TYPE_CHECKING:\n    from pkg import e\n"
     )
     path = tmp_path / "pkg" / "sub" / "d.py"
     path.write_text(source)
     modules = package_modules(tmp_path, "pkg")
     assert "pkg.sub.d" in modules and "pkg.sub" in modules
     assert imported_modules("pkg.sub.d", path, modules, False) == {"pkg.b", "pkg.sub.c"}
+    # From outside pkg.sub, importing pkg.sub.c runs pkg.sub's __init__ first.
+    (tmp_path / "pkg" / "e.py").write_text("from pkg.sub.c import Name\n")
+    assert imported_modules("pkg.e", tmp_path / "pkg" / "e.py", modules, False) == {
+        "pkg.sub.c",
+        "pkg.sub",
+    }
     assert imported_modules("pkg.sub.d", path, modules, True) == {"pkg.a"}
 
 

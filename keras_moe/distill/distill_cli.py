@@ -17,12 +17,13 @@ import json
 import os
 import sys
 
+from keras_moe.training import trainer
+from keras_moe.training.checkpoint import atomic_write_text
 from keras_moe.training.train_cli import run_cli
 
 
 def save_student(distiller, model_dir):
     """Writes `student.weights.h5` and `student_config.json` to `model_dir`; returns the path."""
-    from keras_moe.training.checkpoint import atomic_write_text
 
     path = os.path.join(model_dir, "student.weights.h5")
     tmp = os.path.join(model_dir, f".tmp-{os.getpid()}-student.weights.h5")
@@ -43,7 +44,7 @@ def _with_distill_gin(files):
 
 def _distill(args):
     from keras_moe.distill.distill_configurables import build_distiller
-    from keras_moe.training import train_configurables, trainer
+    from keras_moe.training import train_configurables
 
     summary = train_configurables.train(
         args.model_dir,

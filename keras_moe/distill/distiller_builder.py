@@ -1,5 +1,8 @@
 """`build_distiller`: teacher from a checkpoint, dense student initialised from it, `Distiller`."""
 
+from keras_moe import models
+from keras_moe.convert import from_hf, is_hf_folder
+from keras_moe.distill import distillation_objective as losses_lib
 from keras_moe.distill.distiller import Distiller
 from keras_moe.distill.init_from_teacher import dense_student_config, init_student_from_teacher
 from keras_moe.training.checkpoint import resolve_checkpoint
@@ -36,11 +39,9 @@ def load_teacher(teacher_checkpoint, teacher_config=None):
     True
     >>> shutil.rmtree(model_dir)
     """
-    from keras_moe import models
 
     if not isinstance(teacher_checkpoint, str) or not teacher_checkpoint:
         raise ValueError(f"`teacher_checkpoint` must be a path, got {teacher_checkpoint!r}.")
-    from keras_moe.convert import from_hf, is_hf_folder
 
     if is_hf_folder(teacher_checkpoint):
         log(f"teacher: Hugging Face checkpoint {teacher_checkpoint}", source=LOG_SOURCE)
@@ -115,8 +116,6 @@ def build_distiller(
     (False, False)
     >>> shutil.rmtree(model_dir)
     """
-    from keras_moe import models
-    from keras_moe.distill import distillation_objective as losses_lib
 
     losses_lib.check_alpha(alpha)
     losses_lib.check_temperature(temperature)

@@ -14,6 +14,8 @@ import keras
 
 from keras_moe.dense_feedforward import DenseFeedForward  # noqa: F401 (the examples use it)
 from keras_moe.models.attention import T5Attention
+from keras_moe.models.config import T5Config
+from keras_moe.models.ffn_factories import FfnFactories, block_args
 from keras_moe.models.normalization import RMSNorm
 from keras_moe.moe import MoeLayer
 
@@ -43,8 +45,6 @@ def _as_ffn(ffn):
 def _legacy_block_args(config, side):
     """Block arguments and FFN of a config saved as `{"config": <T5Config dict>,
     "layer_index": i, ...}` (the form before the blocks took explicit arguments)."""
-    from keras_moe.models.config import T5Config
-    from keras_moe.models.ffn_factories import FfnFactories, block_args
 
     config = dict(config)
     t5 = T5Config.from_dict(config.pop("config"))

@@ -20,6 +20,12 @@ short outputs).
 import numpy as np
 from keras import ops
 
+from keras_moe.models.search import (
+    check_length_normalizer,
+    check_search_arguments,
+    compiled_search,
+    repeat_caches,
+)
 from keras_moe.models.text_io import is_text
 
 METHODS = ("greedy", "beam")
@@ -312,11 +318,6 @@ def generate(
     >>> tokens.dtype, tokens.shape[0], tokens.shape[1] <= 8  # [B, T <= max_length]
     (dtype('int32'), 1, True)
     """
-    from keras_moe.models.search import (
-        check_length_normalizer,
-        check_search_arguments,
-        compiled_search,
-    )
 
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
@@ -413,8 +414,6 @@ def _beam_reference(
     )
     caches = model.init_cache(enc_out, max_length) if use_cache else None
     if caches is not None:
-        from keras_moe.models.search import repeat_caches
-
         caches = repeat_caches(caches, beams)
     enc_out = ops.repeat(enc_out, beams, axis=0)
     enc_mask = ops.repeat(enc_mask, beams, axis=0)

@@ -15,10 +15,12 @@
    `MultiWorkerMirroredStrategy` (see `_vectorize_logs`).
 """
 
+import keras
+from keras import ops, tree
+
 
 def _local_batch(strategy, batch):
     import tensorflow as tf
-    from keras import tree
 
     def local(value):
         if isinstance(value, tf.distribute.DistributedValues):
@@ -31,7 +33,6 @@ def _local_batch(strategy, batch):
 def _symbolic_batch(epoch_iterator):
     """KerasTensors shaped like one batch of the iterator's dataset (batch axis None),
     or None when its element spec is not a plain nest of `tf.TensorSpec`."""
-    import keras
     import tensorflow as tf
 
     adapter = getattr(epoch_iterator, "data_adapter", None)
@@ -81,7 +82,6 @@ def _vectorize_logs(model, logs):
     strategy = getattr(model, "_distribute_strategy", None)
     if strategy is None or not _multi_worker(strategy):
         return logs
-    from keras import ops, tree
 
     def expand(value):
         if hasattr(value, "shape") and len(value.shape) == 0:

@@ -24,6 +24,7 @@ keras_moe.gin_errors.GinConfigError: `T5Config.num_experts` is no longer a field
 """  # noqa: E501 - verbatim output lines
 
 from keras_moe import compat
+from keras_moe.gin_errors import GinConfigError
 from keras_moe.models import config as config_lib
 from keras_moe.models import flat_moe_fields
 
@@ -115,7 +116,6 @@ def apply(bindings):
         bindings: a `FlatFieldBindings` that saw the whole parse.
     """
     import gin
-    from keras_moe.gin_errors import GinConfigError
 
     for scope, flat in sorted(bindings.found.items()):
         prefix = f"{scope}/" if scope else ""

@@ -1,5 +1,7 @@
 """seqio `EncDecFeatureConverter` features -> Keras `(x, y, sample_weight)`."""
 
+import numpy as np
+
 MODEL_FEATURES = (
     "encoder_input_tokens",
     "decoder_input_tokens",
@@ -63,6 +65,5 @@ def _to_float(x):
             return tf.cast(x, tf.float32)
     except ImportError:  # pragma: no cover
         pass
-    import numpy as np
 
     return np.asarray(x, np.float32)

@@ -25,6 +25,7 @@ length).
 import keras
 from keras import ops
 
+from keras_moe.models.compilation_cache import use_persistent_cache
 from keras_moe.models.search_loops import _BeamLoop, _GreedyLoop
 from keras_moe.validation import check_int
 
@@ -263,8 +264,6 @@ def _compile(model, key):
         return call
     if backend == "jax":
         import jax
-
-        from keras_moe.models.compilation_cache import use_persistent_cache
 
         use_persistent_cache()  # a later process reads this compilation from disk
 

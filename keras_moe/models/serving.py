@@ -26,7 +26,7 @@ does not, so it runs SavedModels exported without a vocabulary.
 import keras
 from keras import ops
 
-from keras_moe.models.decoding import METHODS
+from keras_moe.models.decoding import METHODS, pad_input_tokens, strip_ids
 from keras_moe.models.search import (
     check_length_normalizer,
     check_search_arguments,
@@ -199,7 +199,6 @@ def decode_with_vocabulary(model, texts, vocabulary, max_input_length=64, **gene
     >>> len(outputs), type(outputs[0]).__name__
     (1, 'str')
     """
-    from keras_moe.models.decoding import pad_input_tokens, strip_ids
 
     eos = model.config.eos_id
     ids = [list(vocabulary.encode(text))[: max_input_length - 1] + [eos] for text in texts]

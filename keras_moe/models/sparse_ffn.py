@@ -48,6 +48,7 @@ from keras_moe.feedforward_mixin import ACTIVATIONS
 from keras_moe.models import sparse_ffn_checks
 from keras_moe.models.model_decided import MODEL_DECIDED, _refuse_given, _refuse_set_on
 from keras_moe.moe import MoeLayer
+from keras_moe.routing import Top2Router
 from keras_moe.validation import is_int
 
 _MISSING = object()
@@ -183,7 +184,6 @@ class SparseFfnSpec:
         Raises:
             ValueError / TypeError: naming the argument and what is allowed.
         """
-        from keras_moe.routing import Top2Router
 
         layer_class = self.layer_class
         name = layer_class.__name__

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_moe.metrics import RouterMetricsMixin, claim_router_metrics
+from keras_moe.models import seq2seq_objective
 from keras_moe.models.attention import NEG_INF
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 from keras_moe.models.config import T5Config
@@ -365,7 +366,6 @@ class EncoderDecoder(
     # ------------------------------------------------------------------ API
     def compile_defaults(self, learning_rate=1e-3, optimizer=None, jit_compile=False):
         """Keyword arguments for `compile`: T5 loss, weighted accuracy, neg log perplexity."""
-        from keras_moe.models import seq2seq_objective
 
         return seq2seq_objective.compile_defaults(
             learning_rate=learning_rate, optimizer=optimizer, jit_compile=jit_compile

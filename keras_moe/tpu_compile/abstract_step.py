@@ -6,22 +6,21 @@ A compile-only client (`jax.experimental.topologies`) cannot hold a value, so
 these abstract arguments.
 """
 
+import keras
+import numpy as np
+
+from keras_moe import compat, models
 from keras_moe.tpu_compile import abstract_arrays
+from keras_moe.training.run.dtype_policy import dtype_policy_scope
 
 
 def _bytes(shape, dtype):
-    import numpy as np
-
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def abstract_model(config, distribution, train_configurables, dtype_policy):
     """The job's model, compiled, and its built optimizer: variables of shapes and layouts only."""
     import jax
-    import keras
-
-    from keras_moe import compat, models
-    from keras_moe.training.run.dtype_policy import dtype_policy_scope
 
     # Variables created in this scope get a shape and a layout, never a value:
     # a compile-only client cannot hold one.

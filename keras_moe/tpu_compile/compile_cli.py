@@ -30,13 +30,20 @@ import json
 import os
 import sys
 
+import keras
+
+from keras_moe import gin_config, startup
+from keras_moe.gin_config import GinConfigError
+from keras_moe.tpu_compile import compile_job, compile_only, compile_progress
+from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.run.dtype_policy import DTYPE_POLICIES
+from keras_moe.training.train_cli import add_gin_flags
+
 # Set in the environment of the re-executed process, so it never loops.
 _REEXEC_MARK = "KERAS_MOE_COMPILE_REEXEC"
 
 
 def build_parser(prog="keras-moe-compile"):
-    from keras_moe.training.train_cli import add_gin_flags
-
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -61,7 +68,6 @@ def build_parser(prog="keras-moe-compile"):
     parser.add_argument(
         "--targets_length", type=int, help="default: the job's TASK_FEATURE_LENGTHS['targets']"
     )
-    from keras_moe.training.run.dtype_policy import DTYPE_POLICIES
 
     parser.add_argument(
         "--dtype_policy",
@@ -85,8 +91,6 @@ def _cpu_device_count(args):
     """Without --topology: --num_cpu_devices, else the size of the job's mesh."""
     if args.num_cpu_devices:
         return args.num_cpu_devices
-    from keras_moe import gin_config
-    from keras_moe.tpu_compile import compile_job
 
     gin_config.parse_gin(
         args.gin_file,
@@ -108,7 +112,6 @@ def _device_flag(count):
 def _environment_ready(cpu_devices=None):
     """True when keras runs on JAX, jax may only use the CPU (libtpu's compiler aside),
     and XLA:CPU emulates `cpu_devices` devices (when given)."""
-    import keras
 
     ready = (
         keras.backend.backend() == "jax"
@@ -127,12 +130,9 @@ def _fail(message):
 
 
 def main(argv=None):
-    from keras_moe import startup
-
     argv = list(sys.argv[1:] if argv is None else argv)
     with startup.filtered_stderr():  # TensorFlow's start-up lines (the trainer's import)
         args = build_parser().parse_args(argv)
-    from keras_moe.tpu_compile import compile_only
 
     # Cheap refusals first, before any compiler is loaded.
     if args.topology is not None:
@@ -148,7 +148,6 @@ def main(argv=None):
         return _fail(f"--heartbeat_seconds must be > 0, got {args.heartbeat_seconds}.")
     if not args.gin_file:
         return _fail("give the job's gin file(s) with --gin_file.")
-    from keras_moe.gin_config import GinConfigError
 
     try:
         with startup.filtered_stderr():  # the gin files' task imports (TensorFlow, seqio)
@@ -181,8 +180,6 @@ def main(argv=None):
         )
     compile_only.setup_environment()
     startup.quiet_startup()
-    from keras_moe.tpu_compile import compile_progress
-    from keras_moe.training.errors import TrainingConfigError
 
     feature_lengths = None
     if args.inputs_length or args.targets_length:

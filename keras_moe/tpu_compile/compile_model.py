@@ -19,7 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from keras_moe.tpu_compile import compile_memory, hlo_collectives, roofline
+import keras
+import numpy as np
+
+from keras_moe import compat, sharding
+from keras_moe.tpu_compile import compile_memory, compile_progress, hlo_collectives, roofline
 from keras_moe.tpu_compile.abstract_arrays import abstract_array
 from keras_moe.tpu_compile.abstract_step import abstract_state
 from keras_moe.tpu_compile.compile_only import (
@@ -32,6 +36,7 @@ from keras_moe.tpu_compile.compile_only import (
 )
 from keras_moe.tpu_compile.tpu_topology import canonical_topology
 from keras_moe.training.errors import CompileOnlyError
+from keras_moe.training.run.dtype_policy import dtype_policy_scope
 
 # Variable paths of expert weights: keras_moe's experts and keras-hub's dense expert banks.
 EXPERT_WEIGHT = re.compile(
@@ -61,10 +66,6 @@ def _build_abstract(build_model, distribution, dtype_policy, compile_args):
     """The model and its optimizer with shapes and layouts only: built inside
     `jax.eval_shape`, every variable's value is a tracer, never an array."""
     import jax
-    import keras
-
-    from keras_moe import compat
-    from keras_moe.training.run.dtype_policy import dtype_policy_scope
 
     built = {}
 
@@ -126,13 +127,9 @@ def compile_model_train_step(
         `error` (the compiler's out-of-memory message, else None).
     """
     import jax
-    import numpy as np
-
-    from keras_moe import sharding
 
     _check_jax_backend()
     topology = None if topology is None else canonical_topology(topology)
-    from keras_moe.tpu_compile import compile_progress
 
     generation, hbm, devices = _topology_target(topology, compile_progress.SILENT)
     if devices is None:

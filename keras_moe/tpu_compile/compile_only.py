@@ -28,6 +28,10 @@ import re
 import tempfile
 import time
 
+import keras
+import numpy as np
+
+from keras_moe import layouts, sharding, token_exchange
 from keras_moe.tpu_compile import compile_memory, compile_progress, hlo_collectives, roofline
 from keras_moe.tpu_compile.abstract_step import abstract_batch as _abstract_batch
 from keras_moe.tpu_compile.abstract_step import abstract_model as _abstract_model
@@ -181,7 +185,6 @@ def compile_train_step(
             product is not the chip count, no model in the gin files, ...
         keras_moe.gin_errors.GinConfigError: bad gin files or bindings.
     """
-    from keras_moe import sharding
 
     progress = progress or compile_progress.SILENT
     topology = None if topology is None else canonical_topology(topology)
@@ -239,7 +242,6 @@ def compile_train_step(
 
 def _check_jax_backend():
     """Raises CompileOnlyError unless Keras runs the JAX backend."""
-    import keras
 
     if keras.backend.backend() != "jax":
         raise CompileOnlyError(
@@ -267,7 +269,6 @@ def _where(topology, devices):
 
 def _num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh):
     """`num_cpu_devices`, else the size of `mesh_shape` (a dict) or of `job_mesh`, else 1."""
-    import numpy as np
 
     if num_cpu_devices is not None:
         return num_cpu_devices
@@ -277,7 +278,6 @@ def _num_cpu_devices(num_cpu_devices, mesh_shape, job_mesh):
 
 def _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh):
     """The mesh shape to compile over (argument, job's, else all "data"), checked on `devices`."""
-    import numpy as np
 
     if callable(mesh_shape):
         mesh_shape = mesh_shape(len(devices), config)
@@ -301,7 +301,6 @@ def _checked_mesh_shape(mesh_shape, devices, config, topology, job_mesh):
 def _configure_mesh(config, devices, mesh_shape, rules):
     """Sets the mesh over `devices` with the job's logical axis `rules` (None: the
     defaults); the distribution."""
-    from keras_moe import layouts, sharding
 
     rules = layouts.DEFAULT_RULES if rules is None else rules
     num_experts = config.num_experts
@@ -335,9 +334,6 @@ def _compile(
 ):
     """Lowers and compiles one train step over abstract sharded arguments; its report."""
     import jax
-    import numpy as np
-
-    from keras_moe import token_exchange
 
     progress.stage("building the abstract model and optimizer (shapes and layouts, no values)")
     model, optimizer = _abstract_model(config, distribution, train_configurables, dtype_policy)

@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+from keras_moe import startup
+
 # What a compile takes on a small (2-4 core) CPU host, measured with libtpu 0.0.42:
 # the tiny Switch model 10-30 s; Switch-Base-128 at batch 32 6-8 minutes, larger
 # batches (the C4 job's 256) and Switch-Large-128 10-25 minutes.
@@ -105,7 +107,6 @@ def stderr_progress(prog: str, heartbeat_seconds: float = 60.0) -> CompileProgre
     >>> stderr_progress("keras-moe-compile").prefix
     'keras-moe-compile: '
     """
-    from keras_moe import startup
 
     return CompileProgress(
         sys.stderr, heartbeat_seconds, prefix=f"{prog}: ", quiet=startup.filtered_stderr

@@ -7,8 +7,10 @@ loaded, and sets the environment libtpu needs on a CPU host.
 """
 
 import functools
+import importlib.util
 import os
 import re
+from importlib.metadata import version
 
 from keras_moe.training.errors import CompileOnlyError
 
@@ -76,13 +78,10 @@ def setup_environment(environ=None):
 
 def libtpu_missing_message():
     """None when libtpu is importable; else the error text with the install hint."""
-    import importlib.util
 
     if importlib.util.find_spec("libtpu") is not None:
         return None
     try:
-        from importlib.metadata import version
-
         jax_version = version("jax")
     except Exception:  # jax itself missing
         jax_version = "<your jax version>"

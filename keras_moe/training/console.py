@@ -12,6 +12,7 @@ import keras
 
 from keras_moe.models import progress
 from keras_moe.models.progress import ROUTER_COLUMNS, router_table, short_logs  # noqa: F401
+from keras_moe.training.run import schedules
 
 
 class CompactProgbar(progress.CompactProgbar):
@@ -23,8 +24,6 @@ class CompactProgbar(progress.CompactProgbar):
         super().__init__(epoch_table=False)
 
     def learning_rate(self):
-        from keras_moe.training.run import schedules
-
         optimizer = self.model.optimizer
         step = int(keras.ops.convert_to_numpy(optimizer.iterations))
         return schedules.learning_rate_at(optimizer, step)

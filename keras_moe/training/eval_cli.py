@@ -13,6 +13,10 @@ import argparse
 import os
 import sys
 
+from keras_moe import startup
+from keras_moe.gin_config import GinConfigError, parse_gin
+from keras_moe.training import evaluate as eval_lib
+from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.train_cli import add_gin_flags, error_message, set_tf_environment
 
 
@@ -49,17 +53,12 @@ def build_parser():
 def main(argv=None):
     set_tf_environment()
     args = build_parser().parse_args(argv)
-    from keras_moe import startup
 
     startup.quiet_startup()
-    from keras_moe.gin_config import GinConfigError
-    from keras_moe.training.errors import TrainingConfigError
 
     try:
         # t5/seqio configurables that operative configs name
         from keras_moe import tasks  # noqa: F401
-        from keras_moe.gin_config import parse_gin
-        from keras_moe.training import evaluate as eval_lib
 
         if not os.path.isdir(args.model_dir):
             raise TrainingConfigError(f"--model_dir {args.model_dir!r} is not a folder.")

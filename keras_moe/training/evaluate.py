@@ -7,8 +7,11 @@ import warnings
 import numpy as np
 
 from keras_moe.models.decoding import pad_input_tokens, strip_ids
+from keras_moe.models.serving import export_for_serving
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.run import input_pipeline as data_lib
+from keras_moe.training.run.compiled_model import build_compiled_model
 from keras_moe.training.run.training_run import set_eval_routing
 
 
@@ -88,7 +91,6 @@ def restore_from_run(model_dir, checkpoint=None):
         `(model, checkpoint metadata, the job's checked DatasetConfig)`.
     """
     from keras_moe.training import train_configurables
-    from keras_moe.training.run.compiled_model import build_compiled_model
 
     job = train_configurables.job_config()
     dataset = job.dataset
@@ -126,8 +128,6 @@ def export_run(
         dict: the SavedModel's path, checkpoint, step, lengths and signatures.
     """
     import seqio
-
-    from keras_moe.models.serving import export_for_serving
 
     model, meta, dataset = restore_from_run(model_dir, checkpoint)
     task = seqio.get_mixture_or_task(dataset.task)
@@ -176,7 +176,6 @@ def evaluate(
         dict: loss, accuracy, neg_log_perplexity (token-weighted, padding
         excluded) and, for translation tasks (or `decode=True`), bleu.
     """
-    from keras_moe.training.run import input_pipeline as data_lib
 
     model, meta, dataset = restore_from_run(model_dir, checkpoint)
     task = task or dataset.task

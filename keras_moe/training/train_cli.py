@@ -12,6 +12,18 @@ import argparse
 import os
 import sys
 
+from keras_moe import startup
+from keras_moe.gin_config import GinConfigError, parse_gin
+from keras_moe.training import trainer
+from keras_moe.training.checkpoint import CheckpointManager
+from keras_moe.training.errors import (
+    NonFiniteLossError,
+    TrainingConfigError,
+    TrainingInterrupted,
+    WorkerFailureError,
+)
+from keras_moe.training.placement import multihost
+
 
 def set_tf_environment():
     """Environment for a TF-backend run, set before seqio imports jax.
@@ -39,7 +51,6 @@ def build_parser(prog="keras-moe-train"):
     parser.add_argument(
         "--model_dir", required=True, help="output folder (resumes if it holds checkpoints)"
     )
-    from keras_moe.training.placement import multihost
 
     multihost.add_flags(parser)
     return parser
@@ -97,16 +108,8 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
     """
     set_tf_environment()
     args = build_parser(prog=prog).parse_args(argv)
-    from keras_moe import startup
 
     startup.quiet_startup()
-    from keras_moe.gin_config import GinConfigError
-    from keras_moe.training.errors import (
-        NonFiniteLossError,
-        TrainingConfigError,
-        TrainingInterrupted,
-        WorkerFailureError,
-    )
 
     files = list(args.gin_file or default_gin_files)
     if gin_files is not None:
@@ -118,10 +121,6 @@ def run_cli(prog, argv, body, default_gin_files=("tiny_local.gin",), gin_files=N
         (WorkerFailureError, 4),
     )
     try:
-        from keras_moe.gin_config import parse_gin
-        from keras_moe.training import trainer
-        from keras_moe.training.placement import multihost
-
         # Before anything touches a device: afterwards JAX sees every process's devices.
         multihost.initialize(args.coordinator_address, args.process_count, args.process_index)
         parse_gin(files, args.gin_bindings, args.gin_allow_import)
@@ -163,7 +162,6 @@ def error_message(error: BaseException) -> str:
 
 def _newest_checkpoint(model_dir):
     """The path of the newest committed checkpoint in `model_dir`, or None."""
-    from keras_moe.training.checkpoint import CheckpointManager
 
     try:
         latest = CheckpointManager(os.path.join(model_dir, "checkpoints")).latest()
@@ -173,7 +171,7 @@ def _newest_checkpoint(model_dir):
 
 
 def _train(args):
-    from keras_moe.training import train_configurables, trainer
+    from keras_moe.training import train_configurables
 
     summary = train_configurables.train(
         args.model_dir, write_config=train_configurables.write_operative_config

@@ -11,6 +11,7 @@ from keras_moe.training.checkpoint.checkpoint_config import CheckpointConfig
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.placement import MeshPlacement, StrategyPlacement
 from keras_moe.training.run.dataset_config import DatasetConfig
+from keras_moe.training.run.dtype_policy import check_dtype_policy
 from keras_moe.validation import check_int
 
 # Flat settings of earlier run files -> (the collaborator, its field). `train`
@@ -159,7 +160,6 @@ class TrainConfig:
     def check(self) -> TrainConfig:
         """Checks every setting that needs no device and fills in the defaults;
         returns self. Raises `TrainingConfigError` naming the setting."""
-        from keras_moe.training.run.dtype_policy import check_dtype_policy
 
         self.dataset = (self.dataset or DatasetConfig()).check()
         self.checkpoint = (self.checkpoint or CheckpointConfig()).check()

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from keras_moe.convert import from_hf, is_hf_folder
 from keras_moe.training import checkpoint as ckpt_lib
 from keras_moe.training.checkpoint.upcycle_checkpoint import Upcycle, load_upcycled
 from keras_moe.training.errors import TrainingConfigError
@@ -170,7 +171,6 @@ def load_init_checkpoint(
     Raises:
         TrainingConfigError: when the checkpoint does not fit the model.
     """
-    from keras_moe.convert import from_hf, is_hf_folder
     from keras_moe.models import model_configurables
 
     if is_hf_folder(path):

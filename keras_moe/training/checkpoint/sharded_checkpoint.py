@@ -9,6 +9,8 @@ model's seed generators (`checkpoint.seed_states`).
 
 import os
 
+import numpy as np
+
 
 def saved_variables(model):
     """What a checkpoint holds, as `model.save_weights` does: weights and optimizer state
@@ -32,7 +34,6 @@ def save(model, path):
     (an uncommitted save of the same step, before a crash) is replaced.
     """
     import jax
-    import numpy as np
     import orbax.checkpoint as ocp
 
     def array(variable):  # JAX arrays keep their sharding; other backends' values go as NumPy
@@ -65,7 +66,6 @@ def restore(model, path):
     True
     """
     import jax
-    import numpy as np
     import orbax.checkpoint as ocp
 
     host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])

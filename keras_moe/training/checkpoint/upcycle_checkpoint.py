@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from keras_moe.convert import from_hf, is_hf_folder
+from keras_moe.distill.init_from_teacher import dense_student_config
+from keras_moe.models import EncoderDecoder
 from keras_moe.models.upcycle import (
     RouterInit,
     check_upcycle_args,
@@ -166,8 +169,6 @@ def dense_model_for(
     """The dense `EncoderDecoder` a sparse model upcycles from: the sparse
     config with every MoE layer a dense FFN of `d_ff`, compiled with an
     optimizer of the same class and settings (its state not yet built)."""
-    from keras_moe.distill.init_from_teacher import dense_student_config
-    from keras_moe.models import EncoderDecoder
 
     config = getattr(model, "config", None)
     if config is None or not config.is_sparse:
@@ -202,7 +203,6 @@ def load_upcycled(
     Raises:
         TrainingConfigError: when the checkpoint is not the dense form of the model.
     """
-    from keras_moe.convert import from_hf, is_hf_folder
 
     if is_hf_folder(path):
         return upcycle.load(model, from_hf(path), f"Hugging Face checkpoint {path}", probe)

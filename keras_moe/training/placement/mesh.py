@@ -10,6 +10,8 @@ import os
 
 import keras
 
+from keras_moe import layouts, sharding, token_exchange
+from keras_moe.tpu_compile import abstract_step, compile_report
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 
@@ -46,8 +48,6 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
             "tf.distribute strategy: bind one placement, @MeshPlacement() or @StrategyPlacement()."
         )
     import jax
-
-    from keras_moe import sharding
 
     devices = keras.distribution.list_devices()
     try:  # axes, sizes, rules and the device count, before anything is written
@@ -91,7 +91,6 @@ def batch_split(mesh_shape, logical_axis_rules, batch_size=None):
     >>> batch_split({"data": 2, "expert": 4}, None, batch_size=15)  # nothing divides 15
     ((), 1)
     """
-    from keras_moe import layouts
 
     shape = None if batch_size is None else (batch_size,)
     axes = layouts.logical_to_mesh_axes(("batch",), _rules(logical_axis_rules), mesh_shape, shape)[
@@ -166,8 +165,6 @@ def cpu_threads_too_few(num_devices, platform, environ=None, cpu_count=None):
 
 
 def _rules(logical_axis_rules):
-    from keras_moe import layouts
-
     return layouts.DEFAULT_RULES if logical_axis_rules is None else logical_axis_rules
 
 
@@ -178,7 +175,6 @@ def apply_mesh(mesh_shape, logical_axis_rules):
     (`check_mesh` has already caught those it can see before the model dir
     is written).
     """
-    from keras_moe import sharding
 
     try:
         distribution = sharding.configure_mesh(mesh_shape, _rules(logical_axis_rules))
@@ -198,7 +194,6 @@ def shard_report(model):
     ("expert", "embed", "mlp") for the experts' `wi`; the first variable of
     each class stands for the others.
     """
-    from keras_moe import layouts
 
     seen, rows = set(), []
     for variable in model.weights:
@@ -234,9 +229,6 @@ def exchange_report(model, batch_size, feature_lengths):
         one line per MoE layer (`compile_report.format_exchange_choices`).
     """
     import jax
-
-    from keras_moe import token_exchange
-    from keras_moe.tpu_compile import abstract_step, compile_report
 
     distribution = keras.distribution.distribution()
     inputs = abstract_step.abstract_batch(distribution, batch_size, feature_lengths)[0]

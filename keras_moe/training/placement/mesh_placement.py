@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ContextManager
 
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
+from keras_moe.training.placement import mesh as mesh_lib
 
 if TYPE_CHECKING:
     import keras
@@ -42,7 +43,6 @@ class MeshPlacement:
     def check(self, batch_size: int | None = None) -> MeshPlacement:
         """Checks the mesh against this backend and its devices, and that
         `batch_size` splits over it; returns self."""
-        from keras_moe.training.placement import mesh as mesh_lib
 
         if self.mesh_shape is None:
             raise TrainingConfigError(
@@ -63,7 +63,6 @@ class MeshPlacement:
 
     def apply(self) -> None:
         """Sets the mesh as Keras' distribution; must come before any layer is made."""
-        from keras_moe.training.placement import mesh as mesh_lib
 
         self.mesh = mesh_lib.apply_mesh(self.mesh_shape, self.logical_axis_rules)
         log(f"device mesh {self.mesh}: the model is sharded by keras_moe.layouts")
@@ -74,7 +73,6 @@ class MeshPlacement:
 
     def shard_report(self, model: keras.Model) -> list:
         """[(class of variable, full shape, shape on one device)] (`mesh.shard_report`)."""
-        from keras_moe.training.placement import mesh as mesh_lib
 
         return mesh_lib.shard_report(model)
 
@@ -82,13 +80,11 @@ class MeshPlacement:
         self, model: keras.Model, batch_size: int, feature_lengths: dict
     ) -> list[str]:
         """Lines naming each MoE layer's expert exchange and why (`mesh.exchange_report`)."""
-        from keras_moe.training.placement import mesh as mesh_lib
 
         return mesh_lib.exchange_report(model, batch_size, feature_lengths)
 
     def batch_layout(self, batch_size: int) -> str:
         """How the global batch is split over the mesh, for the start-up report."""
-        from keras_moe.training.placement import mesh as mesh_lib
 
         axes, size = mesh_lib.batch_split(self.mesh_shape, self.logical_axis_rules, batch_size)
         if size == 1:

@@ -10,6 +10,8 @@ its own rows of the global batch (`input_plan`).
 
 import os
 
+import keras
+
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.validation import is_int
 
@@ -63,8 +65,6 @@ def initialize(
             )
         return 0, 1
     if backend is None:
-        import keras
-
         backend = keras.backend.backend()
     if backend != "jax":
         raise TrainingConfigError(
@@ -102,7 +102,6 @@ def initialize(
 
 def process_info():
     """`(process_index, process_count)` of this run (1 process off JAX)."""
-    import keras
 
     if keras.backend.backend() != "jax":
         return 0, 1

@@ -16,6 +16,7 @@ when every replica has the same number of loss-weighted tokens.
 import json
 import os
 
+from keras_moe import compat
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.validation import is_number
 
@@ -74,7 +75,6 @@ def make_strategy(
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=collective_timeout
         )
-        from keras_moe import compat
 
         try:
             with compat.tf_collective_health_timeout(cluster_wait_timeout):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ContextManager
 
-from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.errors import TrainingConfigError, WorkerFailureError
+from keras_moe.training.placement import strategy as strategy_lib
+from keras_moe.training.placement.strategy import STRATEGIES
 from keras_moe.validation import is_number
 
 if TYPE_CHECKING:
@@ -52,7 +54,6 @@ class StrategyPlacement:
 
     def check(self, batch_size: int | None = None) -> StrategyPlacement:
         """Checks the settings (no device is touched); returns self."""
-        from keras_moe.training.placement.strategy import STRATEGIES
 
         if self.name not in STRATEGIES:
             raise TrainingConfigError(
@@ -69,7 +70,6 @@ class StrategyPlacement:
 
     def start(self, process_index: int = 0) -> StrategyPlacement:
         """Makes the strategy (connects to the TPU or the workers); returns self."""
-        from keras_moe.training.placement import strategy as strategy_lib
 
         self.strategy = strategy_lib.make_strategy(
             self.name,
@@ -135,7 +135,6 @@ class StrategyPlacement:
         )
         if self.name != "multi_worker" or not isinstance(error, peer_errors):
             return None
-        from keras_moe.training.errors import WorkerFailureError
 
         text = str(error).strip()
         first_line = text.splitlines()[0] if text else type(error).__name__

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import keras
+
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.run import schedules
 
 if TYPE_CHECKING:
     import keras
@@ -29,9 +32,6 @@ def build_compiled_model(
         model: a factory of the uncompiled model, e.g. gin's `@build_model` or
             `@build_distiller`.
     """
-    import keras
-
-    from keras_moe.training.run import schedules
 
     if model is None:
         from keras_moe.models import model_configurables

@@ -6,6 +6,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from keras_moe.training.errors import TrainingConfigError
+from keras_moe.training.placement import multihost
+from keras_moe.training.run import input_pipeline as data_lib
 from keras_moe.validation import check_int
 
 if TYPE_CHECKING:
@@ -65,7 +67,6 @@ class DatasetConfig:
         Raises:
             TrainingConfigError: naming the setting and what is allowed.
         """
-        from keras_moe.training.run import input_pipeline as data_lib
 
         if self.feature_lengths is None:
             self.feature_lengths = {"inputs": 128, "targets": 32}
@@ -86,7 +87,6 @@ class DatasetConfig:
 
     def for_process(self, process_index: int, process_count: int) -> DatasetConfig:
         """Fixes this process's input shards and rows of each global batch; returns self."""
-        from keras_moe.training.placement import multihost
 
         self.plan = multihost.input_plan(
             self.batch_size, self.input_shards, process_index, process_count
@@ -95,7 +95,6 @@ class DatasetConfig:
 
     def check_task(self) -> None:
         """Fails on an unknown task or a task whose data is missing (no data is read)."""
-        from keras_moe.training.run import input_pipeline as data_lib
 
         data_lib.get_task(self.task)
         data_lib.check_data(self.task)
@@ -106,8 +105,6 @@ class DatasetConfig:
         return self.batch_size * (self.feature_lengths["inputs"] + self.feature_lengths["targets"])
 
     def _process_dataset(self, split: str, **kwargs: Any):
-        from keras_moe.training.run import input_pipeline as data_lib
-
         if self.plan is None:
             self.for_process(0, 1)
         return data_lib.make_process_dataset(
@@ -135,7 +132,6 @@ class DatasetConfig:
         validation curve and the expert-load plot: from `split`, or from the
         training stream when that split is missing; `(None, None)` when `count` is 0.
         """
-        from keras_moe.training.run import input_pipeline as data_lib
 
         if not count:
             return None, None

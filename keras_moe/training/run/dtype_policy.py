@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import keras
+
 from keras_moe.training.errors import TrainingConfigError
 
 # Keras dtype policies a run may train under (`train.dtype_policy`): float32
@@ -57,7 +59,6 @@ def dtype_policy_scope(dtype_policy: str) -> Iterator[None]:
     >>> keras.config.dtype_policy().name == before
     True
     """
-    import keras
 
     check_dtype_policy(dtype_policy)
     previous = keras.config.dtype_policy()

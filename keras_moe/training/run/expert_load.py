@@ -1,12 +1,19 @@
 """Per-MoE-layer expert load: measured with a short eval pass, plotted with matplotlib."""
 
+import io
+import json
+import os
+
 import numpy as np
+
+from keras_moe import compat
+from keras_moe.moe import MoeLayer
+from keras_moe.training.checkpoint import atomic_write_bytes
+from keras_moe.training.checkpoint.atomic_files import atomic_write_text
 
 
 def moe_layers(model):
     """`{path: MoeLayer}` of every MoE layer of `model`, in model order."""
-    from keras_moe import compat
-    from keras_moe.moe import MoeLayer
 
     out = {}
     for layer in compat.sublayers(model):
@@ -131,11 +138,8 @@ def plot_expert_load(loads, path, title="Expert load per MoE layer"):
 
 def save_figure(fig, path):
     """Writes the matplotlib figure `fig` to the PNG `path` atomically and closes it."""
-    import io
 
     import matplotlib.pyplot as plt
-
-    from keras_moe.training.checkpoint import atomic_write_bytes
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
@@ -156,10 +160,6 @@ def write_expert_load(model, data, split, model_dir, step):
     Returns:
         the plot's path, or None when the model has no experts.
     """
-    import json
-    import os
-
-    from keras_moe.training.checkpoint.atomic_files import atomic_write_text
 
     loads = measure_expert_load(model, data)
     if not loads:

@@ -34,6 +34,7 @@ import keras
 import numpy as np
 
 from keras_moe.training import console
+from keras_moe.training.errors import NonFiniteLossError
 from keras_moe.training.run import expert_load as expert_load_lib
 from keras_moe.training.run import load_history, schedules
 
@@ -250,8 +251,6 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
             return
         loss = float(np.asarray(loss))
         if not np.isfinite(loss):
-            from keras_moe.training.errors import NonFiniteLossError
-
             step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
             self.model.stop_training = True
             raise NonFiniteLossError(

@@ -1,5 +1,10 @@
 """seqio task/mixture -> a repeated `tf.data` stream of Keras `(x, y, sample_weight)`."""
 
+import hashlib
+
+import numpy as np
+
+from keras_moe.models import seqio_to_keras
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.validation import is_int
 
@@ -90,7 +95,6 @@ def make_dataset(
     import tensorflow as tf
 
     from keras_moe import tasks
-    from keras_moe.models import seqio_to_keras
 
     check_feature_lengths(feature_lengths)
     if not is_int(batch_size) or batch_size < 1:
@@ -189,9 +193,6 @@ def finite(ds):
 
 def batch_fingerprint(tokens):
     """Short stable hash of a batch's `encoder_input_tokens` (numpy or tensor)."""
-    import hashlib
-
-    import numpy as np
 
     array = np.ascontiguousarray(np.asarray(tokens), dtype=np.int32)
     return hashlib.sha1(array.tobytes()).hexdigest()[:16]

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training.run.expert_load import save_figure
 
 JSON_NAME = "expert_load_history.json"
 PNG_NAME = "expert_load_history.png"
@@ -116,8 +117,6 @@ def plot_history(entries, path, title="Expert load over training (held batch)"):
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-
-    from keras_moe.training.run.expert_load import save_figure
 
     names = layers_of(entries)
     n = max(len(names), 1)

@@ -13,6 +13,7 @@ import math
 import keras
 from keras import ops
 
+from keras_moe import compat
 from keras_moe.models.adafactor import Adafactor
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.validation import is_int, is_number
@@ -152,7 +153,6 @@ def make_optimizer(
 
 def learning_rate_at(optimizer, step):
     """The optimizer's learning rate at `step` as a float (schedules evaluated)."""
-    from keras_moe import compat
 
     lr = compat.learning_rate_schedule(optimizer)
     if isinstance(lr, InverseSqrtSchedule):

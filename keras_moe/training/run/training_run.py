@@ -20,9 +20,24 @@ import time
 import warnings
 from typing import TYPE_CHECKING
 
+import keras
+import numpy as np
+
+from keras_moe import gin_unread
+from keras_moe.models.config import T5Config
+from keras_moe.models.routing_mode import EVAL_ROUTINGS
+from keras_moe.training import checkpoint as ckpt_lib
+from keras_moe.training import console
 from keras_moe.training.errors import TrainingConfigError, TrainingInterrupted
 from keras_moe.training.log import log
-from keras_moe.training.placement import MeshPlacement
+from keras_moe.training.placement import MeshPlacement, multihost
+from keras_moe.training.run import expert_load, load_history
+from keras_moe.training.run import fit_callbacks as cb_lib
+from keras_moe.training.run import input_pipeline as data_lib
+from keras_moe.training.run.compiled_model import build_compiled_model
+from keras_moe.training.run.dtype_policy import dtype_policy_scope
+from keras_moe.training.run.model_dir import prepare_model_dir
+from keras_moe.training.run.summary import TrainSummary
 from keras_moe.training.train_config import TrainConfig  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -57,8 +72,6 @@ class Run:
 
     def check(self) -> None:
         """The settings, the process layout and the model dir, before any device is used."""
-        from keras_moe.training.placement import multihost
-        from keras_moe.training.run.model_dir import prepare_model_dir
 
         c = self.config.check()
         self.process_index, self.process_count = multihost.process_info()
@@ -73,7 +86,6 @@ class Run:
 
     def start(self) -> None:
         """The global seed, the placement, and the checks that need it."""
-        import keras
 
         c = self.config
         # One seed for everything: model init, and tf.data (whose op seeds combine
@@ -109,10 +121,6 @@ class Run:
         not read is refused (`keras_moe.gin_unread`), before any data is read or
         anything is written.
         """
-        from keras_moe import gin_unread
-        from keras_moe.models.config import T5Config
-        from keras_moe.training.run.compiled_model import build_compiled_model
-        from keras_moe.training.run.dtype_policy import dtype_policy_scope
 
         c = self.config
         self.placement.apply()
@@ -145,7 +153,6 @@ class Run:
 
     def read_data(self) -> None:
         """Checks the training split has data; the summary split's batches."""
-        from keras_moe.training.run import input_pipeline as data_lib
 
         data = self.config.dataset
         self.first_batch = data_lib.check_not_empty(data.train_stream(), data.task, "train")
@@ -154,16 +161,12 @@ class Run:
         )
 
     def _train_stream(self, skip_batches):
-        from keras_moe.training.run import input_pipeline as data_lib
-
         ds = self.config.dataset.train_stream(skip_batches)
         record = self.config.record_batches
         return data_lib.record_batches(ds, record) if record else ds
 
     def _callbacks(self):
         """NaN guard, progress bar, the logger, step checkpoints and preemption backup."""
-        from keras_moe.training import console
-        from keras_moe.training.run import fit_callbacks as cb_lib
 
         manager = self.manager
 
@@ -193,7 +196,6 @@ class Run:
 
     def fit(self) -> None:
         """Writes the operative config, then `model.fit` with the run's callbacks."""
-        from keras_moe.training.run import fit_callbacks as cb_lib
 
         c = self.config
         # Everything validated: now the model dir gets written.
@@ -264,9 +266,6 @@ class Run:
 
     def summarize(self) -> TrainSummary:
         """The end loss, the expert-load plot and summary.json; returns the `TrainSummary`."""
-        from keras_moe.training import checkpoint as ckpt_lib
-        from keras_moe.training.run import expert_load, load_history
-        from keras_moe.training.run.summary import TrainSummary
 
         c = self.config
         end_step = int(self.model.optimizer.iterations.numpy())
@@ -328,7 +327,6 @@ class Run:
 def set_eval_routing(model: keras.Model, eval_routing: str) -> None:
     """Gives `model` the evaluation routing `train.eval_routing` names (`RoutingScopeMixin`);
     a model without it can only evaluate as it trains."""
-    from keras_moe.models.routing_mode import EVAL_ROUTINGS
 
     if eval_routing not in EVAL_ROUTINGS:
         raise TrainingConfigError(
@@ -383,8 +381,6 @@ def build_metrics(model: keras.Model, batch: tuple) -> None:
     off the training stream, which shifts the run's data by one batch. A test
     step on a batch of a separate stream builds them instead.
     """
-    import keras
-    import numpy as np
 
     if keras.backend.backend() == "jax":
         model.test_on_batch(*keras.tree.map_structure(np.asarray, batch))
