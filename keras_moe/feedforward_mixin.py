@@ -29,6 +29,7 @@ from typing import Any, Literal
 import keras
 from keras import ops
 
+from keras_moe.mixin_bases import LayerMixinBase
 from keras_moe.tensor_types import Shape, Tensor
 
 ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu")
@@ -51,7 +52,7 @@ def activation_fn(name: Activation) -> Callable[[Tensor], Tensor]:
     return ops.relu
 
 
-class FeedForwardMixin:
+class FeedForwardMixin(LayerMixinBase):
     """Arguments, kernels and computation of a (gated) feed-forward layer.
 
     A Keras layer mixing this in calls `init_feed_forward` in `__init__`,
@@ -86,7 +87,9 @@ class FeedForwardMixin:
         self.init_scale = float(init_scale)
         self.seed = seed
         self.gated = activation.startswith("gated-") or activation == "clamped-swiglu"
-        self._act = None if activation == "clamped-swiglu" else activation_fn(activation)
+        self._act: Callable[[Tensor], Tensor] | None = (
+            None if activation == "clamped-swiglu" else activation_fn(activation)
+        )
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
 
     def add_kernels(
@@ -133,6 +136,7 @@ class FeedForwardMixin:
             gate = ops.minimum(gate, self.swiglu_limit)
             up = ops.clip(up, -self.swiglu_limit, self.swiglu_limit)
             return (up + 1.0) * gate * ops.sigmoid(self.swiglu_alpha * gate)
+        assert self._act is not None  # only clamped-swiglu has none, returned above
         return self._act(gate) * up
 
     def feed_forward(
@@ -159,6 +163,7 @@ class FeedForwardMixin:
         if self.gated:
             hidden = self.gated_hidden(linear(x, "wi_0"), linear(x, "wi_1"))
         else:
+            assert self._act is not None  # clamped-swiglu is gated
             hidden = self._act(linear(x, "wi"))
         hidden = self.dropout(hidden, training=training)
         return linear(hidden, "wo")

@@ -67,7 +67,7 @@ DEFAULT_RULES = (
 
 # Variable path regex (matched with re.fullmatch against `variable.path`)
 # -> {rank: logical axes}. First matching entry with the variable's rank wins.
-_DEFAULT_VARIABLE_AXES = (
+_DEFAULT_VARIABLE_AXES: VariableAxesTable = (
     # MoE experts: [E, d_model, d_ff] and [E, d_ff, d_model].
     (r".*experts/wi(_0|_1)?", {3: ("expert", "embed", "mlp")}),
     (r".*experts/wo", {3: ("expert", "mlp", "embed")}),
@@ -100,7 +100,7 @@ _DEFAULT_VARIABLE_AXES = (
     (r"(.*/)?(lm_head|logits_dense|logits)(/kernel)?", {2: ("embed", "vocab")}),
 )
 
-VARIABLE_AXES = list(_DEFAULT_VARIABLE_AXES)
+VARIABLE_AXES: list[tuple[str, dict[int, tuple[str | None, ...]]]] = list(_DEFAULT_VARIABLE_AXES)
 
 
 def _check_logical_axes(logical_axes, what):
@@ -130,7 +130,7 @@ def register_variable_axes(
     >>> reset_variable_axes()
     """
     re.compile(pattern)
-    if not isinstance(logical_axes, dict):
+    if not isinstance(logical_axes, Mapping):
         logical_axes = {len(logical_axes): tuple(logical_axes)}
     for rank, axes in logical_axes.items():
         if len(axes) != rank:
@@ -238,7 +238,7 @@ def logical_to_mesh_axes(
             f"Got {len(logical_axes)} logical axes {logical_axes!r} for a tensor of "
             f"rank {len(shape)} (shape {tuple(shape)})."
         )
-    result = [None] * len(logical_axes)
+    result: list[str | tuple[str, ...] | None] = [None] * len(logical_axes)
     assigned = [False] * len(logical_axes)
     used = set()
     for logical, mesh in rules:

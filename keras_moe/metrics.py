@@ -16,6 +16,7 @@ from keras import ops
 from keras.src.backend import get_stateless_scope
 
 from keras_moe import compat, router_losses
+from keras_moe.mixin_bases import ModelMixinBase
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def claim_router_metrics(model: keras.Model) -> None:
             object.__setattr__(layer, "_router_metrics_claimed", True)
 
 
-class RouterMetricsMixin:
+class RouterMetricsMixin(ModelMixinBase):
     """Puts the MoE layers' router statistics (`track_metrics=True`) in `fit`'s
     and `evaluate`'s logs on every backend.
 
@@ -254,7 +255,7 @@ class RouterMetricsMixin:
         )
 
 
-_JAX_WARNED = weakref.WeakSet()  # layers that warned
+_JAX_WARNED: weakref.WeakSet = weakref.WeakSet()  # layers that warned
 
 
 def trackers_reach_logs(layer: keras.layers.Layer) -> bool:

@@ -57,7 +57,7 @@ def is_startup_noise(line: str) -> bool:
     >>> is_startup_noise("E0000 00:00:17 1 some_op.cc:1] Out of memory")
     False
     """
-    patterns = STARTUP_NOISE
+    patterns: tuple[re.Pattern[str], ...] = STARTUP_NOISE
     if not os.path.exists(NVIDIA_DRIVER_PATH):
         patterns += NO_GPU_NOISE
     if not host_has_tpu():

@@ -15,6 +15,8 @@ from typing import Any
 
 import keras
 
+from keras_moe.mixin_bases import ModelMixinBase
+
 ROUTER_COLUMNS = (
     ("dropped_fraction", "dropped", "{:.1%}"),
     ("load_imbalance", "imbalance", "{:.2f}"),
@@ -56,7 +58,7 @@ def router_table(scalars: dict[str, Any], indent: str = "  ", legend: bool = Fal
       MoE layer  dropped  imbalance  MaxVio  confidence  out/in rms
       enc/ffn      25.0%       1.50       -           -           -
     """
-    layers = {}
+    layers: dict[str, dict[str, float]] = {}
     for key, value in scalars.items():
         if key.startswith("moe/") and key.count("/") >= 2:
             layer, stat = key[len("moe/") :].rsplit("/", 1)
@@ -147,7 +149,7 @@ def _is_tf_dataset(value: Any) -> bool:
     return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
 
 
-class CompactFitMixin:
+class CompactFitMixin(ModelMixinBase):
     """`keras.Model` mixin: `fit` and `evaluate` print `CompactProgbar`'s short lines.
 
     `fit` also reads a `tf.data.Dataset` in its own order (`shuffle=False` unless

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_moe.mixin_bases import ModelMixinBase
 from keras_moe.routing_scope import route_each_sequence, routing_each_sequence
 
 _FUNCTIONS = {
@@ -23,7 +24,7 @@ _FUNCTIONS = {
 EVAL_ROUTINGS = ("groups", "sequence")
 
 
-class RoutingScopeMixin:
+class RoutingScopeMixin(ModelMixinBase):
     """Makes `fit`/`evaluate`/`predict` trace again when the thread's
     `keras_moe.route_each_sequence()` scope differs from the one their kept function
     was traced in (`EncoderDecoder` has it), and routes evaluation as `eval_routing` says.

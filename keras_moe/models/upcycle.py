@@ -106,7 +106,7 @@ def upcycle_weights(
                 f"`{role}` {type(model).__name__} {found}: upcycling fills the "
                 "experts of a sparse model from a dense model's FFNs."
             )
-    report = {"copied": [], "experts": [], "routers": [], "fresh": []}
+    report: dict[str, list[str]] = {"copied": [], "experts": [], "routers": [], "fresh": []}
     used = set()
     for path, variable in target.items():
         folder, _, name = path.rpartition("/")

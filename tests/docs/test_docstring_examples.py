@@ -44,6 +44,7 @@ MODULES = [
     "keras_moe.local_groups",
     "keras_moe.log_filters",
     "keras_moe.metrics",
+    "keras_moe.mixin_bases",
     "keras_moe.models.adafactor",
     "keras_moe.models.attention",
     "keras_moe.models.blocks",
