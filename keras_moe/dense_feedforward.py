@@ -7,7 +7,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_moe.feedforward_mixin import Activation, FeedForwardMixin
+from keras_moe.feedforward_mixin import Activation, FeedForwardMixin, model_width
 from keras_moe.tensor_types import Shape, Tensor
 
 
@@ -46,9 +46,10 @@ class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
 
     def build(self, input_shape: Shape) -> None:
         # Normal init with std sqrt(init_scale / fan_in), fan_in = the kernel's first axis.
+        d_model = model_width(input_shape)
         self.add_kernels(
-            (input_shape[-1], self.d_ff),
-            (self.d_ff, input_shape[-1]),
+            (d_model, self.d_ff),
+            (self.d_ff, d_model),
             lambda shape: keras.initializers.RandomNormal(
                 stddev=(self.init_scale / shape[0]) ** 0.5
             ),

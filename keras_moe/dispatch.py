@@ -57,7 +57,7 @@ DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
 DispatchMode = Literal["auto", "einsum", "gather", "dropless"]
 
 
-def resolve_dispatch(mode: DispatchMode, platform: str) -> str:
+def resolve_dispatch(mode: DispatchMode, platform: str) -> DispatchMode:
     """The dispatch "auto" stands for on `platform` ("tpu", "gpu" or "cpu"): einsum on
     TPU (static shapes), gather elsewhere: a capacity dispatch, as Switch and GShard
     route; dropless is chosen by name. Other modes are returned as they are.

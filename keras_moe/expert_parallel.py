@@ -107,7 +107,7 @@ class ExpertParallelExperts(FeedForwardExperts):
         if exchange not in EXCHANGES:
             raise ValueError(f"`exchange` must be one of {EXCHANGES}, got {exchange!r}.")
         self.exchange = exchange
-        self.local_experts = None  # experts per replica in the last traced call
+        self.local_experts: int | None = None  # experts per replica in the last traced call
 
     def _local_ffn(self, x, start, count, d_model, training):
         """Experts [start, start+count) on buffers x [count, G', C, d]."""
@@ -123,11 +123,18 @@ class ExpertParallelExperts(FeedForwardExperts):
         y = self.feed_forward(x, tf.matmul, training, kernel=weights)
         return tf.reshape(y, shape)
 
-    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
+    def call(
+        self, inputs: Tensor, training: bool | None = None, group_sizes: Tensor | None = None
+    ) -> Tensor:
         ctx = replica_context()
         if ctx is None:
             self.local_experts = self.num_experts
-            return super().call(inputs, training=training)
+            return super().call(inputs, training=training, group_sizes=group_sizes)
+        if group_sizes is not None:
+            raise ValueError(
+                "`group_sizes` (rows sorted by expert, dispatch='dropless') is not taken "
+                "under a tf.distribute strategy: exchange capacity buffers instead."
+            )
         import tensorflow as tf
 
         n = ctx.num_replicas_in_sync

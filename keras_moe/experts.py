@@ -17,9 +17,10 @@ from keras_moe.feedforward_mixin import (
     SWIGLU_LIMIT,
     Activation,
     FeedForwardMixin,
+    model_width,
 )
 from keras_moe.grouped_matmul import grouped_matmul
-from keras_moe.tensor_types import Shape, Tensor
+from keras_moe.tensor_types import Shape, Tensor, WeightShape
 from keras_moe.validation import check_int
 
 # Std of a unit normal truncated at two standard deviations.
@@ -54,7 +55,7 @@ class PerExpertFanIn(keras.initializers.Initializer):
         # weights are first built inside fit()'s traced step.
         self._draw_seed = seed if seed is not None else random.randint(1, int(1e9))
 
-    def __call__(self, shape: Shape, dtype: str | None = None) -> Tensor:
+    def __call__(self, shape: WeightShape, dtype: str | None = None) -> Tensor:
         stddev = math.sqrt(self.scale / shape[-2]) / _TRUNCATED_NORMAL_STD
         return keras.random.truncated_normal(
             shape, stddev=stddev, dtype=dtype, seed=self._draw_seed
@@ -127,7 +128,7 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         )
 
     def build(self, input_shape: Shape) -> None:
-        d_model = input_shape[-1]
+        d_model = model_width(input_shape)
         self.add_kernels(
             (self.num_experts, d_model, self.d_ff),
             (self.num_experts, self.d_ff, d_model),

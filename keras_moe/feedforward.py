@@ -16,7 +16,7 @@ from keras_moe.feedforward_mixin import Activation
 from keras_moe.moe import GroupSize, MoeLayer
 from keras_moe.routing import SwitchRouter, Top2Router, TopKRouter, default_router_initializer
 from keras_moe.routing.base import ScoreFunction
-from keras_moe.routing.token_choice import NormalizeGates, SecondExpertPolicy
+from keras_moe.routing.token_choice import NormalizeGates, SecondExpertPolicy, TokenChoiceRouter
 from keras_moe.shared_experts import SharedExpertFeedForward
 
 ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
@@ -28,7 +28,7 @@ class _ExpertFeedForward(MoeLayer):
     (the hook: subclasses name their router class and pass its own arguments
     as `router_args`) and `FeedForwardExperts`, from plain arguments."""
 
-    router_class = None
+    router_class: type[TokenChoiceRouter] | None = None  # set by each ready-made layer
 
     def __init__(
         self,
@@ -59,6 +59,8 @@ class _ExpertFeedForward(MoeLayer):
             raise ValueError(
                 f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}."
             )
+        if self.router_class is None:
+            raise TypeError(f"{type(self).__name__} names no `router_class`.")
         router = self.router_class(
             num_experts,
             jitter_noise=jitter_noise,

@@ -30,7 +30,7 @@ import keras
 from keras import ops
 
 from keras_moe.mixin_bases import LayerMixinBase
-from keras_moe.tensor_types import Shape, Tensor
+from keras_moe.tensor_types import Shape, Tensor, WeightShape
 
 ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu")
 Activation = Literal["relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu"]
@@ -50,6 +50,22 @@ def activation_fn(name: Activation) -> Callable[[Tensor], Tensor]:
     if base == "silu":
         return ops.silu
     return ops.relu
+
+
+def model_width(input_shape: Shape) -> int:
+    """The last axis of `input_shape` (d_model), which must be known to build weights.
+
+    Example:
+    >>> model_width((None, 7, 16))
+    16
+    """
+    width = input_shape[-1]
+    if width is None:
+        raise ValueError(
+            f"the inputs' last axis (d_model) must be known to build the weights, got shape "
+            f"{tuple(input_shape)}."
+        )
+    return width
 
 
 class FeedForwardMixin(LayerMixinBase):
@@ -93,7 +109,10 @@ class FeedForwardMixin(LayerMixinBase):
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
 
     def add_kernels(
-        self, wi_shape: Shape, wo_shape: Shape, initializer: Callable[[Shape], Any]
+        self,
+        wi_shape: WeightShape,
+        wo_shape: WeightShape,
+        initializer: Callable[[WeightShape], Any],
     ) -> None:
         """Adds `wi` (gated: `wi_0`, `wi_1`) and `wo`, and with `use_bias` their
         biases `bi` (`bi_0`, `bi_1`) and `bo`, shaped as the kernels without

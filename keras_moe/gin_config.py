@@ -15,7 +15,7 @@ import contextlib
 import os
 import tokenize
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from keras_moe import compat, gin_unread
 from keras_moe.gin_errors import GinConfigError, describe_syntax_error
@@ -45,7 +45,7 @@ def gin_dirs() -> list[str]:
 def search_dirs() -> list[str]:
     """Folders searched for a gin file name, in order: each of `gin_dirs()` and its
     `runs/` and `models/` sub-folders (those that exist)."""
-    out = []
+    out: list[str] = []
     for folder in gin_dirs():
         for path in (folder, os.path.join(folder, "runs"), os.path.join(folder, "models")):
             real = os.path.realpath(path)
@@ -157,7 +157,7 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
         yield
 
 
-def _as_list(value, what, allowed):
+def _as_list(value: Any, what: str, allowed: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, (str, os.PathLike)):
@@ -205,7 +205,7 @@ RETIRED_MACROS = {
 # Configurables that take **kwargs, which gin accepts under any parameter name
 # (`train` takes the flat settings of earlier run files so): the names each
 # accepts, checked once the gin is parsed (`register_keyword_names`).
-KEYWORD_NAMES = {}
+KEYWORD_NAMES: dict[str, frozenset[str]] = {}
 
 
 def register_keyword_names(configurable: str, names: Iterable[str]) -> None:

@@ -74,7 +74,7 @@ def unread_bindings(selectors: Collection[str]) -> list[tuple[str, str, list[str
 def describe_sparse_layers(config: T5Config) -> str:
     """`"the model's sparse layer is X"` for a `T5Config` (each stack's when they differ)."""
     sides = {
-        side: config.sparse_ffn_spec(side)["class_name"].split(">")[-1]
+        side: config.required_sparse_ffn_spec(side)["class_name"].split(">")[-1]
         for side in SIDES
         if getattr(config, f"resolved_{side}_sparse_layers")()
     }

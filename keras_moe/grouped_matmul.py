@@ -62,7 +62,7 @@ Kernel = Literal["auto", "tiled", "looped", "ragged_dot", "megablox"]
 # The m tile (rows per kernel step) at most: the TPU's MXU is 128 wide.
 MAX_ROW_TILE = 128
 # What kernel="auto" runs on JAX, by platform ("cpu": `cpu_kernel` picks by size).
-AUTO_KERNELS = {"tpu": "megablox", "cpu": "tiled", "gpu": "ragged_dot"}
+AUTO_KERNELS: dict[str, Kernel] = {"tpu": "megablox", "cpu": "tiled", "gpu": "ragged_dot"}
 # The "tiled" kernel copies its group's matrix for every tile: above this many bytes of
 # copies, "auto" runs "looped" on a CPU instead (benchmarks/grouped_matmul_speed.py: at N
 # 8192, k 512, n 2048 and E 8 / 32 / 128 the copies are 0.16 / 0.5 / 2.7 GB and "looped" is
@@ -190,7 +190,7 @@ def runs_tiled(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> bool:
     )
 
 
-def cpu_kernel(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> str:
+def cpu_kernel(num_rows: int, w_shape: tuple[int, ...], dtype: Any) -> Kernel:
     """The JAX/CPU kernel for `num_rows` rows and matrices `[E, k, n]`: "tiled" while its
     copies of the matrices (one per tile) stay within `TILED_COPY_BYTES`, else "looped".
 

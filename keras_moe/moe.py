@@ -342,6 +342,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             stats = metrics_lib.router_metrics(routing, group_mask)
             stats["output_rms_ratio"] = metrics_lib.branch_rms_ratio(inputs, outputs, token_mask)
         if self._trackers is not None:
+            assert stats is not None  # computed above whenever there are trackers
             metrics_lib.track_layer_stats(self, self._trackers, stats, warn=not return_metrics)
         if return_metrics:
             return outputs, stats

@@ -333,6 +333,7 @@ def batch_split(shape: Shape) -> tuple[tuple[str, ...], int]:
     mesh_shape = active_mesh_shape()
     if mesh_shape is None or shape[0] is None:
         return (), 1
+    assert _ACTIVE_RULES is not None  # a mesh is active only with rules
     logical = ("batch",) + (None,) * (len(shape) - 1)
     entry = layouts.logical_to_mesh_axes(logical, _ACTIVE_RULES, mesh_shape, tuple(shape))[0]
     axes = layouts._as_mesh_axes(entry)
@@ -385,6 +386,7 @@ def with_logical_constraint(x: Tensor, logical_axes: LogicalAxes) -> Tensor:
     mesh_shape = active_mesh_shape()
     if mesh_shape is None:
         return x
+    assert _ACTIVE_RULES is not None  # a mesh is active only with rules
     logical_axes = tuple(logical_axes)
     spec = layouts.logical_to_mesh_axes(logical_axes, _ACTIVE_RULES, mesh_shape, tuple(x.shape))
     if "expert" in logical_axes and spec[logical_axes.index("expert")]:

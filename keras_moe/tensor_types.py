@@ -18,3 +18,6 @@ Tensor: TypeAlias = Any
 
 Shape: TypeAlias = tuple[int | None, ...]
 """A tensor shape; None for an axis known only at run time."""
+
+WeightShape: TypeAlias = tuple[int, ...]
+"""A weight's shape: every axis known."""

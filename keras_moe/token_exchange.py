@@ -52,9 +52,9 @@ EXPERT_EXCHANGES = ("auto", "all_to_all", "gspmd")
 ExpertExchange = Literal["auto", "all_to_all", "gspmd"]
 # `(jax mesh, token group axes, expert group axes)` of the all-to-all.
 ExchangeLayout = tuple[Any, tuple[str, ...], tuple[str, ...]]
-_MODE = "auto"
+_MODE: ExpertExchange = "auto"
 # MoE layer path -> its exchange choice, recorded while layers are traced on a mesh.
-_CHOICES = {}
+_CHOICES: dict[str, dict[str, Any]] = {}
 
 # Logical axes of an expert buffer [E, G, C, d] in each layout.
 _TOKEN_LAYOUT = (None, "batch", None, "embed")
@@ -156,7 +156,9 @@ def clear_exchange_choices() -> None:
 
 
 def note_choice(
-    exchange: Literal["all_to_all", "gspmd"], reason: str, shape: Shape | None = None
+    exchange: Literal["all_to_all", "ragged_all_to_all", "gspmd"],
+    reason: str,
+    shape: Shape | None = None,
 ) -> None:
     """Records a MoE layer's exchange on an active mesh (`exchange_choices`).
 

@@ -7,6 +7,8 @@ groups stay on one shard (`keras_moe.local_groups`).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from keras import ops
 
 from keras_moe import local_groups
@@ -14,10 +16,12 @@ from keras_moe.tensor_types import Tensor
 from keras_moe.validation import is_int
 
 # "batch", "sequence", an integer N, or ("chunks", N): each sequence cut into groups of N.
-Grouping = str | int | tuple[str, int]
+Grouping = Literal["batch", "sequence"] | int | tuple[Literal["chunks"], int]
 
 
-def grouping_for(x: Tensor, group_size: str | int, independent_routing: bool) -> Grouping:
+def grouping_for(
+    x: Tensor, group_size: Literal["batch", "sequence"] | int, independent_routing: bool
+) -> Grouping:
     """The grouping used for input `x`: "batch", "sequence", an int N, or
     ("chunks", N): each sequence cut into groups of N."""
     length = x.shape[1]

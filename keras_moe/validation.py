@@ -12,7 +12,7 @@ ValueError: `num_experts` must be an integer >= 1, got 0.
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from keras_moe.tensor_types import Shape, Tensor
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import keras
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An integer (Python or NumPy), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 

@@ -21,6 +21,7 @@ from keras_hub.src.utils import preset_utils
 from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
 from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
+from keras_moe.dispatch import DispatchMode
 from keras_moe.keras_hub.sparsify import check_options, is_sparse, sparsify
 
 # transformers v5 spelling -> the spelling published checkpoints (and keras-hub 0.32) use.
@@ -133,10 +134,10 @@ class _TransformersLoader(TransformersPresetLoader):
 
 def from_preset(
     preset: str,
-    cls: type | None = None,
+    cls: type[Any] | None = None,
     load_weights: bool = True,
     sparse: bool = True,
-    dispatch: str = "dropless",
+    dispatch: DispatchMode = "dropless",
     aux_loss_factor: float | None = None,
     bias_update_rate: float = 0.0,
     train_capacity_factor: float = 1.25,

@@ -33,7 +33,7 @@ def _keras_hub_class(name: str) -> type | None:
     return getattr(keras_hub.models, name, None)
 
 
-def _block_class(family: families_lib.Family) -> type:
+def _block_class(family: families_lib.Family) -> type[keras.layers.Layer]:
     return getattr(importlib.import_module(family.module), family.block_class)
 
 
@@ -51,7 +51,6 @@ def _make_sparse_backbone_class(family: families_lib.Family, base: type) -> type
         config[_OPTIONS_KEY] = dict(self._keras_moe_options)
         return config
 
-    @classmethod
     def from_config(cls, config):
         config = dict(config)
         options = config.pop(_OPTIONS_KEY, {})
@@ -65,7 +64,7 @@ def _make_sparse_backbone_class(family: families_lib.Family, base: type) -> type
         type(
             f"Sparse{base.__name__}",
             (base,),
-            {"get_config": get_config, "from_config": from_config, "__doc__": doc},
+            {"get_config": get_config, "from_config": classmethod(from_config), "__doc__": doc},
         )
     )
 

@@ -58,7 +58,7 @@ class _Block(keras.layers.Layer):
     """What the encoder and decoder layers share: pre-norm attention sublayers, the FFN
     branch, the config, and building every sublayer for d_model inputs."""
 
-    _side = None
+    _side: str | None = None  # "encoder" / "decoder" in the two blocks
 
     def __init__(
         self,

@@ -73,7 +73,7 @@ def use_persistent_cache() -> str | None:
     """
     import jax
 
-    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  (set at run time)
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # a flag, set at run time
     if current:
         return current
     path = chosen_cache_dir()

@@ -220,7 +220,14 @@ class T5Config:
 
     def used_sparse_ffn_specs(self) -> List[dict]:
         """The specs of the stacks that have sparse layers."""
-        return [self.sparse_ffn_spec(side) for side in SIDES if self._sparse_layers(side)]
+        return [self.required_sparse_ffn_spec(side) for side in SIDES if self._sparse_layers(side)]
+
+    def required_sparse_ffn_spec(self, side: str) -> dict:
+        """The spec dict of `side`'s sparse layers, for a stack that has some."""
+        spec = self.sparse_ffn_spec(side)
+        if spec is None:
+            raise ValueError(f"the {side} has sparse layers but no `sparse_ffn` to make them of.")
+        return spec
 
     def _used_views(self):
         return [self.sparse_ffn_view(side) for side in SIDES if self._sparse_layers(side)]
@@ -235,7 +242,8 @@ class T5Config:
 
     def make_sparse_ffn(self, side: str, name: str, metrics_prefix: Optional[str] = None):
         """A new sparse FFN layer for `side` ("encoder" / "decoder")."""
-        return self.sparse_ffn_view(side).make_layer(
+        spec = sparse_ffn_lib.SparseFfnSpec.from_dict(self.required_sparse_ffn_spec(side))
+        return spec.make_layer(
             name,
             causal=side == "decoder",
             track_metrics=self.track_router_metrics,

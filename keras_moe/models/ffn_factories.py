@@ -20,11 +20,12 @@ Example:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, cast
 
 import keras
 
 from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.feedforward_mixin import Activation
 from keras_moe.models.config import SIDES, T5Config
 
 # (name, metrics_prefix) -> a new FFN layer.
@@ -54,7 +55,7 @@ def dense_ffn_factory(config: T5Config) -> FfnFactory:
         del metrics_prefix  # a dense FFN logs no router metrics
         return DenseFeedForward(
             config.d_ff,
-            config.activation,
+            cast(Activation, config.activation),  # one of ACTIVATIONS: T5Config checks it
             config.dropout_rate,
             init_scale=config.init_scale,
             name=name,
@@ -111,6 +112,8 @@ class FfnFactories:
         if side not in SIDES:
             raise ValueError(f"`side` must be one of {SIDES}, got {side!r}.")
         block_name = block_name or f"{side}_layer_{index}"
+        sparse = self.sparse[side]
         if index in self.sparse_layers[side]:
-            return self.sparse[side](name="ffn", metrics_prefix=f"{block_name}/ffn")
+            assert sparse is not None  # a stack with sparse layers has their factory
+            return sparse(name="ffn", metrics_prefix=f"{block_name}/ffn")
         return self.dense(name="ffn")

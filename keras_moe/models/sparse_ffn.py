@@ -48,7 +48,7 @@ from keras_moe.feedforward_mixin import ACTIVATIONS
 from keras_moe.models import sparse_ffn_checks
 from keras_moe.models.model_decided import MODEL_DECIDED, _refuse_given, _refuse_set_on
 from keras_moe.moe import MoeLayer
-from keras_moe.routing import Top2Router
+from keras_moe.routing import Router, Top2Router
 from keras_moe.validation import is_int
 
 _MISSING = object()
@@ -125,7 +125,7 @@ class SparseFfnSpec:
         return {"class_name": self.class_name, "config": self.config}
 
     @property
-    def layer_class(self) -> type:
+    def layer_class(self) -> type[keras.layers.Layer]:
         return _layer_class(self.class_name)
 
     def _parts(self):
@@ -166,7 +166,7 @@ class SparseFfnSpec:
     def activation(self) -> str:
         return self.get("activation")
 
-    def router_class(self) -> Optional[type]:
+    def router_class(self) -> Optional[type[Router]]:
         """The class of the layer's router (None when the spec does not say)."""
         router = self.config.get("router")
         if isinstance(router, dict):

@@ -12,6 +12,7 @@ each with its gin binding or flag.
 import glob
 import os
 import re
+from typing import Any
 
 _SIZE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 # "   16.00GiB( 82%);   16.00GiB;      5095424;     6; bf16[128,4,512,16], f32[...]"
@@ -46,7 +47,8 @@ def parse_memory_usage_report(text: str, top: int = 5) -> list:
     >>> [(a["bytes"] // 2 ** 20, a["shapes"]) for a in parse_memory_usage_report(report)]
     [(16384, 'f32[128,4,512,512], f32[65536,10240]'), (512, 'f32[128,4,512,512]')]
     """
-    allocations, space = [], None
+    allocations: list[dict[str, Any]] = []
+    space = None
     for line in text.splitlines():
         if line.startswith("Memory Space:"):
             space = line.split(":", 1)[1].strip().split(" ")[0]
