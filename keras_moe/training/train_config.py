@@ -139,7 +139,7 @@ class TrainConfig:
                 f"train has no setting {', '.join(unknown)}; its settings are "
                 f"{', '.join(sorted(fields))} (and the shorthands {', '.join(SHORTHANDS)})."
             )
-        grouped = {"dataset": {}, "checkpoint": {}, "placement": {}}
+        grouped: dict[str, dict[str, Any]] = {"dataset": {}, "checkpoint": {}, "placement": {}}
         for name, value in flat.items():
             owner, field = SHORTHANDS[name]
             if settings.get(owner) is not None:

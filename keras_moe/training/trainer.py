@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, cast
 
 from keras_moe.training.run.compiled_model import build_compiled_model  # noqa: F401  (re-exported)
 from keras_moe.training.run.dtype_policy import (  # noqa: F401  (re-exported)
@@ -57,7 +57,7 @@ def train(
     return Run(model_dir, config).train()
 
 
-def _train_signature():
+def _train_signature() -> inspect.Signature:
     # gin reads a function's parameters to check and bind `train.<name>`: the
     # fields of TrainConfig, and **settings for the flat shorthands.
     params = [
@@ -78,4 +78,5 @@ def _train_signature():
     return inspect.Signature(params, return_annotation="TrainSummary | TrainConfig")
 
 
-train.__signature__ = _train_signature()
+# A function object takes any attribute; typeshed's FunctionType declares no __signature__.
+cast(Any, train).__signature__ = _train_signature()

@@ -89,7 +89,10 @@ class Upcycle:
         a batch of model inputs, e.g. the first training batch), `start_gap`: the
         largest difference of the two models' logits on it (`start_gap`)."""
         try:
-            report = upcycle_weights(model, dense, self.router_init, self.noise_std, self.seed)
+            # `upcycle_weights` lists of paths; `step` and `start_gap` are added below.
+            report: dict[str, Any] = upcycle_weights(
+                model, dense, self.router_init, self.noise_std, self.seed
+            )
         except ValueError as e:
             raise TrainingConfigError(f"cannot upcycle {source}: {e}") from None
         step = 0

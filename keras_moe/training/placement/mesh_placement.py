@@ -37,8 +37,8 @@ class MeshPlacement:
 
     def __init__(self, mesh_shape: dict | None = None, logical_axis_rules: tuple | None = None):
         self.mesh_shape, self.logical_axis_rules = mesh_shape, logical_axis_rules
-        self.chief = None
-        self.mesh = None
+        self.chief: bool | None = None  # set by `start`
+        self.mesh: dict[str, int] | None = None  # axis -> size, set by `apply`
 
     def check(self, batch_size: int | None = None) -> MeshPlacement:
         """Checks the mesh against this backend and its devices, and that

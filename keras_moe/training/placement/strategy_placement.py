@@ -11,6 +11,7 @@ from keras_moe.validation import is_number
 
 if TYPE_CHECKING:
     import keras
+    import tensorflow as tf
 
 
 class StrategyPlacement:
@@ -50,7 +51,10 @@ class StrategyPlacement:
         self.name, self.tpu_name, self.devices = strategy, tpu_name, devices
         self.collective_timeout = collective_timeout
         self.cluster_wait_timeout = cluster_wait_timeout
-        self.strategy = self.replicas = self.chief = None
+        # Set by `start`.
+        self.strategy: tf.distribute.Strategy | None = None
+        self.replicas: int | None = None
+        self.chief: bool | None = None
 
     def check(self, batch_size: int | None = None) -> StrategyPlacement:
         """Checks the settings (no device is touched); returns self."""
@@ -84,6 +88,7 @@ class StrategyPlacement:
 
     def check_batch(self, batch_size: int) -> None:
         """Refuses a global batch the replicas cannot share equally."""
+        assert self.replicas is not None, "StrategyPlacement.start() first"
         if batch_size % self.replicas:
             raise TrainingConfigError(
                 f"BATCH_SIZE={batch_size} is not divisible by the {self.replicas} replicas "
@@ -95,6 +100,7 @@ class StrategyPlacement:
 
     def scope(self) -> ContextManager:
         """The strategy's scope: variables made inside are mirrored over its replicas."""
+        assert self.strategy is not None, "StrategyPlacement.start() first"
         return self.strategy.scope()
 
     def shard_report(self, model: keras.Model) -> None:
@@ -109,6 +115,7 @@ class StrategyPlacement:
 
     def batch_layout(self, batch_size: int) -> str:
         """How the global batch is split, for the start-up report."""
+        assert self.replicas is not None, "StrategyPlacement.start() first"
         return f"global batch {batch_size} = {batch_size // self.replicas} per replica"
 
     def describe(self) -> str:

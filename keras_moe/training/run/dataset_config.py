@@ -58,8 +58,9 @@ class DatasetConfig:
     seed: int = 0
     input_shards: int | None = None
 
-    def __post_init__(self):
-        self.plan = None
+    def __post_init__(self) -> None:
+        # `(shard indices, input_shards, rows per shard)`, set by `for_process`.
+        self.plan: tuple[list[int], int, int] | None = None
 
     def check(self) -> DatasetConfig:
         """Checks every setting without reading data; returns self.
@@ -102,7 +103,9 @@ class DatasetConfig:
     @property
     def tokens_per_batch(self) -> int:
         """Input and target tokens of one global batch."""
-        return self.batch_size * (self.feature_lengths["inputs"] + self.feature_lengths["targets"])
+        lengths = self.feature_lengths
+        assert lengths is not None, "DatasetConfig.check() first (it sets the default)"
+        return self.batch_size * (lengths["inputs"] + lengths["targets"])
 
     def _process_dataset(self, split: str, **kwargs: Any):
         if self.plan is None:

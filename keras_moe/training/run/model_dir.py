@@ -6,7 +6,7 @@ import tempfile
 from keras_moe.training.errors import TrainingConfigError
 
 
-def prepare_model_dir(model_dir: str) -> str:
+def prepare_model_dir(model_dir: str | None) -> str:
     """Creates `model_dir` if needed and checks it is a writable folder."""
     if not model_dir or not isinstance(model_dir, str):
         raise TrainingConfigError(f"--model_dir must be a folder path, got {model_dir!r}.")

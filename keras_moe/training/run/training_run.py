@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from keras_moe.training.checkpoint.checkpoint_config import CheckpointConfig
+    from keras_moe.training.placement import StrategyPlacement
+    from keras_moe.training.run.dataset_config import DatasetConfig
     from keras_moe.training.run.summary import TrainSummary
 
 
@@ -53,12 +56,12 @@ class Run:
     Args:
         model_dir: output folder (checkpoints/, backup/, logs/train and logs/validation
             (TensorBoard), operative_config.gin, expert_load.png, expert_load_history.json
-            and .png, summary.json).
+            and .png, summary.json); `check` refuses None.
         config: a `TrainConfig`.
     """
 
-    def __init__(self, model_dir: str, config: TrainConfig):
-        self.model_dir, self.config = model_dir, config
+    def __init__(self, model_dir: str | None, config: TrainConfig):
+        self._model_dir_arg, self.config = model_dir, config
         self.started_at = time.time()
 
     def train(self) -> TrainSummary:
@@ -74,37 +77,48 @@ class Run:
         """The settings, the process layout and the model dir, before any device is used."""
 
         c = self.config.check()
+        # The checked config's parts the steps use, kept typed: `TrainConfig.check`
+        # filled in each collaborator left None, and `steps_per_epoch`.
+        assert c.dataset is not None and c.checkpoint is not None and c.placement is not None
+        assert c.steps_per_epoch is not None
+        self.dataset: DatasetConfig = c.dataset
+        self.checkpoint: CheckpointConfig = c.checkpoint
+        self.placement: StrategyPlacement | MeshPlacement = c.placement
+        self.steps_per_epoch: int = c.steps_per_epoch
         self.process_index, self.process_count = multihost.process_info()
-        if self.process_count > 1 and not isinstance(c.placement, MeshPlacement):
+        if self.process_count > 1 and not isinstance(self.placement, MeshPlacement):
             raise TrainingConfigError(
                 f"{self.process_count} JAX processes train one model over a device mesh: "
                 "bind train.placement = @MeshPlacement() (its mesh_shape's product = the "
                 "devices of all processes)."
             )
-        c.dataset.for_process(self.process_index, self.process_count)
-        self.model_dir = prepare_model_dir(self.model_dir)
+        self.dataset.for_process(self.process_index, self.process_count)
+        self.model_dir: str = prepare_model_dir(self._model_dir_arg)
 
     def start(self) -> None:
         """The global seed, the placement, and the checks that need it."""
 
-        c = self.config
+        c, data = self.config, self.dataset
         # One seed for everything: model init, and tf.data (whose op seeds combine
         # with the global one, so a resumed run must set the same global seed to
         # see the same stream after `skip`).
-        keras.utils.set_random_seed(c.dataset.seed)
-        self.placement = c.placement.start(self.process_index)
+        keras.utils.set_random_seed(data.seed)
+        self.placement = self.placement.start(self.process_index)
+        # `start` set both.
+        assert self.placement.chief is not None and self.placement.replicas is not None
         self.chief, self.replicas = self.placement.chief, self.placement.replicas
-        self.placement.check_batch(c.dataset.batch_size)
+        self.placement.check_batch(data.batch_size)
         log(
-            f"{self.placement.describe()}; {self.placement.batch_layout(c.dataset.batch_size)}; "
+            f"{self.placement.describe()}; {self.placement.batch_layout(data.batch_size)}; "
             f"dtype policy {c.dtype_policy}"
         )
-        shard_ids, num_shards, rows = c.dataset.plan
+        assert data.plan is not None  # `check` ran `for_process`
+        shard_ids, num_shards, rows = data.plan
         if self.process_count > 1 or num_shards > 1:
             log(
                 f"process {self.process_index} of {self.process_count}: input shards "
                 f"{shard_ids} of {num_shards}, {rows} rows each, of the global batch "
-                f"{c.dataset.batch_size}"
+                f"{data.batch_size}"
             )
         self.expert_load_every = c.expert_load_every
         if self.process_count > 1 and c.expert_load_every:
@@ -112,7 +126,7 @@ class Run:
             log("several processes: no expert-load scalars (measure them with keras-moe-eval)")
             self.expert_load_every = 0
         # Unknown task names and missing data fail here, before the model is built.
-        c.dataset.check_task()
+        data.check_task()
 
     def build(self) -> None:
         """The model (on the mesh, if any), resumed from the model dir or initialised.
@@ -122,7 +136,7 @@ class Run:
         anything is written.
         """
 
-        c = self.config
+        c, data = self.config, self.dataset
         self.placement.apply()
         with dtype_policy_scope(c.dtype_policy):  # init_checkpoint's model too (resume)
             with self.placement.scope():
@@ -138,30 +152,31 @@ class Run:
             self.shards = self.placement.shard_report(self.model)
             for name, full, local in self.shards or ():
                 log(f"  {name}: {full} -> {local} on one device")
+            assert data.feature_lengths is not None  # `DatasetConfig.check` set the default
             for line in self.placement.exchange_report(
-                self.model, c.dataset.batch_size, c.dataset.feature_lengths
+                self.model, data.batch_size, data.feature_lengths
             ):
                 log(f"  MoE exchange {line}")
-            self.manager, self.backup_dir, self.resumed, self.start_step = c.checkpoint.restore(
+            self.manager, self.backup_dir, self.resumed, self.start_step = self.checkpoint.restore(
                 self.model,
                 self.model_dir,
                 c.model,
                 sharded=self.process_count > 1,
                 primary=self.chief,
-                probe=lambda: first_inputs(c.dataset.train_stream()),
+                probe=lambda: first_inputs(data.train_stream()),
             )
 
     def read_data(self) -> None:
         """Checks the training split has data; the summary split's batches."""
 
-        data = self.config.dataset
+        data = self.dataset
         self.first_batch = data_lib.check_not_empty(data.train_stream(), data.task, "train")
         self.summary_data, self.summary_split = data.summary_batches(
             self.config.eval_split, self.config.summary_batches
         )
 
     def _train_stream(self, skip_batches):
-        ds = self.config.dataset.train_stream(skip_batches)
+        ds = self.dataset.train_stream(skip_batches)
         record = self.config.record_batches
         return data_lib.record_batches(ds, record) if record else ds
 
@@ -191,7 +206,7 @@ class Run:
             cb_lib.NonFiniteLossGuard(last_checkpoint),  # First: raises before any save.
             console.CompactProgbar(),  # Router statistics go to the logger's table instead.
             self.logger,
-            *self.config.checkpoint.callbacks(manager, self.backup_dir, writes, self.chief),
+            *self.checkpoint.callbacks(manager, self.backup_dir, writes, self.chief),
         ]
 
     def fit(self) -> None:
@@ -213,7 +228,7 @@ class Run:
         )
         self.logger = cb_lib.TrainingLogger(
             self.log_root,
-            c.dataset.tokens_per_batch,
+            self.dataset.tokens_per_batch,
             c.log_every,
             total_steps=c.train_steps,
             probe_batch=probe,
@@ -240,7 +255,7 @@ class Run:
         start = time.time()
         try:
             for initial_epoch, epochs, spe, first_step in fit_segments(
-                self.start_step, c.train_steps, c.steps_per_epoch
+                self.start_step, c.train_steps, self.steps_per_epoch
             ):
                 self.model.fit(
                     self._train_stream(skip + first_step - self.start_step),
@@ -282,13 +297,13 @@ class Run:
                     self.model, self.summary_data, self.summary_split, self.model_dir, end_step
                 )
         history = self.logger.history
-        history_plot = os.path.join(self.model_dir, load_history.PNG_NAME)
-        if not (self.chief and os.path.isfile(history_plot)):
-            history_plot = None
+        history_png = os.path.join(self.model_dir, load_history.PNG_NAME)
+        history_plot = history_png if self.chief and os.path.isfile(history_png) else None
         latest = self.manager.latest()
+        assert self.dataset.plan is not None  # `check` ran `for_process`
         summary = TrainSummary(
             {
-                "task": c.dataset.task,
+                "task": self.dataset.task,
                 "strategy": self.placement.name,
                 "replicas": self.replicas,
                 "dtype_policy": c.dtype_policy,
@@ -310,7 +325,7 @@ class Run:
                 "history": history,
                 "mesh": self.placement.mesh,
                 "processes": self.process_count,
-                "input_shards": c.dataset.plan[1],
+                "input_shards": self.dataset.plan[1],
                 "shards": (
                     [[n, list(f), list(loc)] for n, f, loc in self.shards] if self.shards else None
                 ),
@@ -355,7 +370,7 @@ def fit_segments(start: int, total: int, steps_per_epoch: int) -> list[tuple]:
     >>> fit_segments(3, 10, 4)  # a partial epoch to the boundary, then whole ones
     [(0, 1, 1, 3), (1, 2, 4, 4), (2, 3, 2, 8)]
     """
-    calls = []
+    calls: list[tuple[int, int, int, int]] = []
     step = start
     while step < total:
         n = min(steps_per_epoch - step % steps_per_epoch, total - step)
