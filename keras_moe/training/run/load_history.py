@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from keras_moe.training import checkpoint as ckpt_lib
-from keras_moe.training.run.expert_load import save_figure
+from keras_moe.training.run import expert_load
 
 JSON_NAME = "expert_load_history.json"
 PNG_NAME = "expert_load_history.png"
@@ -163,5 +163,5 @@ def plot_history(entries, path, title="Expert load over training (held batch)"):
         axes[0, 0].text(0.5, 0.5, "no expert-load measurements", ha="center", va="center")
     axes[-1, 0].set_xlabel("step")
     fig.suptitle(title)
-    save_figure(fig, path)
+    expert_load.save_figure(fig, path)
     return path
