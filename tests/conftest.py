@@ -61,8 +61,16 @@ def _reset_keras_state():
 END_TO_END_MARKS = ("e2e", "slow", "jax", "xdist_group")
 # The audit events (PEP 578) by which Python starts another process.
 _PROCESS_EVENTS = frozenset(
-    {"subprocess.Popen", "os.system", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec"}
-    | {"os.spawn", "pty.spawn"}
+    {
+        "subprocess.Popen",
+        "os.system",
+        "os.posix_spawn",
+        "os.fork",
+        "os.forkpty",
+        "os.exec",
+        "os.spawn",
+        "pty.spawn",
+    }
 )
 _unmarked_test = None  # the running test's id while it carries no end-to-end mark
 
