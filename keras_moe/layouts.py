@@ -35,7 +35,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import keras
 import keras as _keras
 
 from keras_moe import compat
@@ -270,7 +269,7 @@ def _mesh_shape(device_mesh):
 
 def _make_layout(spec, device_mesh):
     if all(s is None or isinstance(s, str) for s in spec):
-        return keras.distribution.TensorLayout(spec, device_mesh)
+        return _keras.distribution.TensorLayout(spec, device_mesh)
     return MultiAxisLayout(spec, device_mesh)
 
 
