@@ -7,7 +7,8 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_moe.feedforward_mixin import Activation, FeedForwardMixin, model_width
+from keras_moe.arguments import Activation
+from keras_moe.feedforward_mixin import FeedForwardMixin, model_width
 from keras_moe.tensor_types import Shape, Tensor
 
 
@@ -17,7 +18,7 @@ class DenseFeedForward(FeedForwardMixin, keras.layers.Layer):
 
     Args:
         d_ff: hidden size.
-        activation: one of `keras_moe.feedforward_mixin.ACTIVATIONS` ("gated-gelu" is T5.1.1).
+        activation: one of `keras_moe.arguments.ACTIVATIONS` ("gated-gelu" is T5.1.1).
         dropout_rate: dropout on the hidden activations.
         init_scale: variance scale of the normal init, std `sqrt(init_scale /
             fan_in)` (T5: 1.0; the Switch paper scales every weight by 0.1).

@@ -31,11 +31,15 @@ name (`get_dispatcher`) and re-exports them.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import keras
 
 from keras_moe import sharding
+from keras_moe.arguments import (
+    DISPATCH_MODES,
+    DispatchMode,
+    check_dropless_buffer_factor,
+    check_values,
+)
 from keras_moe.dispatch_base import Dispatcher
 from keras_moe.dispatch_dropless import DroplessDispatcher
 from keras_moe.dispatch_einsum import EinsumDispatcher, EinsumPlan
@@ -52,9 +56,6 @@ __all__ = [
     "get_dispatcher",
     "resolve_dispatch",
 ]
-
-DISPATCH_MODES = ("auto", "einsum", "gather", "dropless")
-DispatchMode = Literal["auto", "einsum", "gather", "dropless"]
 
 
 def resolve_dispatch(mode: DispatchMode, platform: str) -> DispatchMode:
@@ -87,13 +88,8 @@ def get_dispatcher(mode: DispatchMode, dropless_buffer_factor: float | None = No
     >>> get_dispatcher("gather").name
     'gather'
     """
-    if mode not in DISPATCH_MODES:
-        raise ValueError(f"`dispatch` must be one of {DISPATCH_MODES}, got {mode!r}.")
-    if dropless_buffer_factor is not None and mode != "dropless":
-        raise ValueError(
-            "`dropless_buffer_factor` sizes the dropless dispatcher's receive "
-            f"buffer; it needs dispatch='dropless', got dispatch={mode!r}."
-        )
+    check_values({"dispatch": mode, "dropless_buffer_factor": dropless_buffer_factor})
+    check_dropless_buffer_factor(mode, dropless_buffer_factor)
     platform = sharding.accelerator_platform()
     mode = resolve_dispatch(mode, platform)
     if mode == "dropless":

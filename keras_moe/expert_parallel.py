@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import keras
 
 from keras_moe import compat
+from keras_moe.arguments import Activation
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward_mixin import Activation
 from keras_moe.moe import MoeLayer
 from keras_moe.replica_context import replica_context
 from keras_moe.routing import SwitchRouter, default_router_initializer

@@ -12,16 +12,15 @@ import keras
 from keras import ops
 
 from keras_moe import grouped_matmul as grouped_matmul_lib
+from keras_moe.arguments import Activation, check_values
 from keras_moe.feedforward_mixin import (
     SWIGLU_ALPHA,
     SWIGLU_LIMIT,
-    Activation,
     FeedForwardMixin,
     model_width,
 )
 from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.tensor_types import Shape, Tensor, WeightShape
-from keras_moe.validation import check_int
 
 # Std of a unit normal truncated at two standard deviations.
 _TRUNCATED_NORMAL_STD = 0.87962566103423978
@@ -113,8 +112,7 @@ class FeedForwardExperts(FeedForwardMixin, keras.layers.Layer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        check_int("num_experts", num_experts)
-        check_int("d_ff", d_ff)
+        check_values(dict(num_experts=num_experts, d_ff=d_ff))
         self.num_experts = num_experts
         self.d_ff = d_ff
         self.init_feed_forward(

@@ -4,23 +4,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import keras
 
+from keras_moe.arguments import (
+    Activation,
+    DispatchMode,
+    EvalSecondExpertPolicy,
+    NormalizeGates,
+    RouterDtype,
+    ScoreFunction,
+    SecondExpertPolicy,
+)
+
 # Re-exported from its old home (the redundant alias marks the re-export).
 from keras_moe.dense_feedforward import DenseFeedForward as DenseFeedForward
-from keras_moe.dispatch import DispatchMode
 from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward_mixin import Activation
 from keras_moe.moe import GroupSize, MoeLayer
 from keras_moe.routing import SwitchRouter, Top2Router, TopKRouter, default_router_initializer
-from keras_moe.routing.base import ScoreFunction
-from keras_moe.routing.token_choice import NormalizeGates, SecondExpertPolicy, TokenChoiceRouter
+from keras_moe.routing.token_choice import TokenChoiceRouter
 from keras_moe.shared_experts import SharedExpertFeedForward
-
-ROUTER_DTYPES = ("float32", "bfloat16", "mixed_bfloat16")
-RouterDtype = Literal["float32", "bfloat16", "mixed_bfloat16"]
+from keras_moe.validation import is_int
 
 
 class _ExpertFeedForward(MoeLayer):
@@ -29,6 +35,7 @@ class _ExpertFeedForward(MoeLayer):
     as `router_args`) and `FeedForwardExperts`, from plain arguments."""
 
     router_class: type[TokenChoiceRouter] | None = None  # set by each ready-made layer
+    experts_per_token = 1  # the router's k by default
 
     def __init__(
         self,
@@ -55,10 +62,9 @@ class _ExpertFeedForward(MoeLayer):
         router_args: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if router_dtype not in ROUTER_DTYPES:
-            raise ValueError(
-                f"`router_dtype` must be one of {ROUTER_DTYPES}, got {router_dtype!r}."
-            )
+        # Every named argument, as given (`__class__` is the cell `super()` reads).
+        own = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
+        type(self).check_arguments({**own, **(router_args or {}), **kwargs})
         if self.router_class is None:
             raise TypeError(f"{type(self).__name__} names no `router_class`.")
         router = self.router_class(
@@ -96,8 +102,6 @@ class _ExpertFeedForward(MoeLayer):
                 name="shared_experts",
                 dtype=kwargs.get("dtype"),
             )
-        elif shared_expert_gate:
-            raise ValueError("`shared_expert_gate=True` needs a shared expert: give `shared_d_ff`.")
         super().__init__(
             router,
             experts,
@@ -118,6 +122,21 @@ class _ExpertFeedForward(MoeLayer):
         self.init_scale = init_scale
         self.router_init_scale = router_init_scale
         self.seed = seed
+
+    @classmethod
+    def check_arguments(cls, arguments: Mapping[str, Any]) -> None:
+        """As `MoeLayer.check_arguments`, with this layer's own: enough experts for
+        its router's experts per token, and a shared expert for its gate."""
+        super().check_arguments(arguments)
+        per_token = arguments.get("k", cls.experts_per_token)
+        num_experts = arguments.get("num_experts")
+        if is_int(num_experts) and is_int(per_token) and num_experts < per_token:
+            raise ValueError(
+                f"`num_experts` must be an integer >= {per_token} ({per_token} experts "
+                f"per token), got {num_experts}."
+            )
+        if arguments.get("shared_expert_gate") and arguments.get("shared_d_ff") is None:
+            raise ValueError("`shared_expert_gate=True` needs a shared expert: give `shared_d_ff`.")
 
     def get_config(self) -> dict[str, Any]:
         # MoeLayer's config holds the router and experts as objects; these
@@ -224,6 +243,7 @@ class GShardFeedForward(_ExpertFeedForward):
     """
 
     router_class = Top2Router
+    experts_per_token = 2
 
     def __init__(
         self,
@@ -231,7 +251,7 @@ class GShardFeedForward(_ExpertFeedForward):
         d_ff: int,
         activation: Activation = "relu",
         second_expert_policy: SecondExpertPolicy = "random",
-        eval_second_expert_policy: Literal["all", "threshold"] = "all",
+        eval_second_expert_policy: EvalSecondExpertPolicy = "all",
         second_expert_threshold: float | None = None,
         normalize_gates: NormalizeGates = "before_capacity",
         train_capacity_factor: float = 1.0,
@@ -299,6 +319,7 @@ class TopKFeedForward(_ExpertFeedForward):
     """
 
     router_class = TopKRouter
+    experts_per_token = 2  # `k`'s default
     _ROUTER_ARGS = (
         "k",
         "normalize_top_k",

@@ -24,16 +24,15 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import keras
 from keras import ops
 
+from keras_moe.arguments import Activation, check_values
 from keras_moe.mixin_bases import LayerMixinBase
 from keras_moe.tensor_types import Shape, Tensor, WeightShape
 
-ACTIVATIONS = ("relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu")
-Activation = Literal["relu", "gelu", "gated-gelu", "gated-relu", "gated-silu", "clamped-swiglu"]
 # gpt-oss's expert activation constants (HF `GptOssExperts`: alpha, `swiglu_limit`).
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -86,15 +85,15 @@ class FeedForwardMixin(LayerMixinBase):
         swiglu_limit: float = SWIGLU_LIMIT,
     ) -> None:
         """Checks and stores the arguments; makes the activation and the dropout."""
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}.")
-        if not 0.0 <= dropout_rate < 1.0:
-            raise ValueError(f"`dropout_rate` must be in [0, 1), got {dropout_rate!r}.")
-        if not init_scale > 0:
-            raise ValueError(f"`init_scale` must be > 0, got {init_scale!r}.")
-        for name, value in (("swiglu_alpha", swiglu_alpha), ("swiglu_limit", swiglu_limit)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
+        check_values(
+            dict(
+                activation=activation,
+                dropout_rate=dropout_rate,
+                init_scale=init_scale,
+                swiglu_alpha=swiglu_alpha,
+                swiglu_limit=swiglu_limit,
+            )
+        )
         self.activation = activation
         self.use_bias = bool(use_bias)
         self.swiglu_alpha = float(swiglu_alpha)

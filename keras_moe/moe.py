@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import keras
@@ -11,19 +12,15 @@ from keras_moe import compat, router_losses
 from keras_moe import dispatch as dispatch_lib
 from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
+from keras_moe.arguments import BalanceLoss, DispatchMode, check_values
 from keras_moe.experts import FeedForwardExperts
+from keras_moe.moe_arguments import check_combinations
 from keras_moe.routing_scope import routing_each_sequence
 from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.token_groups import from_groups, grouping_for, to_groups
-from keras_moe.validation import check_int, check_rank3_inputs, is_int, is_number
+from keras_moe.validation import check_rank3_inputs, is_int
 
-GROUPINGS = ("batch", "sequence")
 GroupSize = int | Literal["batch", "sequence"] | None
-
-
-def _check_capacity_factor(name, value):
-    if not is_number(value) or not value > 0:
-        raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -75,7 +72,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             `dropped_fraction`. None (default): the worst case, nothing dropped.
         aux_loss_factor: weight of the load-balancing loss, >= 0 (Switch: 1e-2).
         balance_loss: which load-balancing loss `aux_loss_factor` weighs
-            (`keras_moe.router_losses.BALANCE_LOSSES`): "group" (default,
+            (`keras_moe.arguments.BALANCE_LOSSES`): "group" (default,
             Switch/GShard: per routing group, first choices), "sequence"
             (DeepSeek: per sequence, all k choices) or "global" (all k choices
             of the global batch, counted over every replica / mesh shard).
@@ -123,7 +120,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         train_capacity_factor: float = 1.25,
         eval_capacity_factor: float = 2.0,
         min_expert_capacity: int = 4,
-        dispatch: dispatch_lib.DispatchMode = "auto",
+        dispatch: DispatchMode = "auto",
         aux_loss_factor: float = 1e-2,
         z_loss_factor: float = 1e-3,
         causal: bool = False,
@@ -131,7 +128,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         return_metrics: bool = False,
         metrics_prefix: str | None = None,
         dropless_buffer_factor: float | None = None,
-        balance_loss: router_losses.BalanceLoss = "group",
+        balance_loss: BalanceLoss = "group",
         shared_experts: keras.layers.Layer | dict[str, Any] | None = None,
         losses_in_inference: bool = True,
         **kwargs: Any,
@@ -154,46 +151,24 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             raise ValueError(
                 f"`experts` must be a FeedForwardExperts layer, got {type(experts).__name__}."
             )
-        if balance_loss not in router_losses.BALANCE_LOSSES:
-            raise ValueError(
-                f"`balance_loss` must be one of {router_losses.BALANCE_LOSSES}, "
-                f"got {balance_loss!r}."
-            )
-        if balance_loss != "group" and not router.picks_experts_per_token:
-            raise ValueError(
-                f"`balance_loss={balance_loss!r}` needs a token-choice router; "
-                f"{type(router).__name__} has no balance loss."
-            )
-        if router.num_experts != experts.num_experts:
-            raise ValueError(
-                f"`router.num_experts` ({router.num_experts}) must equal "
-                f"`experts.num_experts` ({experts.num_experts})."
-            )
         if group_size is None:
             group_size = "sequence"
-        if group_size not in GROUPINGS and (not is_int(group_size) or group_size < 1):
-            raise ValueError(
-                f"`group_size` must be one of {GROUPINGS}, None or an integer >= 1, "
-                f"got {group_size!r}."
+        MoeLayer.check_arguments(
+            dict(
+                router=router,
+                experts=experts,
+                group_size=group_size,
+                train_capacity_factor=train_capacity_factor,
+                eval_capacity_factor=eval_capacity_factor,
+                min_expert_capacity=min_expert_capacity,
+                dispatch=dispatch,
+                aux_loss_factor=aux_loss_factor,
+                z_loss_factor=z_loss_factor,
+                dropless_buffer_factor=dropless_buffer_factor,
+                balance_loss=balance_loss,
+                causal=causal,
             )
-        _check_capacity_factor("train_capacity_factor", train_capacity_factor)
-        _check_capacity_factor("eval_capacity_factor", eval_capacity_factor)
-        check_int("min_expert_capacity", min_expert_capacity, 0)
-        for name, value in (("aux_loss_factor", aux_loss_factor), ("z_loss_factor", z_loss_factor)):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
-        if causal and not router.is_causal_safe:
-            raise ValueError(
-                f"`router` {type(router).__name__} looks at every token of a group and "
-                "cannot be used in a causal layer (causal=True); use a token-choice "
-                "router such as SwitchRouter or Top2Router."
-            )
-        if causal and router.batch_prioritized_routing:
-            raise ValueError(
-                "`batch_prioritized_routing=True` fills capacity by router confidence over "
-                "the whole group, so later tokens decide which earlier ones are dropped; it "
-                "cannot be used in a causal layer (causal=True)."
-            )
+        )
         self.dispatcher = dispatch_lib.get_dispatcher(dispatch, dropless_buffer_factor)
         self.dropless_buffer_factor = dropless_buffer_factor
         self.dispatcher.check(router, experts)
@@ -219,6 +194,32 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         self._trackers = None
         if self.track_metrics:
             self._trackers = metrics_lib.make_metric_trackers(metrics_prefix or self.name)
+
+    @classmethod
+    def check_arguments(cls, arguments: Mapping[str, Any]) -> None:
+        """Checks arguments of this class's constructor by value and builds nothing:
+        the one validator behind the constructor and a model's sparse-FFN spec.
+
+        Args:
+            arguments: some of the constructor's arguments (the others take
+                their defaults), `causal` included; `router` and `experts` as
+                layers or as their configs.
+
+        Raises:
+            ValueError: naming the argument and what is allowed.
+
+        Example:
+        >>> MoeLayer.check_arguments({"train_capacity_factor": 0})
+        Traceback (most recent call last):
+        ...
+        ValueError: `train_capacity_factor` must be a number > 0, got 0.
+        """
+        check_values(arguments)
+        for part in ("router", "experts", "shared_experts"):
+            value = arguments.get(part)
+            if isinstance(value, Mapping) and isinstance(value.get("config"), Mapping):
+                check_values(value["config"])
+        check_combinations(arguments, getattr(cls, "router_class", None))
 
     @property
     def metrics(self) -> list:

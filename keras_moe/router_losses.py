@@ -5,7 +5,7 @@ tokens, so padding never pulls the router in any direction.
 
 Three load-balancing losses, all `E * sum_e f_e * P_e` with minimum 1.0 at a
 uniform router, differ in the tokens `f` and `P` are taken over
-(`BALANCE_LOSSES`):
+(`keras_moe.arguments.BALANCE_LOSSES`):
 - "group" (Switch, GShard): per routing group, `f` from the first choice;
 - "sequence" (DeepSeek-V2/V3's sequence-wise loss): per sequence, `f` from
   all K choices;
@@ -17,15 +17,10 @@ uniform router, differ in the tokens `f` and `P` are taken over
 
 from __future__ import annotations
 
-from typing import Literal
-
 from keras import ops
 
 from keras_moe.replica_context import replica_context
 from keras_moe.tensor_types import Tensor
-
-BALANCE_LOSSES = ("group", "sequence", "global")
-BalanceLoss = Literal["group", "sequence", "global"]
 
 
 def _masked_token_mean(values, token_mask):

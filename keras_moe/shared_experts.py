@@ -13,10 +13,9 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_moe.arguments import Activation, check_values
 from keras_moe.dense_feedforward import DenseFeedForward
-from keras_moe.feedforward_mixin import Activation
 from keras_moe.tensor_types import Shape, Tensor
-from keras_moe.validation import check_int
 
 
 @keras.saving.register_keras_serializable(package="keras_moe")
@@ -54,7 +53,7 @@ class SharedExpertFeedForward(DenseFeedForward):
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
-        check_int("d_ff", d_ff)
+        check_values(dict(d_ff=d_ff))
         super().__init__(
             d_ff,
             activation=activation,

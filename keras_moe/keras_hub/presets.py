@@ -21,7 +21,7 @@ from keras_hub.src.utils import preset_utils
 from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
 from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
-from keras_moe.dispatch import DispatchMode
+from keras_moe.arguments import DispatchMode
 from keras_moe.keras_hub.sparsify import check_options, is_sparse, sparsify
 
 # transformers v5 spelling -> the spelling published checkpoints (and keras-hub 0.32) use.

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 import keras_hub
 
-from keras_moe import dispatch as dispatch_lib
+from keras_moe import arguments
 from keras_moe.experts import FeedForwardExperts
 from keras_moe.keras_hub import families as families_lib
 from keras_moe.keras_hub.sparse_block import SparseMoeBlock
@@ -24,7 +24,6 @@ from keras_moe.metrics import RouterMetricsMixin
 from keras_moe.moe import MoeLayer
 from keras_moe.routing import TopKRouter
 from keras_moe.shared_experts import SharedExpertFeedForward
-from keras_moe.validation import is_number
 
 _OPTIONS_KEY = "keras_moe_sparse"
 
@@ -110,42 +109,26 @@ REGISTRY = _Registry()
 
 
 def check_options(
-    dispatch,
-    aux_loss_factor,
-    bias_update_rate,
-    train_capacity_factor,
-    eval_capacity_factor,
-    dropless_buffer_factor=None,
-):
-    if dispatch not in dispatch_lib.DISPATCH_MODES:
-        raise ValueError(
-            f"`dispatch` must be one of {dispatch_lib.DISPATCH_MODES}, got {dispatch!r}."
-        )
-    if aux_loss_factor is not None and (not is_number(aux_loss_factor) or aux_loss_factor < 0):
-        raise ValueError(
-            f"`aux_loss_factor` must be None (the family's own coefficient) or "
-            f"a number >= 0, got {aux_loss_factor!r}."
-        )
-    if not is_number(bias_update_rate) or bias_update_rate < 0:
-        raise ValueError(f"`bias_update_rate` must be a number >= 0, got {bias_update_rate!r}.")
-    for name, value in (
-        ("train_capacity_factor", train_capacity_factor),
-        ("eval_capacity_factor", eval_capacity_factor),
-    ):
-        if not is_number(value) or not value > 0:
-            raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
-    if dropless_buffer_factor is not None and dispatch != "dropless":
-        raise ValueError(
-            "`dropless_buffer_factor` sizes dropless dispatch's receive buffers; "
-            f"it needs dispatch='dropless', got dispatch={dispatch!r}."
-        )
-    if dropless_buffer_factor is not None and (
-        not is_number(dropless_buffer_factor) or not dropless_buffer_factor > 0
-    ):
-        raise ValueError(
-            "`dropless_buffer_factor` must be None or a number > 0, got "
-            f"{dropless_buffer_factor!r}."
-        )
+    dispatch: Any,
+    aux_loss_factor: Any,
+    bias_update_rate: Any,
+    train_capacity_factor: Any,
+    eval_capacity_factor: Any,
+    dropless_buffer_factor: Any = None,
+) -> None:
+    """Refuses a bad option by the MoE layers' own rules (`keras_moe.arguments`);
+    `aux_loss_factor=None` keeps the family's own coefficient."""
+    options = dict(
+        dispatch=dispatch,
+        bias_update_rate=bias_update_rate,
+        train_capacity_factor=train_capacity_factor,
+        eval_capacity_factor=eval_capacity_factor,
+        dropless_buffer_factor=dropless_buffer_factor,
+    )
+    if aux_loss_factor is not None:
+        options["aux_loss_factor"] = aux_loss_factor
+    arguments.check_values(options)
+    arguments.check_dropless_buffer_factor(dispatch, dropless_buffer_factor)
 
 
 def _describe(model: Any) -> str:
@@ -239,7 +222,7 @@ def _replace_block(
 
 def sparsify(
     model: Any,
-    dispatch: dispatch_lib.DispatchMode = "dropless",
+    dispatch: arguments.DispatchMode = "dropless",
     aux_loss_factor: float | None = None,
     bias_update_rate: float = 0.0,
     train_capacity_factor: float = 1.25,

@@ -21,7 +21,7 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 import dataclasses
 from typing import Any, List, Optional, Sequence
 
-from keras_moe.feedforward_mixin import ACTIVATIONS
+from keras_moe.arguments import ACTIVATIONS
 from keras_moe.models import flat_moe_fields
 from keras_moe.models import sparse_ffn as sparse_ffn_lib
 from keras_moe.validation import check_int, is_int, is_number
@@ -61,7 +61,7 @@ class T5Config:
         num_decoder_layers: decoder layers (>= 1).
         d_kv: size of one attention head; None means `d_model // num_heads`
             (then `num_heads` must divide `d_model`).
-        activation: FFN activation, one of `keras_moe.feedforward_mixin.ACTIVATIONS`
+        activation: FFN activation, one of `keras_moe.arguments.ACTIVATIONS`
             ("gated-gelu" for T5.1.1, "relu" for T5 v1.0 / Switch).
         dropout_rate: dropout after embeddings, on attention weights, in the
             FFN hidden layer and on each residual branch.

@@ -9,12 +9,12 @@ model is a fresh layer made from it (`SparseFfnSpec.make_layer`).
 
 Making the spec reads the arguments and builds no layer: a class, a
 `functools.partial` of one, a template layer and a spec dict are read as they
-are, and `SparseFfnSpec.check` tests the arguments the model depends on
-(names the class takes, `num_experts`, `d_ff`, `activation`, a router that can
-run causally in the decoder). Only a factory whose arguments are not visible
-(a gin reference, a function) is called once: gin injects its bindings at
-that call. Every other argument is checked by the layer's constructor when
-the model is built.
+are, and `SparseFfnSpec.check` tests them with the layer's own validator
+(`MoeLayer.check_arguments`, which its constructor runs too), so a bad value
+is refused in the constructor's words before any layer exists. Only a factory
+whose arguments are not visible (a gin reference, a function) is called once:
+gin injects its bindings at that call, and records them for
+`operative_config.gin` only then.
 
 What the model decides is not part of the spec: the layer's name and dtype
 policy, `causal` (decoder), `track_metrics` and `metrics_prefix`, and
@@ -44,12 +44,8 @@ from typing import Any, Callable, Dict, Optional, Union
 import keras
 
 from keras_moe import compat
-from keras_moe.feedforward_mixin import ACTIVATIONS
-from keras_moe.models import sparse_ffn_checks
 from keras_moe.models.model_decided import MODEL_DECIDED, _refuse_given, _refuse_set_on
 from keras_moe.moe import MoeLayer
-from keras_moe.routing import Router, Top2Router
-from keras_moe.validation import is_int
 
 _MISSING = object()
 SpecValue = Union[Dict[str, Any], MoeLayer, Callable[..., MoeLayer], type]
@@ -166,17 +162,9 @@ class SparseFfnSpec:
     def activation(self) -> str:
         return self.get("activation")
 
-    def router_class(self) -> Optional[type[Router]]:
-        """The class of the layer's router (None when the spec does not say)."""
-        router = self.config.get("router")
-        if isinstance(router, dict):
-            return keras.saving.get_registered_object(
-                router.get("registered_name") or router.get("class_name")
-            )
-        return getattr(self.layer_class, "router_class", None)
-
     def check(self, causal: bool = False) -> None:
-        """Checks the arguments the model depends on, by reading them; builds nothing.
+        """Checks the arguments by reading them, as the layer's constructor would
+        (`MoeLayer.check_arguments`); builds nothing.
 
         Args:
             causal: the decoder's spec: its router must be able to run causally.
@@ -205,36 +193,10 @@ class SparseFfnSpec:
         ]
         if missing:
             raise TypeError(f"`sparse_ffn`: {name} needs the argument `{missing[0]}`.")
-        sparse_ffn_checks.check_arguments(name, self.config)
-        router_class = self.router_class()
-        per_token = 2 if router_class and issubclass(router_class, Top2Router) else 1
-        per_token = self.get("k", per_token)
-        num_experts = self.get("num_experts", None)
-        if num_experts is not None and (not is_int(num_experts) or num_experts < per_token):
-            raise ValueError(
-                f"`sparse_ffn`: `num_experts` must be an integer >= {per_token} "
-                f"for {name}, got {num_experts!r}."
-            )
-        d_ff = self.get("d_ff", None)
-        if d_ff is not None and (not is_int(d_ff) or d_ff < 1):
-            raise ValueError(f"`sparse_ffn`: `d_ff` must be an integer >= 1, got {d_ff!r}.")
-        activation = self.get("activation", None)
-        if activation is not None and activation not in ACTIVATIONS:
-            raise ValueError(
-                f"`sparse_ffn`: `activation` must be one of {ACTIVATIONS}, got {activation!r}."
-            )
-        if causal and self.get("batch_prioritized_routing", False):
-            raise ValueError(
-                "`sparse_ffn`: `batch_prioritized_routing=True` ranks tokens by "
-                "the whole batch and cannot be used in a causal layer "
-                "(causal=True, the decoder's)."
-            )
-        if causal and router_class is not None and not router_class.is_causal_safe:
-            raise ValueError(
-                f"`sparse_ffn`: {router_class.__name__} routes a token by later "
-                "tokens and cannot be used in a causal layer (causal=True, the "
-                "decoder's); use a token-choice router there."
-            )
+        try:
+            layer_class.check_arguments({**self.config, "causal": causal})
+        except ValueError as error:
+            raise ValueError(f"`sparse_ffn` ({name}): {error}") from error
 
     def make_layer(
         self,

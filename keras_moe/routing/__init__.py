@@ -19,16 +19,14 @@ Scores are the softmax or the sigmoid of the logits (`score_function`);
 balancing bias update that `TopKRouter` composes.
 """
 
+from keras_moe.arguments import NORMALIZE_GATES, SCORE_FUNCTIONS, SECOND_EXPERT_POLICIES
 from keras_moe.routing.base import (
-    SCORE_FUNCTIONS,
     Router,
     RoutingInstructions,
     default_router_initializer,
 )
 from keras_moe.routing.expert_choice import ExpertChoiceRouter
 from keras_moe.routing.token_choice import (
-    NORMALIZE_GATES,
-    SECOND_EXPERT_POLICIES,
     SwitchRouter,
     TokenChoiceRouter,
     Top2Router,

@@ -9,17 +9,15 @@ routing algorithm (`router.route(...)`) that turns those logits into
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
 from keras_moe import router_losses
+from keras_moe.arguments import ScoreFunction, check_values
 from keras_moe.tensor_types import Shape, Tensor
-from keras_moe.validation import check_int, is_number
 
-SCORE_FUNCTIONS = ("softmax", "sigmoid")
-ScoreFunction = Literal["softmax", "sigmoid"]
 AssignResult = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
@@ -129,17 +127,14 @@ class Router(keras.layers.Layer):
     ) -> None:
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
-        check_int("num_experts", num_experts)
-        if not (isinstance(jitter_noise, (int, float)) and 0.0 <= jitter_noise < 1.0):
-            raise ValueError(f"`jitter_noise` must be in [0, 1), got {jitter_noise!r}.")
-        if score_function not in SCORE_FUNCTIONS:
-            raise ValueError(
-                f"`score_function` must be one of {SCORE_FUNCTIONS}, got {score_function!r}."
+        check_values(
+            dict(
+                num_experts=num_experts,
+                jitter_noise=jitter_noise,
+                score_function=score_function,
+                routed_scaling_factor=routed_scaling_factor,
             )
-        if not is_number(routed_scaling_factor) or not routed_scaling_factor > 0:
-            raise ValueError(
-                f"`routed_scaling_factor` must be a number > 0, got {routed_scaling_factor!r}."
-            )
+        )
         self.score_function = score_function
         self.routed_scaling_factor = float(routed_scaling_factor)
         self.num_experts = num_experts

@@ -6,22 +6,22 @@ capacity is full; the rest are dropped (combine weight 0).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import keras
 from keras import ops
 
 from keras_moe import router_losses
+from keras_moe.arguments import (
+    EvalSecondExpertPolicy,
+    NormalizeGates,
+    SecondExpertPolicy,
+    check_values,
+)
 from keras_moe.routing import selection
 from keras_moe.routing.base import AssignResult, Router
 from keras_moe.routing.capacity import _keep_within_capacity, _priority_order
 from keras_moe.tensor_types import Shape, Tensor
-from keras_moe.validation import check_int, is_number
-
-SECOND_EXPERT_POLICIES = ("all", "random", "threshold")
-NORMALIZE_GATES = ("before_capacity", "after_capacity")
-SecondExpertPolicy = Literal["all", "random", "threshold"]
-NormalizeGates = Literal["before_capacity", "after_capacity"]
 
 
 def _normalized(gates):
@@ -172,17 +172,17 @@ class TopKRouter(TokenChoiceRouter):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_experts, **kwargs)
-        check_int("k", k)
+        if topk_group is None:
+            topk_group = n_group
+        check_values(
+            dict(k=k, n_group=n_group, topk_group=topk_group, bias_update_rate=bias_update_rate)
+        )
         if k > num_experts:
             raise ValueError(f"`k` must be <= num_experts ({num_experts}), got k={k}.")
-        check_int("n_group", n_group)
         if num_experts % n_group:
             raise ValueError(
                 f"`n_group` must divide num_experts ({num_experts}), got n_group={n_group}."
             )
-        if topk_group is None:
-            topk_group = n_group
-        check_int("topk_group", topk_group)
         if topk_group > n_group:
             raise ValueError(
                 f"`topk_group` must be <= n_group ({n_group}), got topk_group={topk_group}."
@@ -193,8 +193,6 @@ class TopKRouter(TokenChoiceRouter):
                 f"`k` must be <= the experts of the kept groups, topk_group * num_experts / "
                 f"n_group = {eligible}, got k={k}."
             )
-        if not is_number(bias_update_rate) or bias_update_rate < 0:
-            raise ValueError(f"`bias_update_rate` must be a number >= 0, got {bias_update_rate!r}.")
         if bias_update_rate > 0 and not selection_bias:
             raise ValueError(
                 f"`bias_update_rate` > 0 ({bias_update_rate}) needs `selection_bias=True`."
@@ -337,7 +335,7 @@ class Top2Router(TokenChoiceRouter):
         self,
         num_experts: int,
         second_expert_policy: SecondExpertPolicy = "random",
-        eval_second_expert_policy: Literal["all", "threshold"] = "all",
+        eval_second_expert_policy: EvalSecondExpertPolicy = "all",
         second_expert_threshold: float | None = None,
         normalize_gates: NormalizeGates = "before_capacity",
         batch_prioritized_routing: bool = False,
@@ -346,25 +344,14 @@ class Top2Router(TokenChoiceRouter):
         super().__init__(num_experts, **kwargs)
         if num_experts < 2:
             raise ValueError(f"`num_experts` must be >= 2 for top-2 routing, got {num_experts}.")
-        if second_expert_policy not in SECOND_EXPERT_POLICIES:
-            raise ValueError(
-                f"`second_expert_policy` must be one of {SECOND_EXPERT_POLICIES}, "
-                f"got {second_expert_policy!r}."
+        check_values(
+            dict(
+                second_expert_policy=second_expert_policy,
+                eval_second_expert_policy=eval_second_expert_policy,
+                second_expert_threshold=second_expert_threshold,
+                normalize_gates=normalize_gates,
             )
-        allowed_eval = ("all", "threshold")
-        if eval_second_expert_policy not in allowed_eval:
-            raise ValueError(
-                f"`eval_second_expert_policy` must be one of {allowed_eval}, "
-                f"got {eval_second_expert_policy!r}."
-            )
-        if normalize_gates not in NORMALIZE_GATES:
-            raise ValueError(
-                f"`normalize_gates` must be one of {NORMALIZE_GATES}, got {normalize_gates!r}."
-            )
-        if second_expert_threshold is not None and not 0.0 < second_expert_threshold <= 1.0:
-            raise ValueError(
-                f"`second_expert_threshold` must be in (0, 1], got {second_expert_threshold!r}."
-            )
+        )
         self.second_expert_policy = second_expert_policy
         self.eval_second_expert_policy = eval_second_expert_policy
         self.second_expert_threshold = second_expert_threshold

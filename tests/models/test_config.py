@@ -79,7 +79,7 @@ def test_built_model_placement(kwargs, enc, dec):
         (dict(activation="swish"), "activation"),
         (
             dict(expert_activation="tanh", moe_type="switch", num_experts=2, encoder_sparse_step=1),
-            "sparse_ffn`: `activation",
+            "sparse_ffn` \\(SwitchFeedForward\\): `activation",
         ),
         (
             dict(moe_type="switch", num_experts=2, encoder_sparse_layers=[2]),
@@ -101,11 +101,11 @@ def test_built_model_placement(kwargs, enc, dec):
         (dict(encoder_sparse_step=2), "sparse_ffn"),
         (
             dict(moe_type="switch", num_experts=0, encoder_sparse_step=1),
-            "sparse_ffn`: `num_experts",
+            "sparse_ffn` \\(SwitchFeedForward\\): `num_experts",
         ),
         (
             dict(moe_type="gshard", num_experts=1, encoder_sparse_step=1),
-            "sparse_ffn`: `num_experts",
+            "sparse_ffn` \\(GShardFeedForward\\): `num_experts",
         ),
         (
             dict(
@@ -114,7 +114,7 @@ def test_built_model_placement(kwargs, enc, dec):
                 decoder_sparse_step=1,
                 batch_prioritized_routing=True,
             ),
-            "sparse_ffn`: `batch_prioritized_routing=True",
+            "sparse_ffn` \\(SwitchFeedForward\\): `batch_prioritized_routing=True",
         ),
         (dict(encoder_sparse_step=-1), "encoder_sparse_step"),
         (dict(dropout_rate=1.0), "dropout_rate"),

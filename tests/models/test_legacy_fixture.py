@@ -135,7 +135,7 @@ def test_validating_a_config_builds_no_layer(monkeypatch, form):
     )
     config.replace(d_ff=64)
     assert made == [] and config.num_experts == 4
-    with pytest.raises(ValueError, match="`sparse_ffn`: `num_experts`"):
+    with pytest.raises(ValueError, match=r"`sparse_ffn` \(SwitchFeedForward\): `num_experts`"):
         T5Config(
             encoder_sparse_step=1,
             sparse_ffn=functools.partial(SwitchFeedForward, num_experts=0, d_ff=8),
@@ -151,36 +151,62 @@ def test_validating_a_config_builds_no_layer(monkeypatch, form):
 
 
 @pytest.mark.parametrize(
-    "name,bad",
+    "layer,name,bad",
     [
-        ("dispatch", "sorted"),
-        ("router_dtype", "float8"),
-        ("group_size", 0),
-        ("train_capacity_factor", 0),
-        ("eval_capacity_factor", -1.0),
-        ("min_expert_capacity", -1),
-        ("aux_loss_factor", -0.1),
-        ("z_loss_factor", "x"),
-        ("jitter_noise", 1.0),
-        ("expert_dropout_rate", 1.5),
-        ("init_scale", 0),
-        ("activation", "swish"),
-        ("balance_loss", "batch"),
+        ("SwitchFeedForward", "dispatch", "sorted"),
+        ("SwitchFeedForward", "router_dtype", "float8"),
+        ("SwitchFeedForward", "group_size", 0),
+        ("SwitchFeedForward", "train_capacity_factor", 0),
+        ("SwitchFeedForward", "eval_capacity_factor", -1.0),
+        ("SwitchFeedForward", "min_expert_capacity", -1),
+        ("SwitchFeedForward", "aux_loss_factor", -0.1),
+        ("SwitchFeedForward", "z_loss_factor", "x"),
+        ("SwitchFeedForward", "jitter_noise", 1.0),
+        ("SwitchFeedForward", "expert_dropout_rate", 1.5),
+        ("SwitchFeedForward", "init_scale", 0),
+        ("SwitchFeedForward", "router_init_scale", -1.0),
+        ("SwitchFeedForward", "shared_d_ff", 0),
+        ("SwitchFeedForward", "activation", "swish"),
+        ("SwitchFeedForward", "balance_loss", "batch"),
+        ("SwitchFeedForward", "num_experts", 0),
+        ("GShardFeedForward", "num_experts", 1),
+        ("GShardFeedForward", "second_expert_policy", "best"),
+        ("GShardFeedForward", "normalize_gates", "never"),
+        ("GShardFeedForward", "second_expert_threshold", 1.5),
+        ("TopKFeedForward", "k", 0),
+        ("TopKFeedForward", "score_function", "tanh"),
+        ("TopKFeedForward", "routed_scaling_factor", 0.0),
+        ("TopKFeedForward", "bias_update_rate", -1.0),
     ],
 )
-def test_a_bad_argument_is_refused_by_the_config_as_by_the_layer(name, bad):
-    """T5Config refuses, without building a layer, what the layer's constructor refuses."""
+def test_a_bad_argument_is_refused_by_the_config_in_the_layers_words(layer, name, bad):
+    """T5Config refuses, without building a layer, what the layer's constructor
+    refuses, with the same message: one validator (`MoeLayer.check_arguments`)."""
     import functools
 
     import keras_moe
     from keras_moe.models import T5Config
 
-    with pytest.raises(ValueError):  # its own words, not always the argument's name
-        keras_moe.SwitchFeedForward(num_experts=4, d_ff=8, **{name: bad})
-    with pytest.raises(ValueError, match=rf"`sparse_ffn`: `{name}` .* for SwitchFeedForward"):
+    layer_class = getattr(keras_moe, layer)
+    arguments = {"num_experts": 4, "d_ff": 8, name: bad}
+    with pytest.raises(ValueError, match=f"`{name}`") as by_the_layer:
+        layer_class(**arguments)
+    with pytest.raises(ValueError) as by_the_config:
+        T5Config(encoder_sparse_step=1, sparse_ffn=functools.partial(layer_class, **arguments))
+    assert str(by_the_config.value) == f"`sparse_ffn` ({layer}): {by_the_layer.value}"
+
+
+def test_a_gate_without_a_shared_expert_is_refused_by_both():
+    import functools
+
+    import keras_moe
+    from keras_moe.models import T5Config
+
+    arguments = {"num_experts": 4, "d_ff": 8, "shared_expert_gate": True}
+    with pytest.raises(ValueError, match="`shared_expert_gate=True` needs a shared expert"):
+        keras_moe.SwitchFeedForward(**arguments)
+    with pytest.raises(ValueError, match="`shared_expert_gate=True` needs a shared expert"):
         T5Config(
             encoder_sparse_step=1,
-            sparse_ffn=functools.partial(
-                keras_moe.SwitchFeedForward, num_experts=4, d_ff=8, **{name: bad}
-            ),
+            sparse_ffn=functools.partial(keras_moe.SwitchFeedForward, **arguments),
         )
