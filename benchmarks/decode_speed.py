@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks.model_speed import tiny_switch_config  # noqa: E402
-from keras_moe import convert, models  # noqa: E402
+from keras_moe import convert, gin_config, models  # noqa: E402
 
 NO_EOS = -1  # an id no search produces: every run decodes all its tokens
 
@@ -84,7 +84,7 @@ def parse_args(argv):
 
 def switch_tiny_config(vocab_size, experts, eval_capacity_factor):
     """`gin/models/switch_tiny.gin` as written but for its vocabulary, experts and eval cf."""
-    return models.parse_gin(
+    return gin_config.parse_gin(
         "switch_tiny.gin",
         [
             f"SwitchFeedForward.eval_capacity_factor = {eval_capacity_factor}",

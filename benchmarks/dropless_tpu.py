@@ -65,7 +65,7 @@ def tile_overhead_bound(tokens, chips, num_experts, k, n):
     >>> round(tile_overhead_bound(16384, 4, 8, 768, 3072), 4)
     1.2188
     """
-    from keras_moe.grouped_matmul import megablox_tiling
+    from keras_moe.dispatch.grouped_matmul import megablox_tiling
 
     rows = -(-tokens // chips)
     tm = megablox_tiling(rows, k, n)[0]
@@ -91,8 +91,8 @@ def compile_layer(
     import numpy as np
 
     import keras_moe
-    from keras_moe import sharding
-    from keras_moe.dense_feedforward import DenseFeedForward
+    from keras_moe.layers.dense_feedforward import DenseFeedForward
+    from keras_moe.parallel import sharding
     from keras_moe.tpu_compile import compile_only
 
     # float32 weights, bfloat16 matmuls (the inputs are bfloat16).
@@ -166,7 +166,7 @@ def ragged_dot_gradient(topology, tokens=4096, k=768, n=3072, num_experts=128):
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.megablox import gmm
 
-    from keras_moe.grouped_matmul import megablox_tiling
+    from keras_moe.dispatch.grouped_matmul import megablox_tiling
     from keras_moe.tpu_compile import compile_only
 
     device = compile_only.topology_devices(topology)[0]

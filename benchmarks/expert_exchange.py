@@ -3,7 +3,7 @@
 One Switch MoE layer (einsum dispatch) is compiled for a TPU slice with libtpu's
 compiler on this host (no TPU needed), experts split over the slice's chips,
 groups (one per sequence) over every chip, in two modes of
-`keras_moe.token_exchange`: "all_to_all" (`jax.shard_map` + `jax.lax.all_to_all`)
+`keras_moe.parallel.token_exchange`: "all_to_all" (`jax.shard_map` + `jax.lax.all_to_all`)
 and "gspmd" (the layout constraints alone). For the forward pass and for the
 forward + backward pass (gradients of the tokens and of the weights) it records
 each collective of the compiled program, its per-chip bytes and the bytes a chip
@@ -38,8 +38,12 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 
 import keras_moe  # noqa: E402
-from keras_moe import sharding, token_exchange  # noqa: E402
-from keras_moe.tpu_compile import abstract_arrays, compile_only, hlo_collectives  # noqa: E402
+from keras_moe.parallel import (  # noqa: E402
+    abstract_arrays,
+    sharding,
+    token_exchange,
+)
+from keras_moe.tpu_compile import compile_only, hlo_collectives  # noqa: E402
 
 
 def build_layer(args):

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 
 from benchmarks import common
-from keras_moe.grouped_matmul import grouped_matmul
+from keras_moe.dispatch.grouped_matmul import grouped_matmul
 
 
 def gradient_fn(product, x, w, c):

@@ -36,7 +36,7 @@ import keras_hub  # noqa: E402
 
 import keras_moe  # noqa: E402
 from benchmarks import common  # noqa: E402
-from keras_moe import layouts  # noqa: E402
+from keras_moe.parallel import layouts
 from keras_moe.tpu_compile.compile_model import compile_model_train_step  # noqa: E402
 
 # Qwen/Qwen3-30B-A3B's config.json, in keras-hub's names.

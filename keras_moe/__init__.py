@@ -13,21 +13,21 @@ _startup.jax_on_cpu_without_accelerator()
 if _startup.launched_as_command():
     _startup.import_keras_quietly()
 
-from keras_moe import router_losses, sharding
 from keras_moe.dispatch import (
     Dispatcher,
     EinsumDispatcher,
     GatherDispatcher,
     get_dispatcher,
 )
-from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward import (
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.layers.feedforward import (
     GShardFeedForward,
     SwitchFeedForward,
     TopKFeedForward,
 )
-from keras_moe.metrics import RouterMetricsMixin, router_metrics
-from keras_moe.moe import MoeLayer
+from keras_moe.layers.moe import MoeLayer
+from keras_moe.layers.shared_experts import SharedExpertFeedForward
+from keras_moe.parallel import sharding
 from keras_moe.routing import (
     ExpertChoiceRouter,
     Router,
@@ -37,8 +37,9 @@ from keras_moe.routing import (
     Top2Router,
     TopKRouter,
 )
-from keras_moe.routing_scope import route_each_sequence
-from keras_moe.shared_experts import SharedExpertFeedForward
+from keras_moe.routing import losses as router_losses
+from keras_moe.routing.metrics import RouterMetricsMixin, router_metrics
+from keras_moe.routing.scope import route_each_sequence
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,11 @@ def __getattr__(name: str):
         from keras_moe import keras_hub as keras_hub_wing
 
         return getattr(keras_hub_wing, name)
+    # The gin door imports the model library: only when it is used.
+    if name == "parse_gin":
+        from keras_moe.gin_config import parse_gin  # noqa: PLC0415 - loads the models
+
+        return parse_gin
     raise AttributeError(f"module 'keras_moe' has no attribute {name!r}")
 
 
@@ -73,6 +79,7 @@ __all__ = [
     "TopKFeedForward",
     "TopKRouter",
     "get_dispatcher",
+    "parse_gin",
     "route_each_sequence",
     "router_losses",
     "router_metrics",

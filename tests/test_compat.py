@@ -108,7 +108,7 @@ def test_gin_macros_and_the_import_hook():
 
 
 def test_gin_bindings_calls_and_the_binding_hook():
-    import keras_moe.models.model_configurables  # noqa: F401  (T5Config, SwitchFeedForward)
+    import keras_moe.gin_config.model_configurables  # noqa: F401  (T5Config, SwitchFeedForward)
 
     gin.clear_config()
     try:

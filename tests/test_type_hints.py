@@ -112,7 +112,7 @@ def test_the_checker_catches_missing_hints():
 def test_the_core_modules_are_found():
     names = core_modules()
     assert {
-        "keras_moe.moe",
+        "keras_moe.layers.moe",
         "keras_moe.dispatch",
         "keras_moe.routing",
         "keras_moe.routing.token_choice",

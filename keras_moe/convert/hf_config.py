@@ -8,7 +8,7 @@ factors) and `config_to_hf` writes one back; the module docstring of
 
 import functools
 
-from keras_moe.feedforward import SwitchFeedForward
+from keras_moe.layers.feedforward import SwitchFeedForward
 from keras_moe.models.config import T5Config, hf_sparse_layers
 
 _GATED = {

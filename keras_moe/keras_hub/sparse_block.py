@@ -14,7 +14,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_moe.moe import MoeLayer
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.tensor_types import Shape, Tensor
 
 

@@ -17,13 +17,13 @@ import keras
 import keras_hub
 
 from keras_moe import arguments
-from keras_moe.experts import FeedForwardExperts
 from keras_moe.keras_hub import families as families_lib
 from keras_moe.keras_hub.sparse_block import SparseMoeBlock
-from keras_moe.metrics import RouterMetricsMixin
-from keras_moe.moe import MoeLayer
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.layers.moe import MoeLayer
+from keras_moe.layers.shared_experts import SharedExpertFeedForward
 from keras_moe.routing import TopKRouter
-from keras_moe.shared_experts import SharedExpertFeedForward
+from keras_moe.routing.metrics import RouterMetricsMixin
 
 _OPTIONS_KEY = "keras_moe_sparse"
 

@@ -1,6 +1,5 @@
 """T5.1.1 / Switch / GShard encoder-decoder models for keras_moe."""
 
-from keras_moe.gin_config import parse_gin
 from keras_moe.models import decoding, seq2seq_objective
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
@@ -38,7 +37,6 @@ __all__ = [
     "count_params",
     "decoding",
     "hf_sparse_layers",
-    "parse_gin",
     "relative_position_bucket",
     "seq2seq_objective",
     "seqio_to_keras",

@@ -12,12 +12,12 @@ from typing import Any, Dict, Union
 
 import keras
 
-from keras_moe.dense_feedforward import DenseFeedForward  # noqa: F401 (the examples use it)
+from keras_moe.layers.dense_feedforward import DenseFeedForward  # noqa: F401 (the examples use it)
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.config import T5Config
 from keras_moe.models.ffn_factories import FfnFactories, block_args
 from keras_moe.models.normalization import RMSNorm
-from keras_moe.moe import MoeLayer
 
 FfnArg = Union[keras.layers.Layer, Dict[str, Any]]
 

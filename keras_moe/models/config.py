@@ -319,7 +319,7 @@ def upgrade_flat_moe_fields(values):
     A model without sparse layers gets no spec, whatever MoE fields it carries
     (a dense config then could hold `moe_type="switch"` with `num_experts=0`).
     Used for saved JSON configs (`T5Config.from_dict`) and for gin files
-    (`keras_moe.models.flat_moe_gin`).
+    (`keras_moe.gin_config.flat_moe_gin`).
 
     Args:
         values: a dict of `T5Config` fields, maybe with flat MoE fields.

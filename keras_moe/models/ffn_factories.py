@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, cast
 import keras
 
 from keras_moe.arguments import Activation
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.layers.dense_feedforward import DenseFeedForward
 from keras_moe.models.config import SIDES, T5Config
 
 # (name, metrics_prefix) -> a new FFN layer.

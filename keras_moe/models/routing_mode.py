@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_moe.mixin_bases import ModelMixinBase
-from keras_moe.routing_scope import route_each_sequence, routing_each_sequence
+from keras_moe.routing.scope import route_each_sequence, routing_each_sequence
 
 _FUNCTIONS = {
     "fit": ("train_function", "test_function"),

@@ -44,8 +44,8 @@ from typing import Any, Callable, Dict, Optional, Union
 import keras
 
 from keras_moe import compat
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.models.model_decided import MODEL_DECIDED, _refuse_given, _refuse_set_on
-from keras_moe.moe import MoeLayer
 
 _MISSING = object()
 SpecValue = Union[Dict[str, Any], MoeLayer, Callable[..., MoeLayer], type]

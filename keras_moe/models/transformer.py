@@ -5,7 +5,6 @@ from typing import Any, Dict, Union
 import keras
 from keras import ops
 
-from keras_moe.metrics import RouterMetricsMixin, claim_router_metrics
 from keras_moe.models import seq2seq_objective
 from keras_moe.models.attention import NEG_INF
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
@@ -17,6 +16,7 @@ from keras_moe.models.normalization import RMSNorm
 from keras_moe.models.position_bias import RelativePositionBias
 from keras_moe.models.progress import CompactFitMixin
 from keras_moe.models.routing_mode import RoutingScopeMixin
+from keras_moe.routing.metrics import RouterMetricsMixin, claim_router_metrics
 
 
 def as_config(config: Union[T5Config, Dict[str, Any]]) -> T5Config:

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
-from keras_moe import router_losses
 from keras_moe.arguments import ScoreFunction, check_values
+from keras_moe.routing import losses as router_losses
 from keras_moe.tensor_types import Shape, Tensor
 
 AssignResult = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]

@@ -11,13 +11,13 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_moe import router_losses
 from keras_moe.arguments import (
     EvalSecondExpertPolicy,
     NormalizeGates,
     SecondExpertPolicy,
     check_values,
 )
+from keras_moe.routing import losses as router_losses
 from keras_moe.routing import selection
 from keras_moe.routing.base import AssignResult, Router
 from keras_moe.routing.capacity import _keep_within_capacity, _priority_order

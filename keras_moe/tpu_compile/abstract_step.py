@@ -10,7 +10,7 @@ import keras
 import numpy as np
 
 from keras_moe import compat, models
-from keras_moe.tpu_compile import abstract_arrays
+from keras_moe.parallel import abstract_arrays
 from keras_moe.training.run.dtype_policy import dtype_policy_scope
 
 
@@ -60,24 +60,3 @@ def abstract_state(model, optimizer, distribution):
             _bytes(a.sharding.shard_shape(a.shape), a.dtype) for a in arrays
         )
     return tuple(state), sizes
-
-
-def abstract_batch(distribution, batch_size, feature_lengths):
-    """One batch `(inputs, targets, weights)` as abstract arrays laid out as the data is."""
-
-    def data(shape, dtype):
-        return abstract_arrays.abstract_array(
-            shape, dtype, distribution.device_mesh, distribution.get_data_layout(shape)
-        )
-
-    enc = (int(batch_size), int(feature_lengths["inputs"]))
-    dec = (int(batch_size), int(feature_lengths["targets"]))
-    inputs = {
-        "encoder_input_tokens": data(enc, "int32"),
-        "decoder_input_tokens": data(dec, "int32"),
-        "encoder_segment_ids": data(enc, "int32"),
-        "encoder_positions": data(enc, "int32"),
-        "decoder_segment_ids": data(dec, "int32"),
-        "decoder_positions": data(dec, "int32"),
-    }
-    return inputs, data(dec, "int32"), data(dec, "float32")

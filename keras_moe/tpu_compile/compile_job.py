@@ -46,7 +46,7 @@ def _dispatch_binding(config, target_platform):
     if target_platform != "tpu":
         return None
     # "dropless" compiles as written: under the TPU mesh grouped_matmul runs
-    # the megablox kernel (keras_moe.grouped_matmul).
+    # the megablox kernel (keras_moe.dispatch.grouped_matmul).
     # keras_moe.dispatch.get_dispatcher: "auto" is einsum on TPU. On this host
     # "auto" would see the CPU and pick gather, so the TPU program is pinned.
     if mode != "auto":

@@ -22,9 +22,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_moe import compat, sharding
+from keras_moe import compat
+from keras_moe.parallel import sharding
+from keras_moe.parallel.abstract_arrays import abstract_array
 from keras_moe.tpu_compile import compile_memory, compile_progress, hlo_collectives, roofline
-from keras_moe.tpu_compile.abstract_arrays import abstract_array
 from keras_moe.tpu_compile.abstract_step import abstract_state
 from keras_moe.tpu_compile.compile_only import (
     _check_jax_backend,

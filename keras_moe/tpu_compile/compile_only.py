@@ -31,9 +31,10 @@ import time
 import keras
 import numpy as np
 
-from keras_moe import layouts, sharding, token_exchange
+from keras_moe.parallel import layouts, sharding, token_exchange
+from keras_moe.parallel.abstract_arrays import abstract_batch as _abstract_batch
+from keras_moe.parallel.token_exchange import format_exchange_choices  # noqa: F401
 from keras_moe.tpu_compile import compile_memory, compile_progress, hlo_collectives, roofline
-from keras_moe.tpu_compile.abstract_step import abstract_batch as _abstract_batch
 from keras_moe.tpu_compile.abstract_step import abstract_model as _abstract_model
 from keras_moe.tpu_compile.abstract_step import abstract_state as _abstract_state
 from keras_moe.tpu_compile.compile_job import (
@@ -44,7 +45,7 @@ from keras_moe.tpu_compile.compile_job import (
     _parse_job,
     job_config,
 )
-from keras_moe.tpu_compile.compile_report import format_exchange_choices, format_report  # noqa: F401
+from keras_moe.tpu_compile.compile_report import format_report  # noqa: F401
 from keras_moe.tpu_compile.tpu_topology import (  # noqa: F401  (this module's API before the split)
     GENERATIONS,
     KNOWN_TOPOLOGIES,
@@ -172,7 +173,7 @@ def compile_train_step(
         does not fit), `flops_per_chip` (cost_analysis of the partitioned
         program: one chip's FLOPs per step), `collectives` (instruction counts
         in the compiled HLO), `moe_exchange` (how each MoE layer moves its
-        expert buffers and why: `keras_moe.token_exchange.exchange_choices`),
+        expert buffers and why: `keras_moe.parallel.token_exchange.exchange_choices`),
         `activation_all_gathers` (count, bytes received per chip and the
         largest of the all-gathers not shaped like a weight:
         `hlo_collectives.activation_all_gathers`), `largest_allocations` (TPU:
@@ -183,7 +184,7 @@ def compile_train_step(
     Raises:
         CompileOnlyError: unknown topology, missing libtpu, train.mesh_shape whose
             product is not the chip count, no model in the gin files, ...
-        keras_moe.gin_errors.GinConfigError: bad gin files or bindings.
+        keras_moe.gin_config.errors.GinConfigError: bad gin files or bindings.
     """
 
     progress = progress or compile_progress.SILENT

@@ -6,6 +6,7 @@ exchange, matmul precisions, the roofline bound, and, when the step does not
 fit, its biggest buffers and what to change (`compile_memory`).
 """
 
+from keras_moe.parallel.token_exchange import format_exchange_choices
 from keras_moe.tpu_compile import compile_memory, roofline
 
 GIB = 2**30
@@ -84,21 +85,3 @@ def format_report(report):
         lines.extend(roofline.format_estimate(report.get("roofline")))
     lines.append(f"  compiled in {report['compile_seconds']} s")
     return "\n".join(lines)
-
-
-def format_exchange_choices(choices):
-    """One line per MoE layer of `keras_moe.token_exchange.exchange_choices()`: exchange and why.
-
-    Example:
-    >>> format_exchange_choices([{"layer": "encoder/moe", "exchange": "all_to_all",
-    ...                           "reason": "16 groups", "buffer": [16, 16, 20, 64]}])
-    ['encoder/moe: all-to-all, buffers [16, 16, 20, 64] (16 groups)']
-    """
-    lines = []
-    for choice in choices:
-        exchange = {"all_to_all": "all-to-all", "gspmd": "GSPMD"}.get(
-            choice["exchange"], choice["exchange"]
-        )
-        buffer = f", buffers {choice['buffer']}" if choice.get("buffer") else ""
-        lines.append(f"{choice['layer']}: {exchange}{buffer} ({choice['reason']})")
-    return lines

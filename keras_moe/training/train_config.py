@@ -79,7 +79,7 @@ class TrainConfig:
             sees the same data as an uninterrupted one).
         model: factory of the model, called in the placement's scope (gin:
             `train.model = @build_distiller`, as T5X run files inject `MODEL`);
-            default: gin's `build_model` (`keras_moe.models.model_configurables`).
+            default: gin's `build_model` (`keras_moe.gin_config.model_configurables`).
         eval_routing: how evaluation (the validation curve, the start and end
             losses, `keras-moe-eval`) routes tokens: "groups" (default) as training
             does, in each device's share of the batch, so an evaluation on another

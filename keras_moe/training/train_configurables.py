@@ -4,14 +4,14 @@ Run files inject the job's collaborators, as T5X's do:
 `train.dataset = @DatasetConfig()` (`DatasetConfig.batch_size = %BATCH_SIZE`),
 `train.checkpoint = @CheckpointConfig()`, `train.placement = @MeshPlacement()`
 or `@StrategyPlacement()`, `train.optimizer = @make_optimizer`; the model comes
-from `keras_moe.models.model_configurables` (`build_model`, `T5Config`).
+from `keras_moe.gin_config.model_configurables` (`build_model`, `T5Config`).
 """
 
 import dataclasses
 import os
 
 import gin
-import keras_moe.models.model_configurables  # noqa: F401  (registers build_model, T5Config)
+import keras_moe.gin_config.model_configurables  # noqa: F401  (registers build_model, T5Config)
 from keras_moe import gin_config
 from keras_moe.training import trainer
 from keras_moe.training.checkpoint.atomic_files import atomic_write_text

@@ -13,8 +13,8 @@ import transformers
 from keras import ops
 
 from keras_moe.convert import from_hf, to_hf
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.models import EncoderDecoder, T5Config
-from keras_moe.moe import MoeLayer
 
 ENC = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 1, 0, 0, 0], [13, 14, 15, 16, 17, 1, 0, 0, 0, 0, 0, 0]])
 DEC = np.array([[0, 3, 4, 5, 6, 7, 8], [0, 9, 10, 11, 12, 13, 14]])

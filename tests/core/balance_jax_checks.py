@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import local_groups, sharding
+from keras_moe.parallel import local_groups, sharding
 from tests.core.balance_reference import loss64, routing64
 
 assert keras.backend.backend() == "jax"

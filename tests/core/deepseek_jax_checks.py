@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import sharding
+from keras_moe.parallel import sharding
 from tests.core import deepseek_reference as reference
 
 assert keras.backend.backend() == "jax"

@@ -114,7 +114,7 @@ def _check_grouped_matmul_kernels():
     past the groups, groups of more than one tile."""
     import jax
 
-    from keras_moe.grouped_matmul import grouped_matmul
+    from keras_moe.dispatch.grouped_matmul import grouped_matmul
 
     for rows, sizes in ((11, [4, 0, 5]), (300, [0, 97, 3, 150, 0, 41])):
         x = rng.normal(size=(rows, 6))

@@ -21,8 +21,9 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import compat, expert_parallel, routing
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe import compat, routing
+from keras_moe.layers import expert_parallel
+from keras_moe.layers.dense_feedforward import DenseFeedForward
 from keras_moe.models.attention import T5Attention
 from keras_moe.models.blocks import DecoderBlock, EncoderBlock
 from keras_moe.models.normalization import RMSNorm

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import keras_moe
-from keras_moe import router_losses
-from keras_moe.metrics import router_metrics
+from keras_moe.routing import losses as router_losses
+from keras_moe.routing.metrics import router_metrics
 from tests.core.balance_reference import loss64 as _loss64
 from tests.core.balance_reference import routing64
 from tests.core.helpers import run_jax_checks

@@ -13,7 +13,7 @@ from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
 
 import keras_moe
-from keras_moe import router_losses
+from keras_moe.routing import losses as router_losses
 from tests.core import deepseek_reference as reference
 from tests.core.helpers import run_jax_checks
 

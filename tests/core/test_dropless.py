@@ -8,9 +8,9 @@ import tensorflow as tf
 
 import keras_moe
 from keras_moe import dispatch as dispatch_lib
-from keras_moe import experts as experts_lib
 from keras_moe import routing
-from keras_moe.grouped_matmul import grouped_matmul
+from keras_moe.dispatch.grouped_matmul import grouped_matmul
+from keras_moe.layers import experts as experts_lib
 from tests.core.helpers import (
     assert_same_outputs_and_gradients,
     forward_and_gradients,
@@ -145,7 +145,7 @@ def test_refusals_name_what_to_use(monkeypatch):
         keras_moe.MoeLayer(
             keras_moe.ExpertChoiceRouter(4), keras_moe.FeedForwardExperts(4, 8), dispatch="dropless"
         )
-    from keras_moe.expert_parallel import ExpertParallelExperts
+    from keras_moe.layers.expert_parallel import ExpertParallelExperts
 
     with pytest.raises(ValueError, match="sorted by expert.*ExpertParallelExperts.*'gather'"):
         keras_moe.MoeLayer(

@@ -11,8 +11,10 @@ import pytest
 import tensorflow as tf
 
 import keras_moe
-from keras_moe import metrics, router_losses, routing
-from keras_moe.experts import FeedForwardExperts
+from keras_moe import routing
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.routing import losses as router_losses
+from keras_moe.routing import metrics
 from tests.core.reference import reference_moe
 
 LENGTH, D_MODEL, NUM_EXPERTS = 4, 8, 4

@@ -82,7 +82,7 @@ def check_interpret():
     import jax
     import jax.numpy as jnp
 
-    from keras_moe.grouped_matmul import grouped_matmul
+    from keras_moe.dispatch.grouped_matmul import grouped_matmul
 
     for dtype, tol in (("float32", 1e-4), ("bfloat16", 3e-2)):
         x, w, sizes, upstream = _case(dtype)
@@ -112,8 +112,8 @@ def check_interpret_mesh():
     import jax.numpy as jnp
 
     jax.config.update("jax_num_cpu_devices", 4)
-    from keras_moe import sharding
-    from keras_moe.grouped_matmul import grouped_matmul
+    from keras_moe.dispatch.grouped_matmul import grouped_matmul
+    from keras_moe.parallel import sharding
 
     x, w, sizes, upstream = _case("float32", seed=1)
     # The weights enter the kernel whole on every device (gathered when their
@@ -224,7 +224,7 @@ def test_tiny_model_dropless_train_step_compiles_for_tpu():
 def test_bad_kernel_names_the_argument():
     import keras
 
-    from keras_moe.grouped_matmul import grouped_matmul
+    from keras_moe.dispatch.grouped_matmul import grouped_matmul
 
     if keras.backend.backend() != "tensorflow":
         pytest.skip("checks the TensorFlow backend's refusal of the JAX kernels")

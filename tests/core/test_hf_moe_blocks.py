@@ -11,7 +11,7 @@ outputs.
 import numpy as np
 import pytest
 
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.layers.dense_feedforward import DenseFeedForward
 from tests.core import hf_moe_reference as reference
 from tests.core.helpers import run_jax_checks
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import keras_moe
-from keras_moe import experts as experts_lib
 from keras_moe import routing
+from keras_moe.layers import experts as experts_lib
 from tests.core.reference import reference_moe
 
 

@@ -4,7 +4,8 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import metrics, routing
+from keras_moe import routing
+from keras_moe.routing import metrics
 
 
 def test_load_imbalance_counts_requests_before_capacity():

@@ -308,7 +308,7 @@ def test_sharding_doc_rules_are_the_librarys():
     block = code_blocks(SHARDING, "python")[0]
     namespace = {}
     exec(block, namespace)
-    from keras_moe import layouts
+    from keras_moe.parallel import layouts
 
     assert namespace["DEFAULT_RULES"] == layouts.DEFAULT_RULES
 

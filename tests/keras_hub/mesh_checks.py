@@ -45,7 +45,7 @@ def check(folder, family):
     # (a batch the mesh cannot split is one routing group, and GSPMD gathers).
     inputs = checks.batch(lengths=(9, 6, 9, 7, 9, 8, 5, 9))
     want = checks.logits(checks.load(folder), inputs)
-    keras_moe.sharding.configure_mesh(MESH)
+    keras_moe.parallel.sharding.configure_mesh(MESH)
     try:
         model = checks.load(folder)
         weights = expert_weights(model)
@@ -64,7 +64,7 @@ def check(folder, family):
         }
         assert not gathered & full_shapes, f"{family}: expert weights all-gathered: {gathered}"
     finally:
-        keras_moe.sharding.clear_mesh()
+        keras_moe.parallel.sharding.clear_mesh()
     print(f"OK {family}", flush=True)
 
 

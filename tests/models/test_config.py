@@ -1,7 +1,8 @@
 import pytest
 
 import gin
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.layers.dense_feedforward import DenseFeedForward
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.models import (
     EncoderDecoder,
     T5Config,
@@ -9,7 +10,6 @@ from keras_moe.models import (
     hf_sparse_layers,
     sparse_layers_from_step,
 )
-from keras_moe.moe import MoeLayer
 from tests.models.helpers import tiny_config, tiny_switch_config
 
 

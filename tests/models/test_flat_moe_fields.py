@@ -163,7 +163,7 @@ def test_an_old_operative_config_is_read_as_the_model_it_trained(tmp_path):
     path.write_text(OLD_OPERATIVE_CONFIG)
     config = _parse_as_eval(path)
     assert config == REFERENCE
-    from keras_moe.models.model_configurables import build_model
+    from keras_moe.gin_config.model_configurables import build_model
 
     model = build_model()  # what keras-moe-eval restores the checkpoint into
     ffn = model.encoder_layers[1].ffn

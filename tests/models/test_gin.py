@@ -4,8 +4,8 @@ import pytest
 
 import gin
 from keras_moe.gin_config import GinConfigError, parse_gin, resolve
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.models import count_params
-from keras_moe.moe import MoeLayer
 
 NAMES = [
     "t5_1_1_small",
@@ -64,7 +64,7 @@ def test_resolve_unknown_name():
 
 
 def test_build_switch_tiny_with_bindings():
-    from keras_moe.models.model_configurables import build_model
+    from keras_moe.gin_config.model_configurables import build_model
 
     parse_gin(
         ["switch_tiny"],

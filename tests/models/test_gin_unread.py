@@ -5,7 +5,7 @@ import pytest
 
 import gin
 from keras_moe.gin_config import GinConfigError, parse_gin
-from keras_moe.models.model_configurables import build_model
+from keras_moe.gin_config.model_configurables import build_model
 
 
 @pytest.fixture(autouse=True)

@@ -155,7 +155,7 @@ def test_decoder_is_causal():
 def test_gated_dense_ffn_starts_with_independent_kernels():
     """wi_0 and wi_1 must not share their initial values (one unseeded
     initializer object used twice repeats them)."""
-    from keras_moe.dense_feedforward import DenseFeedForward
+    from keras_moe.layers.dense_feedforward import DenseFeedForward
 
     ffn = DenseFeedForward(d_ff=256, activation="gated-gelu")
     ffn.build((None, None, 64))

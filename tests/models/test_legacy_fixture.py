@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from keras_moe import SwitchFeedForward
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.layers.dense_feedforward import DenseFeedForward
 from keras_moe.models import DecoderBlock, EncoderBlock, EncoderDecoder
 from tests.models.fixtures.make_legacy_t5 import inputs
 

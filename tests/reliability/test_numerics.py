@@ -77,7 +77,7 @@ def test_router_dtype_is_validated_and_gin_configurable():
     routers = [layer for layer in gshard._flatten_layers() if layer.name == "router"]
     assert routers and all(r.dtype_policy.name == "bfloat16" for r in routers)
     helpers.parse(["SwitchFeedForward.router_dtype = 'bfloat16'"])
-    from keras_moe.models import model_configurables
+    from keras_moe.gin_config import model_configurables
 
     assert model_configurables.build_model().config.sparse_option("router_dtype") == "bfloat16"
     import gin

@@ -1,4 +1,4 @@
-"""Checks of keras_moe.token_exchange, run in a fresh process by conftest.py.
+"""Checks of keras_moe.parallel.token_exchange, run in a fresh process by conftest.py.
 
 8 emulated CPU devices (mesh data=2, expert=4): a Switch MoE layer's outputs
 and gradients (tokens and weights) with the all-to-all exchange and with GSPMD's,
@@ -19,8 +19,8 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import sharding, token_exchange
-from keras_moe.tpu_compile import abstract_arrays, hlo_collectives
+from keras_moe.parallel import abstract_arrays, sharding, token_exchange
+from keras_moe.tpu_compile import hlo_collectives
 
 E, D, F = 8, 16, 32
 

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 import keras_moe
-from keras_moe import sharding
+from keras_moe.parallel import sharding
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 E, D, B, L = 8, 16, 8, 16

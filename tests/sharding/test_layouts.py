@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import keras_moe
-from keras_moe import layouts, sharding
-from keras_moe.expert_parallel import ExpertParallelExperts
-from keras_moe.experts import FeedForwardExperts
+from keras_moe.layers.expert_parallel import ExpertParallelExperts
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.parallel import layouts, sharding
 
 MESH = {"data": 2, "expert": 4, "model": 1}
 

@@ -1,4 +1,5 @@
-"""Tokens reach the experts by all-to-all (keras_moe.token_exchange), see exchange_checks.py.
+"""Tokens reach the experts by all-to-all (keras_moe.parallel.token_exchange), see
+exchange_checks.py.
 
 Numerics on 8 emulated CPU devices against the same layer without a mesh; the
 collectives from libtpu's compiler for a v5e:2x2 slice (4 chips, 2 of 8 experts each).
@@ -6,7 +7,7 @@ collectives from libtpu's compiler for a v5e:2x2 slice (4 chips, 2 of 8 experts 
 
 import pytest
 
-from keras_moe import token_exchange
+from keras_moe.parallel import token_exchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("exchange_checks")]
 

@@ -21,7 +21,7 @@ tf.config.set_logical_device_configuration(
 
 import keras  # noqa: E402
 
-from keras_moe.expert_parallel import ExpertParallelExperts, expert_parallel_switch  # noqa: E402
+from keras_moe.layers.expert_parallel import ExpertParallelExperts, expert_parallel_switch  # noqa: E402
 
 t0 = time.time()
 E, D, B, L = 8, 8, 16, 8  # 2 sequences (groups) per replica

@@ -1,4 +1,4 @@
-"""keras_moe.tpu_compile.abstract_arrays: sharded abstract arrays of shapes and of variables.
+"""keras_moe.parallel.abstract_arrays: sharded abstract arrays of shapes and of variables.
 
 The checks run with the JAX backend on 2 emulated CPU devices, in a subprocess
 (the suite's own process runs the TensorFlow backend).
@@ -27,7 +27,7 @@ jax.config.update("jax_num_cpu_devices", 2)
 import keras
 import keras_moe
 from keras_moe import sharding
-from keras_moe.tpu_compile import abstract_arrays
+from keras_moe.parallel import abstract_arrays
 
 doc = doctest.testmod(abstract_arrays, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
 distribution = sharding.configure_mesh({"data": 1, "expert": 2}, devices=jax.devices()[:2])

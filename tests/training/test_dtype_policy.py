@@ -31,7 +31,7 @@ def _train(model_dir, bindings=(), model=None):
 
 @pytest.mark.slow
 def test_mixed_bfloat16_trains_with_float32_weights_and_routers(tmp_path):
-    from keras_moe.models import model_configurables
+    from keras_moe.gin_config import model_configurables
     from keras_moe.routing.base import Router
 
     built = []

@@ -171,7 +171,7 @@ def load_init_checkpoint(
     Raises:
         TrainingConfigError: when the checkpoint does not fit the model.
     """
-    from keras_moe.models import model_configurables
+    from keras_moe.gin_config import model_configurables
 
     if is_hf_folder(path):
         source = from_hf(path)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from keras_moe.convert import from_hf, is_hf_folder
-from keras_moe.distill.init_from_teacher import dense_student_config
 from keras_moe.models import EncoderDecoder
+from keras_moe.models.dense_config import dense_student_config
 from keras_moe.models.upcycle import (
     RouterInit,
     check_upcycle_args,

@@ -10,8 +10,8 @@ import os
 
 import keras
 
-from keras_moe import layouts, sharding, token_exchange
-from keras_moe.tpu_compile import abstract_step, compile_report
+from keras_moe.parallel import layouts, sharding, token_exchange
+from keras_moe.parallel.abstract_arrays import abstract_batch
 from keras_moe.training.errors import TrainingConfigError
 from keras_moe.training.log import log
 
@@ -22,7 +22,7 @@ def check_mesh(mesh_shape, logical_axis_rules, strategy="default"):
     Args:
         mesh_shape: dict mesh axis -> size (`MeshPlacement.mesh_shape`), or None (no mesh).
         logical_axis_rules: `(logical axis, mesh axes)` pairs (`MeshPlacement.logical_axis_rules`),
-            or None for `keras_moe.layouts.DEFAULT_RULES`.
+            or None for `keras_moe.parallel.layouts.DEFAULT_RULES`.
         strategy: the tf.distribute strategy named beside the mesh ("default": none).
 
     Example:
@@ -190,7 +190,7 @@ def apply_mesh(mesh_shape, logical_axis_rules):
 def shard_report(model):
     """[(class of variable, full shape, shape on one device)], one per logical-axes class.
 
-    A variable's class is its logical axes (`keras_moe.layouts`), e.g.
+    A variable's class is its logical axes (`keras_moe.parallel.layouts`), e.g.
     ("expert", "embed", "mlp") for the experts' `wi`; the first variable of
     each class stands for the others.
     """
@@ -218,7 +218,7 @@ def exchange_report(model, batch_size, feature_lengths):
 
     Traces the model's training forward pass once over an abstract global
     batch laid out as the data is (`jax.eval_shape`: nothing is computed),
-    which records each MoE layer's choice (`keras_moe.token_exchange`).
+    which records each MoE layer's choice (`keras_moe.parallel.token_exchange`).
 
     Args:
         model: a T5-family model built under the mesh.
@@ -226,12 +226,12 @@ def exchange_report(model, batch_size, feature_lengths):
         feature_lengths: `{"inputs": n, "targets": m}`.
 
     Returns:
-        one line per MoE layer (`compile_report.format_exchange_choices`).
+        one line per MoE layer (`token_exchange.format_exchange_choices`).
     """
     import jax
 
     distribution = keras.distribution.distribution()
-    inputs = abstract_step.abstract_batch(distribution, batch_size, feature_lengths)[0]
+    inputs = abstract_batch(distribution, batch_size, feature_lengths)[0]
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 
@@ -242,4 +242,4 @@ def exchange_report(model, batch_size, feature_lengths):
     jax.eval_shape(forward, trainable, non_trainable, inputs)
     choices = token_exchange.exchange_choices()
     token_exchange.clear_exchange_choices()
-    return compile_report.format_exchange_choices(choices)
+    return token_exchange.format_exchange_choices(choices)

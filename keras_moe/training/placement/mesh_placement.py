@@ -18,9 +18,9 @@ class MeshPlacement:
 
     Args:
         mesh_shape: dict mesh axis -> size, e.g. {"data": 2, "expert": 4}
-            (see `keras_moe.sharding.configure_mesh`).
+            (see `keras_moe.parallel.sharding.configure_mesh`).
         logical_axis_rules: `(logical axis, mesh axes)` pairs, or None for
-            `keras_moe.layouts.DEFAULT_RULES`.
+            `keras_moe.parallel.layouts.DEFAULT_RULES`.
 
     Example:
     >>> placement = MeshPlacement({"data": 2, "expert": 4}).start(process_index=0)
@@ -65,7 +65,7 @@ class MeshPlacement:
         """Sets the mesh as Keras' distribution; must come before any layer is made."""
 
         self.mesh = mesh_lib.apply_mesh(self.mesh_shape, self.logical_axis_rules)
-        log(f"device mesh {self.mesh}: the model is sharded by keras_moe.layouts")
+        log(f"device mesh {self.mesh}: the model is sharded by keras_moe.parallel.layouts")
 
     def scope(self) -> ContextManager:
         """No scope: the distribution set by `apply` places every variable."""

@@ -21,7 +21,7 @@ def build_compiled_model(
     model: Callable[[], keras.Model] | None = None,
 ) -> keras.Model:
     """The model of the factory `model` (default: gin's `build_model`,
-    `keras_moe.models.model_configurables.build_model`), compiled with its
+    `keras_moe.gin_config.model_configurables.build_model`), compiled with its
     `compile_defaults` (T5: the T5 loss).
 
     Args:
@@ -34,7 +34,7 @@ def build_compiled_model(
     """
 
     if model is None:
-        from keras_moe.models import model_configurables
+        from keras_moe.gin_config import model_configurables
 
         model = model_configurables.build_model
     try:

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from keras_moe import compat
-from keras_moe.moe import MoeLayer
+from keras_moe.layers.moe import MoeLayer
 from keras_moe.training.checkpoint import atomic_write_bytes
 from keras_moe.training.checkpoint.atomic_files import atomic_write_text
 

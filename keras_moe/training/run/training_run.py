@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import keras
 import numpy as np
 
-from keras_moe import gin_unread
+from keras_moe.gin_config import unread as gin_unread
 from keras_moe.models.config import T5Config
 from keras_moe.models.routing_mode import EVAL_ROUTINGS
 from keras_moe.training import checkpoint as ckpt_lib
@@ -132,7 +132,7 @@ class Run:
         """The model (on the mesh, if any), resumed from the model dir or initialised.
 
         Once it is built, a gin binding of the model's configurables that it did
-        not read is refused (`keras_moe.gin_unread`), before any data is read or
+        not read is refused (`keras_moe.gin_config.unread`), before any data is read or
         anything is written.
         """
 

@@ -7,7 +7,7 @@ drops nothing. They differ in how they move data:
 - `EinsumDispatcher` builds one-hot dispatch/combine tensors `[G, S, E, C]`
   and contracts them with einsums (GShard's formulation). Shapes are static,
   which is what TPUs want, and under a JAX mesh the buffers move between
-  the token and expert layouts by two all-to-alls (`keras_moe.token_exchange`).
+  the token and expert layouts by two all-to-alls (`keras_moe.parallel.token_exchange`).
   Cost grows with `S * E * C`.
 - `GatherDispatcher` computes, for every expert slot, which token fills it,
   then gathers tokens into slots and scatter-adds slot outputs back into
@@ -33,17 +33,17 @@ from __future__ import annotations
 
 import keras
 
-from keras_moe import sharding
 from keras_moe.arguments import (
     DISPATCH_MODES,
     DispatchMode,
     check_dropless_buffer_factor,
     check_values,
 )
-from keras_moe.dispatch_base import Dispatcher
-from keras_moe.dispatch_dropless import DroplessDispatcher
-from keras_moe.dispatch_einsum import EinsumDispatcher, EinsumPlan
-from keras_moe.dispatch_gather import GatherDispatcher, GatherPlan
+from keras_moe.dispatch.base import Dispatcher
+from keras_moe.dispatch.dropless import DroplessDispatcher
+from keras_moe.dispatch.einsum import EinsumDispatcher, EinsumPlan
+from keras_moe.dispatch.gather import GatherDispatcher, GatherPlan
+from keras_moe.parallel import sharding
 
 __all__ = [
     "DISPATCH_MODES",
@@ -78,10 +78,10 @@ def get_dispatcher(mode: DispatchMode, dropless_buffer_factor: float | None = No
     "auto" picks einsum on TPU and gather everywhere else (`resolve_dispatch`);
     "dropless" is refused on TPU with the TensorFlow backend (its grouped
     matmul needs dynamic shapes there); on JAX it runs on TPU with the megablox
-    kernel and on a CPU with the tiled one (`keras_moe.grouped_matmul`).
+    kernel and on a CPU with the tiled one (`keras_moe.dispatch.grouped_matmul`).
 
     `dropless_buffer_factor`: the dropless dispatcher's receive buffer with
-    experts split over a mesh (`keras_moe.dropless_exchange`); only with
+    experts split over a mesh (`keras_moe.dispatch.dropless_exchange`); only with
     mode "dropless".
 
     Example:

@@ -3,7 +3,7 @@
 Dispatch and combine tensors `[G, S, E, C]` are contracted with einsums.
 Shapes are static, which is what TPUs want, and under a JAX mesh the buffers
 move between the token and expert layouts by two all-to-alls
-(`keras_moe.token_exchange`). Cost grows with `S * E * C`.
+(`keras_moe.parallel.token_exchange`). Cost grows with `S * E * C`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from keras import ops
 
-from keras_moe import sharding, token_exchange
-from keras_moe.dispatch_base import Dispatcher
+from keras_moe.dispatch.base import Dispatcher
+from keras_moe.parallel import sharding, token_exchange
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ its senders' rows in sender order until it is full, and the rows that find no
 room are dropped like over-capacity tokens (output 0; the layer's
 `dropped_fraction` counts them). docs/dropless.md has the measurements.
 
-Needs the JAX backend, a mesh from `keras_moe.sharding.configure_mesh` with
+Needs the JAX backend, a mesh from `keras_moe.parallel.sharding.configure_mesh` with
 an `expert` axis of size > 1 dividing the expert count, groups the mesh
 splits over its token axes (`token_exchange.exchange_plan`), and no expert
 dropout in training. `plan` says why when it cannot run; the dropless
@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 from keras import ops
 
-from keras_moe import grouped_matmul as grouped_matmul_lib
-from keras_moe import sharding, token_exchange
+from keras_moe.dispatch import grouped_matmul as grouped_matmul_lib
+from keras_moe.parallel import sharding, token_exchange
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
-    from keras_moe.experts import FeedForwardExperts
+    from keras_moe.layers.experts import FeedForwardExperts
     from keras_moe.routing import RoutingInstructions
 
 # `(jax mesh, token axes)` of an expert-parallel dropless layer.

@@ -2,7 +2,7 @@
 
 Layers tag key activations with logical axis names (`"batch"`, `"expert"`,
 `"embed"`, ...) through `with_logical_constraint`; weights are tagged by the
-variable-path table in `keras_moe.layouts`. Without a configured mesh every
+variable-path table in `keras_moe.parallel.layouts`. Without a configured mesh every
 annotation is a no-op, so single-device users pay nothing. This module is the
 only place in the layers' code path that looks at the backend.
 
@@ -13,7 +13,7 @@ only place in the layers' code path that looks at the backend.
   between token-sharded and expert-sharded layouts.
 - TensorFlow backend: `keras.distribution` is not implemented, so
   `configure_mesh` refuses. Data parallelism goes through `tf.distribute`;
-  expert parallelism across replicas is `keras_moe.expert_parallel`. For
+  expert parallelism across replicas is `keras_moe.layers.expert_parallel`. For
   TPU SPMD (`TPUStrategy(experimental_spmd_xla_partitioning=True)`),
   `configure_tpu_spmd` turns the same tags into `xla_sharding` annotations
   (unverified on TPU: on CPU XLA drops them).
@@ -21,12 +21,12 @@ only place in the layers' code path that looks at the backend.
 Example (JAX, 8 devices; the mesh line is skipped where they are missing):
 >>> import keras_moe
 >>> from keras_moe.models import T5Config, build_model
->>> keras_moe.sharding.configure_mesh({"data": 2, "expert": 4})  # doctest: +SKIP
+>>> keras_moe.parallel.sharding.configure_mesh({"data": 2, "expert": 4})  # doctest: +SKIP
 >>> model = build_model(T5Config(  # create layers after configuring the mesh
 ...     vocab_size=64, d_model=32, num_heads=4, d_kv=8, d_ff=64, num_encoder_layers=2,
 ...     num_decoder_layers=2, encoder_sparse_step=2, decoder_sparse_step=2,
 ...     sparse_ffn=keras_moe.SwitchFeedForward(num_experts=8, d_ff=64)))
->>> keras_moe.sharding.validate_mesh(  # the check configure_mesh does first
+>>> keras_moe.parallel.sharding.validate_mesh(  # the check configure_mesh does first
 ...     {"data": 2, "expert": 4}, num_devices=8, num_experts=model.config.num_experts)[0]
 {'data': 2, 'expert': 4, 'model': 1}
 """
@@ -39,9 +39,10 @@ from typing import Literal
 import keras
 import numpy as np
 
-from keras_moe import compat, layouts
-from keras_moe.layouts import DEFAULT_RULES, MESH_AXES, LogicalAxes, MeshSpec, Rules
-from keras_moe.layouts import LOGICAL_AXES as LOGICAL_AXES  # re-exported
+from keras_moe import compat
+from keras_moe.parallel import layouts
+from keras_moe.parallel.layouts import DEFAULT_RULES, MESH_AXES, LogicalAxes, MeshSpec, Rules
+from keras_moe.parallel.layouts import LOGICAL_AXES as LOGICAL_AXES  # re-exported
 from keras_moe.tensor_types import Shape, Tensor
 from keras_moe.validation import is_int
 
@@ -181,7 +182,7 @@ def configure_mesh(
 
     Validates the arguments, builds a `keras.distribution.DeviceMesh` with
     axes `("data", "expert", "model")`, a `LayoutMap` that lays out weights by
-    `keras_moe.layouts.VARIABLE_AXES` and `rules`, and a `ModelParallel`
+    `keras_moe.parallel.layouts.VARIABLE_AXES` and `rules`, and a `ModelParallel`
     distribution (input batches split by the "batch" rule), calls
     `keras.distribution.set_distribution`, and activates `rules` for
     `with_logical_constraint`. Call it before creating any layer.
@@ -190,7 +191,7 @@ def configure_mesh(
         mesh_shape: dict mesh axis -> size, e.g. `{"data": 2, "expert": 4}`;
             axes left out get size 1. The product must equal the device count.
         rules: `(logical_axis, mesh_axes)` pairs in priority order (see
-            `keras_moe.layouts`); defaults to `DEFAULT_RULES`.
+            `keras_moe.parallel.layouts`); defaults to `DEFAULT_RULES`.
         devices: device strings (default: `keras.distribution.list_devices()`).
         num_experts: optional; checked for divisibility by the expert axis
             here (variables are checked again when they are created).
@@ -215,7 +216,7 @@ def configure_mesh(
         raise ValueError(
             "configure_mesh needs the JAX backend (KERAS_BACKEND=jax): keras.distribution "
             f"is not implemented on the {keras.backend.backend()!r} backend. On TensorFlow, "
-            "use tf.distribute for data parallelism and keras_moe.expert_parallel for "
+            "use tf.distribute for data parallelism and keras_moe.layers.expert_parallel for "
             "expert parallelism (or configure_tpu_spmd on Cloud TPU)."
         )
     mesh = keras.distribution.DeviceMesh(tuple(shape.values()), tuple(shape), devices=list(devices))

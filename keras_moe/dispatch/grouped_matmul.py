@@ -53,8 +53,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_moe import compat, sharding
-from keras_moe.grouped_matmul_looped import _looped_grouped_matmul, loop_rows
+from keras_moe import compat
+from keras_moe.dispatch.grouped_matmul_looped import _looped_grouped_matmul, loop_rows
+from keras_moe.parallel import sharding
 from keras_moe.tensor_types import Tensor
 
 KERNELS = ("auto", "tiled", "looped", "ragged_dot", "megablox")

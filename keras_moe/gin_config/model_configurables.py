@@ -16,7 +16,8 @@ A general `@MoeLayer` takes any router: `MoeLayer.router = @TopKRouter()`,
 """
 
 import gin
-import keras_moe
+from keras_moe import routing
+from keras_moe.layers import experts, feedforward, moe, shared_experts
 from keras_moe.models import config as config_lib
 from keras_moe.models import model_builder
 
@@ -28,16 +29,16 @@ build_model = gin.external_configurable(
 )
 
 _LAYERS = (
-    keras_moe.SwitchFeedForward,
-    keras_moe.GShardFeedForward,
-    keras_moe.TopKFeedForward,
-    keras_moe.MoeLayer,
-    keras_moe.FeedForwardExperts,
-    keras_moe.SharedExpertFeedForward,
-    keras_moe.SwitchRouter,
-    keras_moe.Top2Router,
-    keras_moe.TopKRouter,
-    keras_moe.ExpertChoiceRouter,
+    feedforward.SwitchFeedForward,
+    feedforward.GShardFeedForward,
+    feedforward.TopKFeedForward,
+    moe.MoeLayer,
+    experts.FeedForwardExperts,
+    shared_experts.SharedExpertFeedForward,
+    routing.SwitchRouter,
+    routing.Top2Router,
+    routing.TopKRouter,
+    routing.ExpertChoiceRouter,
 )
 for _layer in _LAYERS:
     gin.external_configurable(_layer, module="keras_moe")
@@ -45,7 +46,7 @@ for _layer in _LAYERS:
 # The configurables a model's architecture is made of, by gin's full names: gin
 # calls every one a model uses while it makes the `T5Config` (the sparse FFN's
 # spec is made from its layer then), so once the config exists a binding of one
-# that no call read configures nothing (`keras_moe.gin_unread`).
+# that no call read configures nothing (`keras_moe.gin_config.unread`).
 # `build_model` is left out: the job calls it later.
 MODEL_SELECTORS = ("keras_moe.models.T5Config",) + tuple(
     f"keras_moe.{layer.__name__}" for layer in _LAYERS

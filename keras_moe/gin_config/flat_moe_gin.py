@@ -20,11 +20,11 @@ Example:
 >>> parse_gin("switch_tiny.gin", "T5Config.num_experts = 16")
 Traceback (most recent call last):
 ...
-keras_moe.gin_errors.GinConfigError: `T5Config.num_experts` is no longer a field of T5Config: ...bind `SwitchFeedForward.num_experts = ...` instead.
+keras_moe.gin_config.errors.GinConfigError: `T5Config.num_experts` is no longer a field of T5Config: ...bind `SwitchFeedForward.num_experts = ...` instead.
 """  # noqa: E501 - verbatim output lines
 
 from keras_moe import compat
-from keras_moe.gin_errors import GinConfigError
+from keras_moe.gin_config.errors import GinConfigError
 from keras_moe.models import config as config_lib
 from keras_moe.models import flat_moe_fields
 

@@ -15,8 +15,9 @@ import keras
 from keras import ops
 from keras.src.backend import get_stateless_scope
 
-from keras_moe import compat, router_losses
+from keras_moe import compat
 from keras_moe.mixin_bases import ModelMixinBase
+from keras_moe.routing import losses as router_losses
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The ready-made MoE feed-forward layers: Switch (top-1), GShard (top-2) and top-k.
 
-(T5's dense FFN, `DenseFeedForward`, is in `keras_moe.dense_feedforward`.)"""
+(T5's dense FFN, `DenseFeedForward`, is in `keras_moe.layers.dense_feedforward`.)"""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from keras_moe.arguments import (
 )
 
 # Re-exported from its old home (the redundant alias marks the re-export).
-from keras_moe.dense_feedforward import DenseFeedForward as DenseFeedForward
-from keras_moe.experts import FeedForwardExperts
-from keras_moe.moe import GroupSize, MoeLayer
+from keras_moe.layers.dense_feedforward import DenseFeedForward as DenseFeedForward
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.layers.moe import GroupSize, MoeLayer
+from keras_moe.layers.shared_experts import SharedExpertFeedForward
 from keras_moe.routing import SwitchRouter, Top2Router, TopKRouter, default_router_initializer
 from keras_moe.routing.token_choice import TokenChoiceRouter
-from keras_moe.shared_experts import SharedExpertFeedForward
 from keras_moe.validation import is_int
 
 

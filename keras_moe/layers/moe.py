@@ -8,16 +8,17 @@ from typing import Any, Literal
 import keras
 from keras import ops
 
-from keras_moe import compat, router_losses
+from keras_moe import compat
 from keras_moe import dispatch as dispatch_lib
-from keras_moe import metrics as metrics_lib
 from keras_moe import routing as routing_lib
 from keras_moe.arguments import BalanceLoss, DispatchMode, check_values
-from keras_moe.experts import FeedForwardExperts
-from keras_moe.moe_arguments import check_combinations
-from keras_moe.routing_scope import routing_each_sequence
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.layers.moe_arguments import check_combinations
+from keras_moe.layers.token_groups import from_groups, grouping_for, to_groups
+from keras_moe.routing import losses as router_losses
+from keras_moe.routing import metrics as metrics_lib
+from keras_moe.routing.scope import routing_each_sequence
 from keras_moe.tensor_types import Shape, Tensor
-from keras_moe.token_groups import from_groups, grouping_for, to_groups
 from keras_moe.validation import check_rank3_inputs, is_int
 
 GroupSize = int | Literal["batch", "sequence"] | None
@@ -39,7 +40,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
         experts: a `keras_moe.FeedForwardExperts` with the same `num_experts`.
         group_size: how tokens are grouped for routing (capacity is per group).
             "batch" (default): all tokens of the call (on each replica, or
-            each batch shard of a mesh: `keras_moe.local_groups`) form one
+            each batch shard of a mesh: `keras_moe.parallel.local_groups`) form one
             group, position-major (every sequence's token 0, then
             every token 1, ...), so in a causal layer no token's slot depends
             on a later position. When the batch size is unknown at trace time
@@ -65,7 +66,7 @@ class MoeLayer(compat.PerThreadLosses, keras.layers.Layer):
             exactly its tokens (token-choice routers; not on TPU or under XLA;
             the capacity factors are then unused). With the experts split over
             a JAX mesh's "expert" axis, rows travel to their experts' devices
-            (`keras_moe.dropless_exchange`).
+            (`keras_moe.dispatch.dropless_exchange`).
         dropless_buffer_factor: with dispatch="dropless" and experts split
             over a mesh: each device's receive buffer in multiples of its own
             token-expert assignments; rows past it are dropped and counted in

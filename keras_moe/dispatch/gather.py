@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from keras import ops
 
-from keras_moe import sharding, token_exchange
-from keras_moe.dispatch_base import Dispatcher
+from keras_moe.dispatch.base import Dispatcher
+from keras_moe.parallel import sharding, token_exchange
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class GatherDispatcher(Dispatcher):
     >>> expert_inputs = GatherDispatcher().dispatch(x, plan)
     >>> tuple(expert_inputs.shape)  # [E, G, C, d]
     (4, 2, 3, 8)
-    >>> from keras_moe.dispatch_einsum import EinsumDispatcher
+    >>> from keras_moe.dispatch.einsum import EinsumDispatcher
     >>> einsum = EinsumDispatcher()  # same numbers as the einsum path
     >>> bool(np.allclose(expert_inputs, einsum.dispatch(x, einsum.plan(routing))))
     True

@@ -33,7 +33,7 @@ from typing import Literal
 
 from keras import ops
 
-from keras_moe import sharding
+from keras_moe.parallel import sharding
 from keras_moe.tensor_types import Tensor
 
 

@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from keras_moe.arguments import Activation
-from keras_moe.feedforward_mixin import FeedForwardMixin, model_width
+from keras_moe.layers.feedforward_mixin import FeedForwardMixin, model_width
 from keras_moe.tensor_types import Shape, Tensor
 
 

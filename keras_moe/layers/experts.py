@@ -11,15 +11,15 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_moe import grouped_matmul as grouped_matmul_lib
 from keras_moe.arguments import Activation, check_values
-from keras_moe.feedforward_mixin import (
+from keras_moe.dispatch import grouped_matmul as grouped_matmul_lib
+from keras_moe.dispatch.grouped_matmul import grouped_matmul
+from keras_moe.layers.feedforward_mixin import (
     SWIGLU_ALPHA,
     SWIGLU_LIMIT,
     FeedForwardMixin,
     model_width,
 )
-from keras_moe.grouped_matmul import grouped_matmul
 from keras_moe.tensor_types import Shape, Tensor, WeightShape
 
 # Std of a unit normal truncated at two standard deviations.

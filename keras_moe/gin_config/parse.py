@@ -17,8 +17,9 @@ import tokenize
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from keras_moe import compat, gin_unread
-from keras_moe.gin_errors import GinConfigError, describe_syntax_error
+from keras_moe import compat
+from keras_moe.gin_config import unread as gin_unread
+from keras_moe.gin_config.errors import GinConfigError, describe_syntax_error
 
 if TYPE_CHECKING:
     from keras_moe.models.config import T5Config
@@ -31,14 +32,14 @@ DEFAULT_GIN_IMPORTS = ("keras_moe", "seqio", "t5.data", "t5.evaluation")
 # `operative_config.gin` of an older run imports them by that name.
 RENAMED_GIN_IMPORTS = {
     "keras_moe.training.gin_configurables": "keras_moe.training.train_configurables",
-    "keras_moe.models.gin_configurables": "keras_moe.models.model_configurables",
+    "keras_moe.models.gin_configurables": "keras_moe.gin_config.model_configurables",
     "keras_moe.distill.gin_configurables": "keras_moe.distill.distill_configurables",
 }
 
 
 def gin_dirs() -> list[str]:
     """Folders holding gin files: `<package>/gin_files/` then `<repo>/gin/` (a checkout)."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [os.path.join(package, "gin_files"), os.path.join(os.path.dirname(package), "gin")]
 
 
@@ -130,7 +131,7 @@ def imports_allowed(extra: Iterable[str] = ()) -> Iterator[None]:
     ...     gin.parse_config_file(path)
     Traceback (most recent call last):
     ...
-    keras_moe.gin_errors.GinConfigError: gin import 'import json.decoder'
+    keras_moe.gin_config.errors.GinConfigError: gin import 'import json.decoder'
     (...my_run.gin:1) is not allowed: ... allow it with --gin_allow_import json...
     >>> with imports_allowed(["json"]):  # json and its sub-modules
     ...     gin.parse_config_file(path).imports
@@ -372,12 +373,12 @@ def parse_gin(
         clear: start from an empty gin config, so a notebook's second call does
             not inherit the first one's bindings; False adds to the config.
         check_unread: once the model's `T5Config` is made, refuse bindings of
-            its configurables that nothing read (`keras_moe.gin_unread`), e.g.
+            its configurables that nothing read (`keras_moe.gin_config.unread`), e.g.
             `SwitchFeedForward.num_experts` on a GShard model.
 
     Gin files from before the sparse-FFN spec (flat `T5Config.moe_type`,
     `T5Config.num_experts`, ... fields, as old `operative_config.gin` files
-    hold them) are translated to the spec (`keras_moe.models.flat_moe_gin`).
+    hold them) are translated to the spec (`keras_moe.gin_config.flat_moe_gin`).
 
     Returns:
         the `T5Config` bound to `build_model.config` (what `build_model()`
@@ -392,13 +393,13 @@ def parse_gin(
     >>> config = parse_gin("switch_tiny.gin", "SwitchFeedForward.num_experts = 4")
     >>> config.sparse_ffn["class_name"], config.num_experts, config.d_model
     ('keras_moe>SwitchFeedForward', 4, 64)
-    >>> from keras_moe.models.model_configurables import build_model
+    >>> from keras_moe.gin_config.model_configurables import build_model
     >>> build_model().config.num_experts  # the same config, through gin
     4
     """
     import gin
-    import keras_moe.models.model_configurables  # noqa: F401  (T5Config, build_model)
-    from keras_moe.models import flat_moe_gin  # noqa: PLC0415  (models imports this module)
+    import keras_moe.gin_config.model_configurables  # noqa: F401  (T5Config, build_model)
+    from keras_moe.gin_config import flat_moe_gin  # noqa: PLC0415  (models imports this module)
 
     files = _as_list(
         files, "files", "a gin file name or path (str or os.PathLike), or a list of them"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_moe.replica_context import replica_context
+from keras_moe.parallel.replica_context import replica_context
 from keras_moe.tensor_types import Tensor
 
 

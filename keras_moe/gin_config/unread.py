@@ -5,7 +5,7 @@ for `SwitchFeedForward` on a GShard model, for `encoder/SwitchFeedForward`
 when no `T5Config.encoder_sparse_ffn = @encoder/SwitchFeedForward` calls it in
 that scope, or for a misspelt scope (`encodr/`) configures nothing, silently.
 Once the model is made, every configurable of its architecture
-(`keras_moe.models.model_configurables.MODEL_SELECTORS`: `T5Config` and the MoE
+(`keras_moe.gin_config.model_configurables.MODEL_SELECTORS`: `T5Config` and the MoE
 layers, routers and experts) that it uses has been called, so a binding none
 of those calls read is an error naming it and the model's sparse layer.
 `parse_gin` checks after making the `T5Config`, a training run after building
@@ -20,7 +20,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from keras_moe import compat
-from keras_moe.gin_errors import GinConfigError
+from keras_moe.gin_config.errors import GinConfigError
 
 if TYPE_CHECKING:
     from keras_moe.models.config import T5Config
@@ -52,7 +52,7 @@ def unread_bindings(selectors: Collection[str]) -> list[tuple[str, str, list[str
 
     Example:
     >>> from keras_moe.gin_config import parse_gin
-    >>> from keras_moe.models.model_configurables import MODEL_SELECTORS
+    >>> from keras_moe.gin_config.model_configurables import MODEL_SELECTORS
     >>> _ = parse_gin("switch_tiny.gin", check_unread=False,
     ...               bindings="encodr/SwitchFeedForward.num_experts = 4")
     >>> unread_bindings(MODEL_SELECTORS)
@@ -104,12 +104,12 @@ def refuse_unread_model_bindings(config: T5Config | None = None) -> None:
     >>> refuse_unread_model_bindings(config)
     Traceback (most recent call last):
     ...
-    keras_moe.gin_errors.GinConfigError: `SwitchFeedForward.num_experts` was bound but the
+    keras_moe.gin_config.errors.GinConfigError: `SwitchFeedForward.num_experts` was bound but the
     model's sparse layer is GShardFeedForward; nothing read it...
     >>> gin.clear_config()
     """
 
-    from keras_moe.models.model_configurables import MODEL_SELECTORS
+    from keras_moe.gin_config.model_configurables import MODEL_SELECTORS
 
     unread = unread_bindings(MODEL_SELECTORS)
     if not unread:

@@ -19,10 +19,10 @@ The mode (`set_expert_exchange`):
 - "gspmd": the layout constraints alone (the behaviour before this module).
 
 The all-to-all needs: the JAX backend with a mesh from
-`keras_moe.sharding.configure_mesh`, an `expert` axis of size > 1 dividing `E`,
+`keras_moe.parallel.sharding.configure_mesh`, an `expert` axis of size > 1 dividing `E`,
 and a group count `G` that the rules split over the token axes with `expert`
 last (the `DEFAULT_RULES` split it over `("data", "expert")`). Routing groups
-are local to the batch's shards (`keras_moe.local_groups`), so the group count
+are local to the batch's shards (`keras_moe.parallel.local_groups`), so the group count
 divides over them whenever the mesh splits the batch; a batch too small to
 split is one group, which cannot be split.
 
@@ -45,7 +45,8 @@ from typing import Any, Literal
 
 import keras
 
-from keras_moe import compat, layouts, sharding
+from keras_moe import compat
+from keras_moe.parallel import layouts, sharding
 from keras_moe.tensor_types import Shape, Tensor
 
 EXPERT_EXCHANGES = ("auto", "all_to_all", "gspmd")
@@ -102,7 +103,10 @@ def exchange_plan(shape: Shape) -> tuple[ExchangeLayout | None, str | None]:
     distribution = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
     mesh = getattr(distribution, "device_mesh", None)
     if rules is None or mesh is None:
-        return None, "no mesh is configured (keras_moe.sharding.configure_mesh, JAX backend)"
+        return (
+            None,
+            "no mesh is configured (keras_moe.parallel.sharding.configure_mesh, JAX backend)",
+        )
     mesh_shape = dict(zip(mesh.axis_names, mesh.shape, strict=False))
     experts = mesh_shape.get("expert", 1)
     if experts <= 1:
@@ -260,3 +264,21 @@ def from_experts(outputs: Tensor) -> Tensor:
     """
     moved = _exchange(outputs, to_expert_layout=False)
     return outputs if moved is None else moved
+
+
+def format_exchange_choices(choices):
+    """One line per MoE layer of `exchange_choices()`: exchange and why.
+
+    Example:
+    >>> format_exchange_choices([{"layer": "encoder/moe", "exchange": "all_to_all",
+    ...                           "reason": "16 groups", "buffer": [16, 16, 20, 64]}])
+    ['encoder/moe: all-to-all, buffers [16, 16, 20, 64] (16 groups)']
+    """
+    lines = []
+    for choice in choices:
+        exchange = {"all_to_all": "all-to-all", "gspmd": "GSPMD"}.get(
+            choice["exchange"], choice["exchange"]
+        )
+        buffer = f", buffers {choice['buffer']}" if choice.get("buffer") else ""
+        lines.append(f"{choice['layer']}: {exchange}{buffer} ({choice['reason']})")
+    return lines

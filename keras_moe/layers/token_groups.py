@@ -2,7 +2,7 @@
 
 The grouping follows the layer's `group_size` ("batch", "sequence" or an integer
 N) and the call's `independent_routing`; on a mesh that splits the batch the
-groups stay on one shard (`keras_moe.local_groups`).
+groups stay on one shard (`keras_moe.parallel.local_groups`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Literal
 
 from keras import ops
 
-from keras_moe import local_groups
+from keras_moe.parallel import local_groups
 from keras_moe.tensor_types import Tensor
 from keras_moe.validation import is_int
 

@@ -65,3 +65,24 @@ def abstract_variables(variables, distribution, dtype=None):
         abstract_array(v.shape, dtype or v.dtype, mesh, distribution.get_variable_layout(v))
         for v in variables
     ]
+
+
+def abstract_batch(distribution, batch_size, feature_lengths):
+    """One batch `(inputs, targets, weights)` as abstract arrays laid out as the data is."""
+
+    def data(shape, dtype):
+        return abstract_array(
+            shape, dtype, distribution.device_mesh, distribution.get_data_layout(shape)
+        )
+
+    enc = (int(batch_size), int(feature_lengths["inputs"]))
+    dec = (int(batch_size), int(feature_lengths["targets"]))
+    inputs = {
+        "encoder_input_tokens": data(enc, "int32"),
+        "decoder_input_tokens": data(dec, "int32"),
+        "encoder_segment_ids": data(enc, "int32"),
+        "encoder_positions": data(enc, "int32"),
+        "decoder_segment_ids": data(dec, "int32"),
+        "decoder_positions": data(dec, "int32"),
+    }
+    return inputs, data(dec, "int32"), data(dec, "float32")

@@ -1,4 +1,4 @@
-"""The "looped" kernel of `keras_moe.grouped_matmul` (JAX, large matrices on a CPU).
+"""The "looped" kernel of `keras_moe.dispatch.grouped_matmul` (JAX, large matrices on a CPU).
 
 A loop over the used steps of `m` rows of one group, each a dynamic slice of the
 rows times its group's matrix written in place (no copy of the matrices); its

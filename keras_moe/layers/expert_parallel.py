@@ -22,7 +22,7 @@ Exchanges (`exchange=`):
 
 Limits: expert weights are still mirrored (every replica holds all experts
 and their optimizer state); the gain is compute, not memory. For sharded
-expert memory use the JAX backend (`keras_moe.sharding.configure_mesh`).
+expert memory use the JAX backend (`keras_moe.parallel.sharding.configure_mesh`).
 `num_experts` must be divisible by the number of replicas. Expert dropout
 draws different masks than the single-device layer.
 
@@ -49,14 +49,14 @@ import keras
 
 from keras_moe import compat
 from keras_moe.arguments import Activation
-from keras_moe.experts import FeedForwardExperts
-from keras_moe.moe import MoeLayer
-from keras_moe.replica_context import replica_context
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.layers.moe import MoeLayer
+from keras_moe.parallel.replica_context import replica_context
 from keras_moe.routing import SwitchRouter, default_router_initializer
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
-    from keras_moe.moe import MoeLayer
+    from keras_moe.layers.moe import MoeLayer
 
 EXCHANGES = ("auto", "all_gather", "all_to_all")
 Exchange = Literal["auto", "all_gather", "all_to_all"]

@@ -14,7 +14,7 @@ import keras
 from keras import ops
 
 from keras_moe.arguments import Activation, check_values
-from keras_moe.dense_feedforward import DenseFeedForward
+from keras_moe.layers.dense_feedforward import DenseFeedForward
 from keras_moe.tensor_types import Shape, Tensor
 
 

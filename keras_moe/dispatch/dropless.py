@@ -1,8 +1,8 @@
 """Dropless dispatch: no capacity; each expert multiplies exactly its tokens.
 
 The token-expert assignments are sorted by expert and the experts run a
-grouped matmul (`keras_moe.grouped_matmul`), as MegaBlocks does on GPUs. With
-experts split over a mesh the rows travel by `keras_moe.dropless_exchange`;
+grouped matmul (`keras_moe.dispatch.grouped_matmul`), as MegaBlocks does on GPUs. With
+experts split over a mesh the rows travel by `keras_moe.dispatch.dropless_exchange`;
 otherwise every device sorts its own rows and the experts' weights are
 gathered.
 """
@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from keras import ops
 
-from keras_moe import dropless_exchange, sharding, token_exchange
-from keras_moe.dispatch_base import Dispatcher
+from keras_moe.dispatch import dropless_exchange
+from keras_moe.dispatch.base import Dispatcher
+from keras_moe.parallel import sharding, token_exchange
 from keras_moe.tensor_types import Tensor
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class DroplessDispatcher(Dispatcher):
 
     Example:
     >>> import numpy as np
-    >>> from keras_moe.experts import FeedForwardExperts
+    >>> from keras_moe.layers.experts import FeedForwardExperts
     >>> from keras_moe.routing import SwitchRouter
     >>> x = np.random.default_rng(0).normal(size=(2, 16, 8)).astype("float32")  # [G, S, d]
     >>> router, experts = SwitchRouter(num_experts=4), FeedForwardExperts(4, d_ff=16)
@@ -46,7 +47,7 @@ class DroplessDispatcher(Dispatcher):
     16
     >>> routing = router.route(router(x), np.ones((2, 16)), capacity=capacity)
     >>> y = dropless.apply(x, routing, experts)
-    >>> from keras_moe.dispatch_gather import GatherDispatcher
+    >>> from keras_moe.dispatch.gather import GatherDispatcher
     >>> bool(np.allclose(y, GatherDispatcher().apply(x, routing, experts), atol=1e-5))
     True
     """

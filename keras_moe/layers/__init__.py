@@ -5,11 +5,11 @@ Example:
 >>> ffn = layers.SwitchFeedForward(num_experts=8, d_ff=2048)
 """
 
-from keras_moe.dense_feedforward import DenseFeedForward
-from keras_moe.experts import FeedForwardExperts
-from keras_moe.feedforward import GShardFeedForward, SwitchFeedForward, TopKFeedForward
-from keras_moe.moe import MoeLayer
-from keras_moe.shared_experts import SharedExpertFeedForward
+from keras_moe.layers.dense_feedforward import DenseFeedForward
+from keras_moe.layers.experts import FeedForwardExperts
+from keras_moe.layers.feedforward import GShardFeedForward, SwitchFeedForward, TopKFeedForward
+from keras_moe.layers.moe import MoeLayer
+from keras_moe.layers.shared_experts import SharedExpertFeedForward
 
 __all__ = [
     "DenseFeedForward",
