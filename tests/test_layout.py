@@ -215,7 +215,7 @@ def test_the_graph_covers_the_package():
         "keras_moe.training.checkpoint",
         "keras_moe.tasks.registry",
     } <= set(graph)
-    assert "keras_moe.dispatch_einsum" in graph["keras_moe.dispatch"]
+    assert "keras_moe.dispatch.einsum" in graph["keras_moe.dispatch"]
     assert (
         "keras_moe.training.checkpoint.checkpoint_manager" in graph["keras_moe.training.checkpoint"]
     )
@@ -254,3 +254,52 @@ def test_no_module_or_benchmark_exceeds_the_line_limit():
     paths = list(package_modules().values()) + sorted((ROOT / "benchmarks").glob("*.py"))
     too_long = files_over_the_line_limit(paths)
     assert not too_long, f"files over {MAX_LINES} lines (split them by concern): {too_long}"
+
+
+def wing(module):
+    """The top-level unit of a module: its folder under the package (`keras_moe.layers`
+    for `keras_moe.layers.moe`), or the module itself for a file at the top."""
+    return ".".join(module.split(".")[:2])
+
+
+def wing_graph(graph):
+    """{wing: wings it imports}, from the module graph (imports inside a wing dropped)."""
+    out = {wing(name): set() for name in graph}
+    for name, targets in graph.items():
+        out[wing(name)] |= {wing(t) for t in targets} - {wing(name)}
+    return out
+
+
+def test_wings_follow_their_members():
+    graph = {"p.a.x": {"p.b.y", "p.a.z"}, "p.a.z": set(), "p.b.y": {"p.c"}, "p.c": set()}
+    assert wing_graph(graph) == {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": set()}
+    assert cyclic_groups(wing_graph({"p.a.x": {"p.b.y"}, "p.b.y": {"p.a.z"}, "p.a.z": set()}))
+
+
+def test_no_import_runs_back_up_between_folders():
+    """The folders (and the files at the top) stand in floors: none imports one that
+    imports it back, even through imports inside functions. The package root is left
+    out: it is the door that imports every wing."""
+    graph = import_graph(deferred=True)
+    wings = wing_graph({k: v - {PACKAGE} for k, v in graph.items() if k != PACKAGE})
+    cycles = [one_cycle(wings, group) for group in cyclic_groups(wings)]
+    assert not cycles, "folders that import each other:\n" + "\n".join(cycles)
+
+
+# The files at the package's top: its root, the allowed argument values and the
+# shared helpers every wing may use. A new module goes into the wing it serves.
+TOP_LEVEL_FILES = {
+    "__init__.py",
+    "arguments.py",
+    "compat.py",
+    "log_filters.py",
+    "mixin_bases.py",
+    "startup.py",
+    "tensor_types.py",
+    "validation.py",
+}
+
+
+def test_the_top_level_holds_only_the_shared_helpers():
+    found = {p.name for p in (ROOT / PACKAGE).glob("*.py")}
+    assert found <= TOP_LEVEL_FILES, f"put these in a folder: {sorted(found - TOP_LEVEL_FILES)}"
