@@ -1,6 +1,7 @@
 """Every public function and method of the core layer modules has type hints.
 
-The core modules are `keras_moe/*.py` and `keras_moe/routing/`, and the training
+The core modules are `keras_moe/*.py` and the core's wings (`routing/`, `layers/`,
+`dispatch/`, `parallel/`), and the training
 job's public API (`TRAINING_API`: its config, collaborators and run). For each public function a
 module defines (not one it imports), and each public method (and `__init__`,
 `__call__`) of the classes it defines, inherited ones from keras_moe base
@@ -15,7 +16,13 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CORE_FOLDERS = ("keras_moe", "keras_moe/routing")
+CORE_FOLDERS = (
+    "keras_moe",
+    "keras_moe/routing",
+    "keras_moe/layers",
+    "keras_moe/dispatch",
+    "keras_moe/parallel",
+)
 CHECKED_DUNDERS = ("__init__", "__call__")
 # The training job's public API: its config, collaborators and run.
 TRAINING_API = tuple(

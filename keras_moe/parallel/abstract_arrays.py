@@ -6,8 +6,13 @@ without any array being allocated (e.g. on a TPU slice's compile-only devices).
 jax is imported when a function is called, not with this module.
 """
 
+from __future__ import annotations
 
-def _named_sharding(mesh, layout):
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _named_sharding(mesh: Any, layout: Any) -> Any:
     """`layout` as a `NamedSharding` on `mesh`; None is replicated."""
     import jax
 
@@ -20,7 +25,7 @@ def _named_sharding(mesh, layout):
     return layout
 
 
-def abstract_array(shape, dtype, mesh, layout=None):
+def abstract_array(shape: Sequence[int], dtype: Any, mesh: Any, layout: Any = None) -> Any:
     """A `jax.ShapeDtypeStruct` of `shape` and `dtype`, sharded over `mesh`.
 
     Args:
@@ -46,7 +51,7 @@ def abstract_array(shape, dtype, mesh, layout=None):
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=_named_sharding(mesh, layout))
 
 
-def abstract_variables(variables, distribution, dtype=None):
+def abstract_variables(variables: Sequence[Any], distribution: Any, dtype: Any = None) -> list:
     """Abstract arrays of Keras variables, laid out as `distribution` lays them out.
 
     Args:
@@ -67,10 +72,12 @@ def abstract_variables(variables, distribution, dtype=None):
     ]
 
 
-def abstract_batch(distribution, batch_size, feature_lengths):
+def abstract_batch(
+    distribution: Any, batch_size: int, feature_lengths: Mapping[str, int]
+) -> tuple[dict[str, Any], Any, Any]:
     """One batch `(inputs, targets, weights)` as abstract arrays laid out as the data is."""
 
-    def data(shape, dtype):
+    def data(shape: tuple[int, int], dtype: str) -> Any:
         return abstract_array(
             shape, dtype, distribution.device_mesh, distribution.get_data_layout(shape)
         )

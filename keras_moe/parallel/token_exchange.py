@@ -266,7 +266,7 @@ def from_experts(outputs: Tensor) -> Tensor:
     return outputs if moved is None else moved
 
 
-def format_exchange_choices(choices):
+def format_exchange_choices(choices: list[dict[str, Any]]) -> list[str]:
     """One line per MoE layer of `exchange_choices()`: exchange and why.
 
     Example:
