@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from keras import ops
 
+from keras_moe.arguments import check_values
 from keras_moe.dispatch import dropless_exchange
 from keras_moe.dispatch.base import Dispatcher
 from keras_moe.parallel import sharding, token_exchange
@@ -56,12 +57,7 @@ class DroplessDispatcher(Dispatcher):
     drops_tokens = False
 
     def __init__(self, buffer_factor: float | None = None) -> None:
-        if buffer_factor is not None and not (
-            isinstance(buffer_factor, (int, float)) and buffer_factor > 0
-        ):
-            raise ValueError(
-                f"`dropless_buffer_factor` must be None or a number > 0, got {buffer_factor!r}."
-            )
+        check_values({"dropless_buffer_factor": buffer_factor})
         self.buffer_factor = buffer_factor
 
     def check(self, router: Router, experts: keras.layers.Layer) -> None:

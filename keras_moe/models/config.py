@@ -21,10 +21,10 @@ therefore converts HF placement to explicit lists (`hf_sparse_layers`).
 import dataclasses
 from typing import Any, List, Optional, Sequence
 
-from keras_moe.arguments import ACTIVATIONS
+from keras_moe.arguments import check_values
 from keras_moe.models import flat_moe_fields
 from keras_moe.models import sparse_ffn as sparse_ffn_lib
-from keras_moe.validation import check_int, is_int, is_number
+from keras_moe.validation import check_int, is_int
 
 SIDES = ("encoder", "decoder")
 
@@ -41,11 +41,6 @@ def hf_sparse_layers(num_layers, sparse_step):
     if sparse_step <= 0:
         return ()
     return tuple(i for i in range(num_layers) if i % sparse_step == 1 or sparse_step == 1)
-
-
-def _check_rate(name, value):
-    if not is_number(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a number in [0, 1), got {value!r}.")
 
 
 @dataclasses.dataclass
@@ -161,11 +156,14 @@ class T5Config:
                 )
         else:
             check_int("d_kv", self.d_kv, 1)
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {self.activation!r}.")
-        _check_rate("dropout_rate", self.dropout_rate)
-        if not is_number(self.init_scale) or not self.init_scale > 0:
-            raise ValueError(f"`init_scale` must be a number > 0, got {self.init_scale!r}.")
+        # The same rules as the layers' arguments of these names.
+        check_values(
+            dict(
+                activation=self.activation,
+                dropout_rate=self.dropout_rate,
+                init_scale=self.init_scale,
+            )
+        )
         for name in ("encoder_sparse_step", "decoder_sparse_step"):
             check_int(name, getattr(self, name), 0)
         nums = (self.num_encoder_layers, self.num_decoder_layers)
